@@ -1,0 +1,298 @@
+//! LSP-style framing: `Content-Length: N\r\n` headers, a blank line, then N bytes of JSON.
+//!
+//! The decoder yields each body as [`Bytes`] split from the read buffer, so a frame travels to
+//! subscribers and the recorder without a copy. It never trusts the peer's length: the length is
+//! checked against the limit before any memory is reserved, and the header section is bounded.
+//! It does not look inside the body; that is [`crate::envelope`]'s job.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio_util::codec::{Decoder, Encoder};
+
+use crate::error::FrameError;
+
+/// Default maximum body size: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default maximum size of the header section, blank line included.
+pub const DEFAULT_MAX_HEADER: usize = 8 * 1024;
+
+/// The header prefix written before every body, in the exact casing peers depend on.
+const LENGTH_PREFIX: &[u8] = b"Content-Length: ";
+const TYPE_AND_END: &[u8] = b"\r\nContent-Type: application/json\r\n\r\n";
+
+/// One framed GABP message: the body bytes exactly as received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The JSON body; cloning bumps a reference count.
+    pub body: Bytes,
+}
+
+/// Decoder and encoder for GABP frames.
+#[derive(Debug, Clone)]
+pub struct GabpCodec {
+    max_body: usize,
+    max_header: usize,
+}
+
+impl Default for GabpCodec {
+    fn default() -> Self {
+        GabpCodec::new(DEFAULT_MAX_BODY)
+    }
+}
+
+impl GabpCodec {
+    /// A codec accepting bodies up to `max_body` bytes and the default header limit.
+    pub fn new(max_body: usize) -> Self {
+        GabpCodec { max_body, max_header: DEFAULT_MAX_HEADER }
+    }
+
+    /// Overrides the header section limit.
+    pub fn with_max_header(mut self, max_header: usize) -> Self {
+        self.max_header = max_header;
+        self
+    }
+
+    /// The configured body limit.
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+}
+
+/// Position just past the `\r\n\r\n` ending the header section, if present.
+fn header_end(src: &[u8]) -> Option<usize> {
+    memchr::memmem::find(src, b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// Reads the body length from a header section (blank line excluded).
+fn content_length(head: &[u8]) -> Result<u64, FrameError> {
+    let mut length = None;
+    for line in head.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        let colon = line.iter().position(|&b| b == b':').ok_or(FrameError::MalformedHeader)?;
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if !name.is_ascii() || name.is_empty() {
+            return Err(FrameError::MalformedHeader);
+        }
+        if !name.eq_ignore_ascii_case(b"content-length") {
+            continue; // unknown headers (Content-Type included) are ignored
+        }
+        if length.is_some() {
+            return Err(FrameError::DuplicateLength);
+        }
+        length = Some(parse_length(value.trim_ascii())?);
+    }
+    length.ok_or(FrameError::MissingLength)
+}
+
+/// Parses a plain decimal length: digits only, no sign, at most 19 digits (fits u64).
+fn parse_length(digits: &[u8]) -> Result<u64, FrameError> {
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(FrameError::InvalidLength);
+    }
+    Ok(digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+}
+
+impl Decoder for GabpCodec {
+    type Item = Frame;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
+            if src.len() >= self.max_header {
+                return Err(FrameError::HeaderTooLarge { limit: self.max_header });
+            }
+            return Ok(None);
+        };
+        let len = content_length(&src[..head - 2])?;
+        if len > self.max_body as u64 {
+            return Err(FrameError::TooLarge { len, limit: self.max_body });
+        }
+        let len = len as usize; // bounded by max_body above
+        if src.len() < head + len {
+            src.reserve(head + len - src.len());
+            return Ok(None);
+        }
+        src.advance(head);
+        Ok(Some(Frame { body: src.split_to(len).freeze() }))
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        match self.decode(src)? {
+            Some(frame) => Ok(Some(frame)),
+            None if src.is_empty() => Ok(None),
+            None => Err(FrameError::Truncated),
+        }
+    }
+}
+
+/// Appends one frame (header and body) to `dst`.
+pub fn encode_frame(body: &[u8], dst: &mut BytesMut) {
+    let mut digits = [0u8; 20];
+    let digits = crate::rewrite::decimal(body.len() as u64, &mut digits);
+    dst.reserve(LENGTH_PREFIX.len() + digits.len() + TYPE_AND_END.len() + body.len());
+    dst.put_slice(LENGTH_PREFIX);
+    dst.put_slice(digits);
+    dst.put_slice(TYPE_AND_END);
+    dst.put_slice(body);
+}
+
+/// A complete wire frame (header and body) as one shareable buffer.
+pub fn frame_bytes(body: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(body.len() + 64);
+    encode_frame(body, &mut out);
+    out.freeze()
+}
+
+impl Encoder<Bytes> for GabpCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, body: Bytes, dst: &mut BytesMut) -> Result<(), FrameError> {
+        encode_frame(&body, dst);
+        Ok(())
+    }
+}
+
+impl Encoder<&[u8]> for GabpCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, body: &[u8], dst: &mut BytesMut) -> Result<(), FrameError> {
+        encode_frame(body, dst);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decode_all(codec: &mut GabpCodec, input: &[u8]) -> Result<Vec<Bytes>, FrameError> {
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(f) = codec.decode(&mut buf)? {
+            out.push(f.body);
+        }
+        if let Some(f) = codec.decode_eof(&mut buf)? {
+            out.push(f.body);
+        }
+        Ok(out)
+    }
+
+    #[test]
+    fn writes_the_canonical_header() {
+        let f = frame_bytes(b"{}");
+        assert_eq!(&f[..], b"Content-Length: 2\r\nContent-Type: application/json\r\n\r\n{}");
+    }
+
+    #[test]
+    fn accepts_any_header_case_missing_type_and_unknown_headers() {
+        let mut c = GabpCodec::default();
+        for input in [
+            &b"content-length: 2\r\n\r\n{}"[..],
+            b"CONTENT-LENGTH:2\r\n\r\n{}",
+            b"Content-Length: 2\r\nX-Other: yes\r\ncontent-type: application/json\r\n\r\n{}",
+            b"Content-Type: application/json\r\nContent-Length:   2  \r\n\r\n{}",
+        ] {
+            assert_eq!(decode_all(&mut c, input).expect("valid"), vec![Bytes::from_static(b"{}")]);
+        }
+    }
+
+    #[test]
+    fn rejects_bad_lengths_as_framing_errors() {
+        let cases: [(&[u8], fn(&FrameError) -> bool); 7] = [
+            (b"Content-Type: application/json\r\n\r\n{}", |e| matches!(e, FrameError::MissingLength)),
+            (b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", |e| {
+                matches!(e, FrameError::DuplicateLength)
+            }),
+            (b"Content-Length: two\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
+            (b"Content-Length: -2\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
+            (b"Content-Length: +2\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
+            (b"Content-Length: 99999999999999999999999\r\n\r\n", |e| {
+                matches!(e, FrameError::InvalidLength)
+            }),
+            (b"garbage line\r\n\r\n{}", |e| matches!(e, FrameError::MalformedHeader)),
+        ];
+        for (input, ok) in cases {
+            let err = decode_all(&mut GabpCodec::default(), input).expect_err("must fail");
+            assert!(ok(&err), "{input:?} gave {err:?}");
+        }
+    }
+
+    #[test]
+    fn checks_length_before_reserving() {
+        let mut c = GabpCodec::new(100);
+        let mut buf = BytesMut::from(&b"Content-Length: 4000000000\r\n\r\n"[..]);
+        let cap = buf.capacity();
+        assert!(matches!(c.decode(&mut buf), Err(FrameError::TooLarge { len: 4_000_000_000, .. })));
+        assert_eq!(buf.capacity(), cap, "no memory reserved for a rejected length");
+    }
+
+    #[test]
+    fn bounds_the_header_section() {
+        let mut c = GabpCodec::default();
+        let mut buf = BytesMut::from(&vec![b'a'; DEFAULT_MAX_HEADER][..]);
+        assert!(matches!(c.decode(&mut buf), Err(FrameError::HeaderTooLarge { .. })));
+        // Short of the limit an unfinished header is just partial.
+        let mut buf = BytesMut::from(&b"Content-Length: 2\r\n"[..]);
+        assert!(matches!(c.decode(&mut buf), Ok(None)));
+    }
+
+    #[test]
+    fn short_body_then_close_is_truncated() {
+        let err = decode_all(&mut GabpCodec::default(), b"Content-Length: 10\r\n\r\n{}")
+            .expect_err("truncated");
+        assert!(matches!(err, FrameError::Truncated));
+    }
+
+    #[test]
+    fn decodes_identically_when_split_at_every_offset() {
+        let mut wire = BytesMut::new();
+        encode_frame(br#"{"a":1}"#, &mut wire);
+        encode_frame(b"[]", &mut wire);
+        let whole = decode_all(&mut GabpCodec::default(), &wire).expect("valid");
+        for cut in 0..=wire.len() {
+            let mut c = GabpCodec::default();
+            let mut buf = BytesMut::from(&wire[..cut]);
+            let mut got = Vec::new();
+            while let Some(f) = c.decode(&mut buf).expect("valid prefix") {
+                got.push(f.body);
+            }
+            buf.extend_from_slice(&wire[cut..]);
+            while let Some(f) = c.decode(&mut buf).expect("valid rest") {
+                got.push(f.body);
+            }
+            assert_eq!(got, whole, "split at {cut}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips(bodies in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 1..6)) {
+            let mut wire = BytesMut::new();
+            for b in &bodies { encode_frame(b, &mut wire); }
+            let got = decode_all(&mut GabpCodec::default(), &wire).expect("round trip");
+            prop_assert_eq!(got.len(), bodies.len());
+            for (g, b) in got.iter().zip(&bodies) { prop_assert_eq!(&g[..], &b[..]); }
+        }
+
+        #[test]
+        fn arbitrary_input_never_panics_or_over_reserves(input in prop::collection::vec(any::<u8>(), 0..2048)) {
+            let mut c = GabpCodec::new(512);
+            let mut buf = BytesMut::from(&input[..]);
+            while let Ok(Some(_)) = c.decode(&mut buf) {}
+            // Whatever the peer declared, reservation never exceeds header + body limits.
+            prop_assert!(buf.capacity() <= input.len().max(DEFAULT_MAX_HEADER + 512) + 64);
+        }
+
+        #[test]
+        fn headers_with_noise_lines_decode(len_case in 0usize..3, body in prop::collection::vec(any::<u8>(), 0..64)) {
+            let name = ["Content-Length", "content-length", "CONTENT-length"][len_case];
+            let mut wire = format!("X-A: b\r\n{name}: {}\r\n\r\n", body.len()).into_bytes();
+            wire.extend_from_slice(&body);
+            let got = decode_all(&mut GabpCodec::default(), &wire).expect("valid");
+            prop_assert_eq!(&got[0][..], &body[..]);
+        }
+    }
+}
