@@ -127,14 +127,19 @@ impl Decoder for GabpCodec {
     }
 }
 
-/// Appends one frame (header and body) to `dst`.
-pub fn encode_frame(body: &[u8], dst: &mut BytesMut) {
+/// Appends the header for a body of `len` bytes to `dst`, reserving room for the body too.
+pub fn encode_header(len: usize, dst: &mut BytesMut) {
     let mut digits = [0u8; 20];
-    let digits = crate::rewrite::decimal(body.len() as u64, &mut digits);
-    dst.reserve(LENGTH_PREFIX.len() + digits.len() + TYPE_AND_END.len() + body.len());
+    let digits = crate::rewrite::decimal(len as u64, &mut digits);
+    dst.reserve(LENGTH_PREFIX.len() + digits.len() + TYPE_AND_END.len() + len);
     dst.put_slice(LENGTH_PREFIX);
     dst.put_slice(digits);
     dst.put_slice(TYPE_AND_END);
+}
+
+/// Appends one frame (header and body) to `dst`.
+pub fn encode_frame(body: &[u8], dst: &mut BytesMut) {
+    encode_header(body.len(), dst);
     dst.put_slice(body);
 }
 

@@ -65,6 +65,25 @@ pub fn put_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64, out: 
     }
 }
 
+/// The length of `body` after [`put_with_seq`].
+pub fn len_with_seq(body: &[u8], seq_span: Option<&Range<usize>>, seq: u64) -> usize {
+    let mut digits = [0u8; 20];
+    let n = decimal(seq, &mut digits).len();
+    match seq_span {
+        Some(span) => body.len() - span.len() + n,
+        None => body.len() + n + 7,
+    }
+}
+
+/// A complete wire frame (header and body) of `body` with its seq replaced: one copy.
+pub fn wire_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
+    let len = len_with_seq(body, seq_span.as_ref(), seq);
+    let mut out = BytesMut::with_capacity(len + 64);
+    crate::codec::encode_header(len, &mut out);
+    put_with_seq(body, seq_span, seq, &mut out);
+    out.freeze()
+}
+
 /// `body` with its seq replaced, as a new buffer.
 pub fn with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
     let mut out = BytesMut::new();
@@ -98,6 +117,19 @@ mod tests {
         let missing = br#"{"v":"gabp/1","type":"event","channel":"c","payload":1}"#;
         let out = with_seq(missing, None, 3);
         assert_eq!(p.parse(&out, Mode::Tolerant).expect("valid").seq, Some(3));
+    }
+
+    #[test]
+    fn wire_with_seq_frames_the_rewritten_body() {
+        use crate::codec::GabpCodec;
+        use tokio_util::codec::Decoder;
+        for (body, span) in [(&br#"{"seq":7,"x":1}"#[..], Some(7..8)), (&br#"{"x":1}"#[..], None)] {
+            let wire = wire_with_seq(body, span.clone(), 12345);
+            let mut buf = BytesMut::from(&wire[..]);
+            let got = GabpCodec::default().decode(&mut buf).expect("frame").expect("whole");
+            assert_eq!(got.body, with_seq(body, span, 12345));
+            assert!(buf.is_empty());
+        }
     }
 
     #[test]

@@ -1,0 +1,178 @@
+//! The hub: per-channel relay seq, subscriptions, and fan-out of one shared frame.
+//!
+//! The mod reader publishes each event once. Under one short lock the hub picks the channel's
+//! next relay seq (contiguous from 0 per session and channel) and a snapshot of its
+//! subscribers; outside the lock the seq is written into the frame once, and the same
+//! `Arc<EventFrame>` is offered to every subscriber's outbox. Subscriber lists are
+//! copy-on-write, so publishing never allocates for them.
+//!
+//! Subscriptions belong to bridges and survive a mod reconnect; channel ids and seqs belong to
+//! a session and restart with it.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::outbox::{EventFrame, Outbox};
+
+/// A subscriber: a bridge's connection number and outbox.
+pub type Subscriber = (u32, Arc<Outbox>);
+
+#[derive(Debug)]
+struct ChannelState {
+    id: u32,
+    name: Arc<str>,
+    next_seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    channels: HashMap<Arc<str>, ChannelState>,
+    subs: HashMap<Arc<str>, Arc<Vec<Subscriber>>>,
+}
+
+/// One published event, ready to fan out.
+#[derive(Debug)]
+pub struct Published {
+    /// The shared frame.
+    pub event: Arc<EventFrame>,
+    /// The channel's session-scoped id.
+    pub channel_id: u32,
+    /// Whether this is the channel's first event in the session.
+    pub new_channel: bool,
+    /// Who gets it.
+    pub subscribers: Arc<Vec<Subscriber>>,
+}
+
+/// Routing state of one route.
+#[derive(Debug, Default)]
+pub struct Hub {
+    state: Mutex<State>,
+}
+
+impl Hub {
+    /// An empty hub.
+    pub fn new() -> Hub {
+        Hub::default()
+    }
+
+    /// Forgets channel ids and seqs: a new session starts numbering from 0.
+    pub fn new_session(&self) {
+        self.state.lock().channels.clear();
+    }
+
+    /// Assigns the next relay seq on `channel` and builds the frame with it.
+    pub fn publish(&self, channel: &str, body: &[u8], seq_span: Option<Range<usize>>) -> Published {
+        let (name, channel_id, seq, new_channel, subscribers) = {
+            let mut st = self.state.lock();
+            let next_id = st.channels.len() as u32;
+            let new_channel = !st.channels.contains_key(channel);
+            if new_channel {
+                let name: Arc<str> = Arc::from(channel);
+                st.channels.insert(name.clone(), ChannelState { id: next_id, name, next_seq: 0 });
+            }
+            let ch = st.channels.get_mut(channel).expect("inserted above");
+            let seq = ch.next_seq;
+            ch.next_seq += 1;
+            let (name, id) = (ch.name.clone(), ch.id);
+            let subs = st.subs.get(channel).cloned().unwrap_or_default();
+            (name, id, seq, new_channel, subs)
+        };
+        let wire = gabp_proto::rewrite::wire_with_seq(body, seq_span, seq);
+        Published { event: Arc::new(EventFrame { channel: name, seq, wire }), channel_id, new_channel, subscribers }
+    }
+
+    /// Adds a subscriber to channels; returns the channels that had no subscriber before.
+    pub fn subscribe(&self, conn: u32, outbox: &Arc<Outbox>, channels: &[String]) -> Vec<String> {
+        let mut st = self.state.lock();
+        let mut first = Vec::new();
+        for c in channels {
+            let list = st.subs.entry(Arc::from(c.as_str())).or_default();
+            if list.iter().any(|(id, _)| *id == conn) {
+                continue;
+            }
+            if list.is_empty() {
+                first.push(c.clone());
+            }
+            let mut next: Vec<Subscriber> = list.as_ref().clone();
+            next.push((conn, outbox.clone()));
+            *list = Arc::new(next);
+        }
+        first
+    }
+
+    /// Removes a subscriber from channels; returns the channels left with no subscriber.
+    pub fn unsubscribe(&self, conn: u32, channels: &[String]) -> Vec<String> {
+        let mut st = self.state.lock();
+        let mut emptied = Vec::new();
+        for c in channels {
+            let Some(list) = st.subs.get_mut(c.as_str()) else { continue };
+            if !list.iter().any(|(id, _)| *id == conn) {
+                continue;
+            }
+            let next: Vec<Subscriber> = list.iter().filter(|(id, _)| *id != conn).cloned().collect();
+            if next.is_empty() {
+                st.subs.remove(c.as_str());
+                emptied.push(c.clone());
+            } else {
+                *list = Arc::new(next);
+            }
+        }
+        emptied
+    }
+
+    /// Every channel some bridge subscribes to.
+    pub fn wanted(&self) -> Vec<String> {
+        self.state.lock().subs.keys().map(|k| k.to_string()).collect()
+    }
+
+    /// (channel, events so far) of the current session.
+    pub fn channel_counts(&self) -> Vec<(String, u64)> {
+        let st = self.state.lock();
+        let mut v: Vec<(String, u64)> = st.channels.values().map(|c| (c.name.to_string(), c.next_seq)).collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OnSlow;
+    use gabp_proto::{Mode, Parser};
+
+    #[test]
+    fn seq_is_contiguous_per_channel_and_restarts_with_the_session() {
+        let hub = Hub::new();
+        let body = br#"{"v":"gabp/1","id":"x","type":"event","channel":"a","seq":41,"payload":{}}"#;
+        let at = body.windows(6).position(|w| w == b"\"seq\":").expect("seq key") + 6;
+        let span = Some(at..at + 2);
+        assert_eq!(&body[at..at + 2], b"41");
+        let seqs: Vec<u64> = (0..3).map(|_| hub.publish("a", body, span.clone()).event.seq).collect();
+        assert_eq!(seqs, vec![0, 1, 2]);
+        assert_eq!(hub.publish("b", body, span.clone()).event.seq, 0);
+        hub.new_session();
+        let p = hub.publish("a", body, span.clone());
+        assert_eq!((p.event.seq, p.new_channel), (0, true));
+        // The seq is written into the shared frame itself.
+        let wire = &p.event.wire;
+        let start = wire.iter().position(|&b| b == b'{').expect("body");
+        let view = Parser::new().parse(&wire[start..], Mode::Tolerant).expect("valid");
+        assert_eq!(view.seq, Some(0));
+    }
+
+    #[test]
+    fn subscriptions_report_first_and_last_subscribers() {
+        let hub = Hub::new();
+        let o = Arc::new(Outbox::new(OnSlow::DropOldest, 10, 1000));
+        assert_eq!(hub.subscribe(1, &o, &["a".into(), "b".into()]), vec!["a", "b"]);
+        assert!(hub.subscribe(2, &o, &["a".into()]).is_empty());
+        assert!(hub.subscribe(2, &o, &["a".into()]).is_empty(), "idempotent");
+        assert_eq!(hub.publish("a", b"{}", None).subscribers.len(), 2);
+        assert!(hub.unsubscribe(1, &["a".into()]).is_empty());
+        assert_eq!(hub.unsubscribe(2, &["a".into()]), vec!["a"]);
+        assert_eq!(hub.publish("a", b"{}", None).subscribers.len(), 0);
+    }
+}

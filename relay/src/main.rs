@@ -1,0 +1,617 @@
+//! The `gabp-relay` binary: command line, config, tracing and signals around the library.
+//!
+//! Exit codes: 0 ok, 2 usage, 1 runtime failure with a one-line reason on stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use gabp_relay::config::{self, FileConfig, OnRecordError, Retention};
+use gabp_relay::{OnSlow, Relay, RelayConfig, RouteConfig, Upstream};
+use gabp_sim::Addr;
+use gabp_storage::{Compression, Durability, Store};
+
+#[derive(Parser, Debug)]
+#[command(name = "gabp-relay", version, about = "Relay and recorder for GABP: many bridges share one game mod")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Relay bridges to a mod and record every session.
+    Serve(ServeArgs),
+    /// Run a simulated mod, the relay and simulated bridges for a few seconds.
+    Demo(DemoArgs),
+    /// List, check or remove recorded sessions.
+    Sessions(SessionsArgs),
+    /// Per-channel and per-method figures of a recorded session.
+    Stats(StatsArgs),
+    /// Write a recorded session as JSONL.
+    Export(ExportArgs),
+    /// Serve a recorded session as a GABP mod.
+    Replay(ReplayArgs),
+    /// Run the built-in simulated mod on its own.
+    ModSim(ModSimArgs),
+    /// Print a fresh 128-bit token.
+    Token,
+}
+
+#[derive(Args, Debug, Clone)]
+struct DataDir {
+    /// Where recordings live.
+    #[arg(long, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    data_dir: PathBuf,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// The mod: HOST:PORT or unix:PATH.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Token the relay presents to the mod.
+    #[arg(long, env = "GABP_UPSTREAM_TOKEN", default_value = "", hide_env_values = true)]
+    upstream_token: String,
+    /// Where bridges connect: HOST:PORT or unix:PATH.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Token bridges must present (generated and printed when absent).
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Route name used in recordings and metrics.
+    #[arg(long, default_value = "default")]
+    route_name: String,
+    /// Where recordings go.
+    #[arg(long, env = "GABP_RELAY_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Do not record.
+    #[arg(long)]
+    no_record: bool,
+    /// Slow-bridge policy.
+    #[arg(long, value_parser = parse_on_slow)]
+    on_slow: Option<OnSlow>,
+    /// WAL sync policy: none or batch.
+    #[arg(long)]
+    durability: Option<Durability>,
+    /// Frame compression: none, lz4 or zstd.
+    #[arg(long)]
+    compression: Option<Compression>,
+    /// What a failed recording write does: stall or continue.
+    #[arg(long)]
+    on_record_error: Option<OnRecordError>,
+    /// Keep recordings by age and/or size, e.g. 7d, 10GiB or 7d,10GiB.
+    #[arg(long)]
+    retain: Option<Retention>,
+    /// Serve Prometheus metrics at HOST:PORT.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+    /// A TOML config with one or more routes.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// How long a forwarded request may wait for the mod.
+    #[arg(long, value_parser = config::parse_duration)]
+    request_timeout: Option<Duration>,
+    /// Per-bridge outbox bound in events.
+    #[arg(long)]
+    outbox_frames: Option<usize>,
+    /// Per-bridge outbox bound in bytes.
+    #[arg(long)]
+    outbox_bytes: Option<usize>,
+    /// Largest accepted frame body in bytes.
+    #[arg(long)]
+    max_body: Option<usize>,
+    /// Bridges connected at once.
+    #[arg(long)]
+    max_bridges: Option<usize>,
+    /// How long a connection may take to say hello, or a frame to arrive whole.
+    #[arg(long, value_parser = config::parse_duration)]
+    frame_timeout: Option<Duration>,
+    /// Subscribe upstream only to what bridges ask for (recordings then miss other channels).
+    #[arg(long)]
+    no_subscribe_all: bool,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+    /// Bound on the whole shutdown.
+    #[arg(long, value_parser = config::parse_duration, default_value = "10s")]
+    shutdown_timeout: Duration,
+}
+
+fn parse_on_slow(s: &str) -> Result<OnSlow, String> {
+    s.parse()
+}
+
+#[derive(Args, Debug)]
+struct DemoArgs {
+    /// How long to run.
+    #[arg(long, value_parser = config::parse_duration, default_value = "5s")]
+    duration: Duration,
+    /// Where to record.
+    #[arg(long, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    data_dir: PathBuf,
+    /// Simulated bridges.
+    #[arg(long, default_value_t = 3)]
+    bridges: usize,
+    /// Events per second from the simulated mod.
+    #[arg(long, default_value_t = 20_000.0)]
+    rate: f64,
+    /// Do not record.
+    #[arg(long)]
+    no_record: bool,
+}
+
+#[derive(Args, Debug)]
+struct SessionsArgs {
+    #[command(subcommand)]
+    cmd: Option<SessionsCmd>,
+    #[command(flatten)]
+    dir: DataDir,
+    /// With no subcommand: apply this retention before listing.
+    #[arg(long)]
+    retain: Option<Retention>,
+}
+
+#[derive(Subcommand, Debug)]
+enum SessionsCmd {
+    /// List sessions (the default).
+    Ls,
+    /// Remove a session.
+    Rm {
+        /// Session id, unique id prefix, or `latest`.
+        session: String,
+    },
+    /// Verify that sessions' frames, index and catalog agree.
+    Check {
+        /// Session id, prefix or `latest` (all sessions when absent).
+        session: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct StatsArgs {
+    /// Session id, unique id prefix, or `latest`.
+    session: String,
+    #[command(flatten)]
+    dir: DataDir,
+}
+
+#[derive(Args, Debug)]
+struct ExportArgs {
+    /// Session id, unique id prefix, or `latest`.
+    session: String,
+    #[command(flatten)]
+    dir: DataDir,
+    /// Only events on this channel (repeatable).
+    #[arg(long)]
+    channel: Vec<String>,
+    /// Only frames from this offset into the session (e.g. 10s).
+    #[arg(long, value_parser = config::parse_duration)]
+    from: Option<Duration>,
+    /// Only frames before this offset.
+    #[arg(long, value_parser = config::parse_duration)]
+    to: Option<Duration>,
+    /// Write here instead of stdout.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// Session id, unique id prefix, or `latest`.
+    session: String,
+    #[command(flatten)]
+    dir: DataDir,
+    /// Where bridges connect.
+    #[arg(long)]
+    listen: String,
+    /// Token bridges must present (generated and printed when absent).
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Speed factor, or `max`.
+    #[arg(long, default_value = "1")]
+    speed: gabp_relay::replay::Speed,
+    /// Start over at the end.
+    #[arg(long = "loop")]
+    looping: bool,
+    /// Only this channel (repeatable).
+    #[arg(long)]
+    channel: Vec<String>,
+    /// Start this far into the session.
+    #[arg(long, value_parser = config::parse_duration)]
+    from: Option<Duration>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+#[derive(Args, Debug)]
+struct ModSimArgs {
+    /// Where to listen (ignored with --stdio).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Speak GABP over stdin/stdout instead.
+    #[arg(long)]
+    stdio: bool,
+    /// Token bridges must present.
+    #[arg(long, env = "GABP_TOKEN", default_value = "", hide_env_values = true)]
+    token: String,
+    /// Events per second; 0 for as fast as possible.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Event body size in bytes.
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Channels to advertise (comma separated).
+    #[arg(long, default_value = "world/tick,player/move,chat/message")]
+    channels: String,
+    /// Delay before answering tools/call.
+    #[arg(long, value_parser = config::parse_duration, default_value = "0s")]
+    tool_latency: Duration,
+    /// Behave like a quirky real mod library (seq from 1, null fields, timestamps).
+    #[arg(long)]
+    quirks: bool,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GABP_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("gabp-relay").build().expect("building the tokio runtime");
+    match runtime.block_on(run(cli)) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("gabp-relay: {}", format!("{e:#}").replace('\n', " "));
+            std::process::exit(if e.downcast_ref::<UsageError>().is_some() { 2 } else { 1 });
+        }
+    }
+}
+
+/// A usage problem found after parsing (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct UsageError(String);
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow!(UsageError(msg.into()))
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Serve(a) => serve(a).await,
+        Cmd::Demo(a) => {
+            let opts = gabp_relay::demo::DemoOptions { duration: a.duration, data_dir: a.data_dir, bridges: a.bridges.max(1), rate: a.rate, record: !a.no_record };
+            let mut out = std::io::stdout();
+            gabp_relay::demo::run(opts, &mut out).await.map_err(|e| anyhow!(e))
+        }
+        Cmd::Sessions(a) => sessions(a),
+        Cmd::Stats(a) => {
+            let store = Store::open_for_reading(&a.dir.data_dir)?;
+            let meta = store.resolve(&a.session)?;
+            let stats = gabp_relay::stats::compute(&store, &meta)?;
+            if a.dir.json {
+                println!("{}", serde_json::to_string_pretty(&stats)?);
+            } else {
+                print!("{}", gabp_relay::stats::render(&stats));
+            }
+            Ok(())
+        }
+        Cmd::Export(a) => {
+            let store = Store::open_for_reading(&a.dir.data_dir)?;
+            let meta = store.resolve(&a.session)?;
+            let filter = gabp_relay::export::ExportFilter { channels: a.channel, from: a.from, to: a.to };
+            let n = match &a.output {
+                Some(path) => {
+                    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+                    gabp_relay::export::export(&store, &meta, &filter, &mut std::io::BufWriter::new(f))?
+                }
+                None => gabp_relay::export::export(&store, &meta, &filter, &mut std::io::BufWriter::new(std::io::stdout().lock()))?,
+            };
+            if a.output.is_some() {
+                eprintln!("exported {n} frames of session {}", meta.id);
+            }
+            Ok(())
+        }
+        Cmd::Replay(a) => replay(a).await,
+        Cmd::ModSim(a) => mod_sim(a).await,
+        Cmd::Token => {
+            println!("{}", gabp_relay::auth::generate_token());
+            Ok(())
+        }
+    }
+}
+
+fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
+    let (upstream, listen) = match (&a.upstream, &a.listen) {
+        (Some(u), Some(l)) => (u, l),
+        (None, None) => return Ok(None),
+        _ => return Err(usage("--upstream and --listen go together")),
+    };
+    let upstream = Upstream::Addr(upstream.parse().map_err(|e: String| usage(format!("--upstream: {e}")))?);
+    let listen: Addr = listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
+    let (token, generated) = match &a.token {
+        Some(t) if t.is_empty() => return Err(usage("--token must not be empty")),
+        Some(t) => (t.clone(), false),
+        None => (gabp_relay::auth::generate_token(), true),
+    };
+    let mut r = RouteConfig::new(&a.route_name, upstream, listen, token);
+    r.token_generated = generated;
+    r.upstream_token = a.upstream_token.clone();
+    Ok(Some(r))
+}
+
+fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
+    let file = match &a.config {
+        Some(p) => Some((FileConfig::load(p)?, p.display().to_string())),
+        None => None,
+    };
+    let mut routes = match &file {
+        Some((f, name)) => f.routes(name)?,
+        None => Vec::new(),
+    };
+    if let Some(r) = route_from_flags(a)? {
+        routes.push(r);
+    }
+    if routes.is_empty() {
+        return Err(usage("nothing to serve: give --upstream and --listen, or --config with [[route]] tables"));
+    }
+    for r in &mut routes {
+        if let Some(v) = a.on_slow {
+            r.on_slow = v;
+        }
+        if let Some(v) = a.request_timeout {
+            r.request_timeout = v;
+        }
+        if let Some(v) = a.outbox_frames {
+            r.outbox_frames = v.max(1);
+        }
+        if let Some(v) = a.outbox_bytes {
+            r.outbox_bytes = v.max(1024);
+        }
+        if let Some(v) = a.max_body {
+            r.max_body = v.max(64);
+        }
+        if let Some(v) = a.max_bridges {
+            r.max_bridges = v.max(1);
+        }
+        if let Some(v) = a.frame_timeout {
+            r.frame_timeout = v;
+        }
+        if a.no_subscribe_all {
+            r.subscribe_all = false;
+        }
+        if a.no_record {
+            r.record = false;
+        }
+    }
+    let f = file.as_ref().map(|(f, _)| f);
+    let parse_in_file = |v: &Option<String>, field: &str| -> Result<Option<String>> { Ok(v.clone().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).map(|s| { let _ = field; s })) };
+    let durability = match (a.durability, f.and_then(|f| f.durability.clone())) {
+        (Some(d), _) => d,
+        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config durability: {e}"))?,
+        _ => Durability::Batch,
+    };
+    let compression = match (a.compression, f.and_then(|f| f.compression.clone())) {
+        (Some(c), _) => c,
+        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config compression: {e}"))?,
+        _ => Compression::Lz4,
+    };
+    let on_record_error = match (a.on_record_error, f.and_then(|f| f.on_record_error.clone())) {
+        (Some(p), _) => p,
+        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config on_record_error: {e}"))?,
+        _ => OnRecordError::Stall,
+    };
+    let retain = match (a.retain, parse_in_file(&f.and_then(|f| f.retain.clone()), "retain")?) {
+        (Some(r), _) => r,
+        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config retain: {e}"))?,
+        _ => Retention::default(),
+    };
+    let metrics = match (a.metrics, f.and_then(|f| f.metrics.clone())) {
+        (Some(m), _) => Some(m),
+        (None, Some(s)) => Some(s.parse().map_err(|_| anyhow!("config metrics: invalid address {s:?}"))?),
+        _ => None,
+    };
+    Ok(RelayConfig {
+        routes,
+        data_dir: a.data_dir.clone().or_else(|| f.and_then(|f| f.data_dir.clone())).unwrap_or_else(|| PathBuf::from("gabp-data")),
+        durability,
+        compression,
+        on_record_error,
+        retain,
+        metrics,
+        allow_remote: a.allow_remote || f.and_then(|f| f.allow_remote).unwrap_or(false),
+        shutdown_timeout: a.shutdown_timeout,
+        bridge_file: f.and_then(|f| f.bridge_file.clone()),
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = relay_config(&a)?;
+    let relay = Relay::start(cfg.clone()).await?;
+    let mut out = std::io::stdout().lock();
+    for (i, r) in relay.routes.iter().enumerate() {
+        writeln!(out, "route {} listening on {} -> mod {}", r.cfg.name, relay.addrs[i], r.cfg.upstream)?;
+        if r.cfg.token_generated {
+            writeln!(out, "route {} token {}", r.cfg.name, r.cfg.token)?;
+        }
+    }
+    if cfg.records() {
+        writeln!(out, "recording to {} (durability {:?})", cfg.data_dir.display(), cfg.durability)?;
+    } else {
+        writeln!(out, "recording off")?;
+    }
+    if let Some(m) = relay.metrics_addr {
+        writeln!(out, "metrics on http://{m}/metrics")?;
+    }
+    out.flush()?;
+    drop(out);
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    if !relay.shutdown().await {
+        bail!("shutdown did not finish within {:?}", a.shutdown_timeout);
+    }
+    Ok(())
+}
+
+fn sessions(a: SessionsArgs) -> Result<()> {
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    match a.cmd.unwrap_or(SessionsCmd::Ls) {
+        SessionsCmd::Ls => {
+            if let Some(r) = a.retain {
+                store.apply_retention(gabp_sim::clock::now_ns(), r.max_age.map(|d| d.as_nanos() as u64), r.max_bytes)?;
+            }
+            let list = store.sessions()?;
+            if a.dir.json {
+                let v: Vec<serde_json::Value> = list
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "id": m.id.to_string(), "route": m.route, "app": m.app_name, "appVersion": m.app_version,
+                            "agentId": m.agent_id, "startedNs": m.started_ns, "endedNs": m.ended_ns, "durationS": m.duration_ns() as f64 / 1e9,
+                            "frames": m.frames, "bytes": m.bytes, "events": m.events, "bridges": m.bridges.len(), "end": m.end_label(),
+                            "anomalies": m.anomalies, "recordErrors": m.record_errors, "lostFrames": m.lost_frames,
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "sessions": v }))?);
+            } else {
+                println!("{:<36}  {:<12} {:<14} {:<20} {:>9} {:>10} {:>12}  END", "SESSION", "ROUTE", "APP", "START (UTC)", "DURATION", "FRAMES", "BYTES");
+                for m in &list {
+                    println!(
+                        "{:<36}  {:<12} {:<14} {:<20} {:>8.1}s {:>10} {:>12}  {}",
+                        m.id, m.route, m.app_name.as_deref().unwrap_or("-"), utc(m.started_ns), m.duration_ns() as f64 / 1e9, m.frames, m.bytes, m.end_label()
+                    );
+                }
+            }
+        }
+        SessionsCmd::Rm { session } => {
+            let meta = store.resolve(&session)?;
+            store.delete_session(meta.id)?;
+            println!("removed session {}", meta.id);
+        }
+        SessionsCmd::Check { session } => {
+            let ids: Vec<_> = match session {
+                Some(s) => vec![store.resolve(&s)?.id],
+                None => store.sessions()?.into_iter().map(|m| m.id).collect(),
+            };
+            let mut reports = Vec::new();
+            for id in ids {
+                reports.push(store.check_session(id)?);
+            }
+            let bad = reports.iter().filter(|r| !r.ok()).count();
+            if a.dir.json {
+                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "ok": bad == 0, "sessions": reports }))?);
+            } else {
+                for r in &reports {
+                    println!("{}  {}  {} frames, {} chunks, {} index entries, {} channels", r.session, if r.ok() { "ok" } else { "FAILED" }, r.frames, r.chunks, r.index_entries, r.channels);
+                    for p in &r.problems {
+                        println!("    {p}");
+                    }
+                }
+            }
+            if bad > 0 {
+                bail!("{bad} session(s) failed the consistency check");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Formats ns since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
+fn utc(ns: u64) -> String {
+    let secs = (ns / 1_000_000_000) as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+async fn replay(a: ReplayArgs) -> Result<()> {
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    let meta = store.resolve(&a.session)?;
+    let listen: Addr = a.listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
+    if !a.allow_remote && !listen.is_local() {
+        return Err(usage(format!("refusing to listen on {listen}: not a loopback address (pass --allow-remote)")));
+    }
+    let (token, generated) = match a.token {
+        Some(t) => (t, false),
+        None => (gabp_relay::auth::generate_token(), true),
+    };
+    let opts = gabp_relay::replay::ReplayOptions { token: token.clone(), speed: a.speed, looping: a.looping, channels: a.channel, from: a.from };
+    let rec = gabp_relay::replay::Recording::load(&store, meta, &opts)?;
+    drop(store);
+    let listener = gabp_sim::Listener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let bound = listener.local_addr()?;
+    println!("replaying session {} ({} events) on {}", rec.meta.id, rec.event_count(), bound);
+    if generated {
+        println!("token {token}");
+    }
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(gabp_relay::replay::serve(listener, std::sync::Arc::new(rec), opts, cancel.clone()));
+    shutdown_signal().await;
+    cancel.cancel();
+    let _ = server.await;
+    Ok(())
+}
+
+async fn mod_sim(a: ModSimArgs) -> Result<()> {
+    let cfg = gabp_sim::ModSimConfig {
+        token: a.token,
+        channels: a.channels.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect(),
+        rate: if a.rate > 0.0 { Some(a.rate) } else { None },
+        payload_bytes: a.payload_bytes,
+        seed: a.seed,
+        tool_latency: a.tool_latency,
+        seq_start: if a.quirks { 1 } else { 0 },
+        quirks: a.quirks,
+        ..gabp_sim::ModSimConfig::default()
+    };
+    if a.stdio {
+        tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
+        return Ok(());
+    }
+    let listen: Addr = a.listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
+    let sim = gabp_sim::ModSim::start(&listen, cfg).with_context(|| format!("cannot listen on {listen}"))?;
+    println!("simulated mod listening on {}", sim.addr());
+    std::io::stdout().flush()?;
+    shutdown_signal().await;
+    sim.stop();
+    Ok(())
+}

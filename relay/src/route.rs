@@ -1,0 +1,223 @@
+//! A route's shared state: the current session, the hub, pending requests, bridges.
+//!
+//! The upstream task owns the mod connection and publishes the session through a `watch`
+//! channel; bridge tasks read it to forward requests and wait on it during `session/hello`.
+//! Everything here is shared behind short, synchronous locks that are never held across an
+//! `.await`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_storage::{BridgeInfo, Direction, FrameRecord};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::auth::FailureThrottle;
+use crate::config::RouteConfig;
+use crate::hub::Hub;
+use crate::metrics::RouteMetrics;
+use crate::outbox::Outbox;
+use crate::pending::{Entry, Origin, Pending};
+use crate::recorder::{RecMsg, Recorder};
+
+/// The relay's version, reported in welcomes and status.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// One connection epoch with the mod.
+#[derive(Debug)]
+pub struct SessionInfo {
+    /// The session id (UUID v7).
+    pub id: Uuid,
+    /// The mod's welcome result, whole.
+    pub welcome: Value,
+    /// Channels the mod advertised.
+    pub advertised: Vec<String>,
+    /// When the welcome arrived (ns since epoch).
+    pub started_ns: u64,
+    /// Bodies to the mod.
+    pub upstream: mpsc::Sender<Bytes>,
+}
+
+/// A connected bridge.
+#[derive(Debug)]
+pub struct BridgeState {
+    /// Its connection number.
+    pub conn: u32,
+    /// Its outbox.
+    pub outbox: Arc<Outbox>,
+    /// Where it connected from.
+    pub peer: String,
+    /// Its hello, once it succeeded.
+    pub info: Mutex<Option<BridgeInfo>>,
+    /// Channels it subscribes to.
+    pub subs: Mutex<BTreeSet<String>>,
+    /// Requests it has in flight.
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+/// A route.
+#[derive(Debug)]
+pub struct Route {
+    /// Its configuration.
+    pub cfg: RouteConfig,
+    /// Routing state.
+    pub hub: Hub,
+    /// Forwarded requests awaiting answers.
+    pub pending: Pending,
+    /// The current session, if the mod is connected.
+    pub session: watch::Sender<Option<Arc<SessionInfo>>>,
+    /// The recorder, unless recording is off.
+    pub recorder: Option<Recorder>,
+    /// Connected bridges.
+    pub bridges: Mutex<HashMap<u32, Arc<BridgeState>>>,
+    /// Channels the relay is subscribed to upstream in the current session.
+    pub upstream_channels: Mutex<HashSet<String>>,
+    /// Metric handles.
+    pub metrics: RouteMetrics,
+    /// Failed-hello throttle.
+    pub throttle: FailureThrottle,
+    /// Cancelled at shutdown.
+    pub cancel: CancellationToken,
+    /// The launch id the relay presents to the mod.
+    pub launch_id: String,
+    next_conn: AtomicU32,
+}
+
+impl Route {
+    /// A route with no session yet.
+    pub fn new(cfg: RouteConfig, recorder: Option<Recorder>, cancel: CancellationToken) -> Arc<Route> {
+        let metrics = RouteMetrics::new(&cfg.name);
+        let recorder = if cfg.record { recorder } else { None };
+        Arc::new(Route {
+            cfg,
+            hub: Hub::new(),
+            pending: Pending::default(),
+            session: watch::channel(None).0,
+            recorder,
+            bridges: Mutex::new(HashMap::new()),
+            upstream_channels: Mutex::new(HashSet::new()),
+            metrics,
+            throttle: FailureThrottle::default(),
+            cancel,
+            launch_id: Uuid::new_v4().to_string(),
+            next_conn: AtomicU32::new(1),
+        })
+    }
+
+    /// A fresh bridge connection number.
+    pub fn next_conn(&self) -> u32 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The current session.
+    pub fn current(&self) -> Option<Arc<SessionInfo>> {
+        self.session.borrow().clone()
+    }
+
+    /// Records a frame in `session`, if recording.
+    pub async fn record(&self, session: Uuid, rec: FrameRecord) {
+        if let Some(r) = &self.recorder {
+            r.send(RecMsg::Frame { session, rec }).await;
+        }
+    }
+
+    /// Records a frame in the current session, if any.
+    pub async fn record_current(&self, dir: Direction, conn: u32, body: Bytes, json_ok: bool) {
+        if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
+            let rec = FrameRecord { dir, conn, time_ns: gabp_sim::clock::now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok, body };
+            r.send(RecMsg::Frame { session: s.id, rec }).await;
+        }
+    }
+
+    /// Sends a reply the relay wrote itself to a bridge, and records it.
+    pub async fn reply(&self, bridge: &BridgeState, body: Bytes) {
+        bridge.outbox.push_control(frame_bytes(&body));
+        self.record_current(Direction::RelayToBridge, bridge.conn, body, true).await;
+    }
+
+    /// Sends an error reply to a bridge.
+    pub async fn reply_error(&self, bridge: &BridgeState, id: Option<&str>, code: ErrorCode, msg: &str) {
+        self.reply(bridge, message::error_response(id, code, msg, None)).await;
+    }
+
+    /// Sends the relay's own request to the mod (subscriptions), tracked so the answer is
+    /// recognised.
+    pub async fn send_internal(&self, session: &SessionInfo, method: &str, params: Value) {
+        let id = Uuid::new_v4();
+        let body = message::request(&id.to_string(), method, params);
+        let now = Instant::now();
+        self.pending.insert(id, Entry { session: session.id, origin: Origin::Relay, method: method.into(), sent: now, deadline: now + self.cfg.request_timeout });
+        if session.upstream.send(body.clone()).await.is_ok() {
+            self.record(session.id, FrameRecord { dir: Direction::RelayToMod, conn: 0, time_ns: gabp_sim::clock::now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body }).await;
+        }
+    }
+
+    /// Sends a `relay/session` notice to every bridge that subscribes to anything.
+    pub fn notify_bridges(&self, payload: Value) {
+        let body = message::event("relay/session", 0, payload);
+        let wire = frame_bytes(&body);
+        for b in self.bridges.lock().values() {
+            if !b.subs.lock().is_empty() {
+                b.outbox.push_control(wire.clone());
+            }
+        }
+    }
+
+    /// The `relay/status` result.
+    pub fn status(&self) -> Value {
+        let session = self.current().map(|s| {
+            json!({
+                "id": s.id.to_string(),
+                "state": "connected",
+                "agentId": s.welcome.get("agentId"),
+                "app": s.welcome.get("app"),
+                "startedNs": s.started_ns,
+                "channels": self.hub.channel_counts().into_iter().map(|(c, n)| json!({"channel": c, "events": n})).collect::<Vec<_>>(),
+            })
+        });
+        let mut bridges: Vec<Value> = self
+            .bridges
+            .lock()
+            .values()
+            .map(|b| {
+                let (events, bytes, control) = b.outbox.depth();
+                let info = b.info.lock().clone().unwrap_or_default();
+                json!({
+                    "conn": b.conn,
+                    "peer": b.peer,
+                    "bridgeVersion": info.bridge_version,
+                    "platform": info.platform,
+                    "launchId": info.launch_id,
+                    "subscriptions": b.subs.lock().iter().cloned().collect::<Vec<_>>(),
+                    "queueEvents": events,
+                    "queueBytes": bytes,
+                    "queueControl": control,
+                    "dropped": b.outbox.dropped(),
+                    "delivered": b.outbox.delivered(),
+                    "pending": b.in_flight.load(Ordering::Relaxed),
+                    "policy": b.outbox.policy().as_str(),
+                })
+            })
+            .collect();
+        bridges.sort_by_key(|b| b["conn"].as_u64());
+        json!({
+            "relay": { "name": "gabp-relay", "version": VERSION },
+            "route": self.cfg.name,
+            "upstream": self.cfg.upstream.to_string(),
+            "listen": self.cfg.listen.to_string(),
+            "recording": self.recorder.is_some(),
+            "recorderLag": self.recorder.as_ref().map(|r| r.lag()),
+            "session": session,
+            "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
+            "pendingRequests": self.pending.len(),
+            "bridges": bridges,
+        })
+    }
+}

@@ -1,0 +1,227 @@
+//! Running a relay: routes, listeners, the recorder, metrics, retention and shutdown.
+//!
+//! [`Relay::start`] brings everything up and returns a handle; `gabp-relay serve` and the
+//! integration tests both use it. Shutdown follows one deadline: stop accepting, let each
+//! connection finish its frame, flush writers, end sessions, drain and sync the recorder.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_sim::net::{Addr, Listener};
+use gabp_storage::{Store, StoreOptions};
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{RelayConfig, RouteConfig};
+use crate::pending::Origin;
+use crate::recorder::{Recorder, RecorderThread};
+use crate::route::Route;
+use crate::upstream::{self, Connector, SocketConnector};
+
+/// Why a relay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The data dir could not be opened.
+    #[error("{0}")]
+    Store(#[from] gabp_storage::StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A non-loopback listener without `--allow-remote`.
+    #[error("refusing to listen on {0}: not a loopback address (pass --allow-remote to allow it)")]
+    Remote(String),
+}
+
+/// A running relay.
+#[derive(Debug)]
+pub struct Relay {
+    /// Routes, in config order.
+    pub routes: Vec<Arc<Route>>,
+    /// Where each route listens (real ports when bound to port 0).
+    pub addrs: Vec<Addr>,
+    /// Where metrics are served, if anywhere.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+    recorder_thread: Option<RecorderThread>,
+    store: Option<Store>,
+    shutdown_timeout: Duration,
+}
+
+impl Relay {
+    /// Starts every route of `cfg`.
+    pub async fn start(cfg: RelayConfig) -> Result<Relay, StartError> {
+        Relay::start_with(cfg, Arc::new(SocketConnector)).await
+    }
+
+    /// Starts with a custom upstream connector (stdio, wrap).
+    pub async fn start_with(cfg: RelayConfig, connector: Arc<dyn Connector>) -> Result<Relay, StartError> {
+        for r in &cfg.routes {
+            if !cfg.allow_remote && !r.listen.is_local() {
+                return Err(StartError::Remote(r.listen.to_string()));
+            }
+            if !r.listen.is_local() {
+                tracing::warn!(listen = %r.listen, "listening on a non-loopback address: anyone who can reach it may try tokens");
+            }
+        }
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let (store, recorder, recorder_thread) = if cfg.records() {
+            let store = Store::open(&cfg.data_dir, StoreOptions { durability: cfg.durability, compression: cfg.compression, read_only: false })?;
+            let (rec, thread) = Recorder::start(store.clone(), cfg.on_record_error);
+            (Some(store), Some(rec), Some(thread))
+        } else {
+            (None, None, None)
+        };
+        if let Some(store) = &store {
+            apply_retention(store, &cfg);
+            let (store, c, retain) = (store.clone(), cancel.clone(), cfg.clone());
+            if retain.retain.max_age.is_some() || retain.retain.max_bytes.is_some() {
+                tracker.spawn(async move {
+                    loop {
+                        tokio::select! { _ = c.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(60)) => {} }
+                        let (s, r) = (store.clone(), retain.clone());
+                        let _ = tokio::task::spawn_blocking(move || apply_retention(&s, &r)).await;
+                    }
+                });
+            }
+        }
+        let metrics_addr = match cfg.metrics {
+            Some(addr) => {
+                let listener = crate::metrics::bind(addr).await.map_err(|source| StartError::Bind { addr: addr.to_string(), source })?;
+                let bound = listener.local_addr().ok();
+                if let Some(handle) = crate::metrics::install() {
+                    tracker.spawn(crate::metrics::serve(listener, handle, cancel.clone()));
+                } else {
+                    tracing::warn!("a metrics recorder is already installed in this process; /metrics not served");
+                }
+                bound
+            }
+            None => None,
+        };
+        let mut routes = Vec::new();
+        let mut addrs = Vec::new();
+        for rc in cfg.routes.clone() {
+            let listener = Listener::bind(&rc.listen).await.map_err(|source| StartError::Bind { addr: rc.listen.to_string(), source })?;
+            addrs.push(listener.local_addr().map_err(|source| StartError::Bind { addr: rc.listen.to_string(), source })?);
+            let route = Route::new(rc, recorder.clone(), cancel.child_token());
+            tracker.spawn(upstream::run(route.clone(), connector.clone()));
+            tracker.spawn(accept_loop(route.clone(), listener, tracker.clone()));
+            tracker.spawn(sweeper(route.clone()));
+            routes.push(route);
+        }
+        drop(recorder);
+        Ok(Relay { routes, addrs, metrics_addr, cancel, tracker, recorder_thread, store, shutdown_timeout: cfg.shutdown_timeout })
+    }
+
+    /// The token of route `i`.
+    pub fn token(&self, i: usize) -> &str {
+        &self.routes[i].cfg.token
+    }
+
+    /// The route configs.
+    pub fn route_configs(&self) -> Vec<RouteConfig> {
+        self.routes.iter().map(|r| r.cfg.clone()).collect()
+    }
+
+    /// The data dir store, if recording.
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
+    }
+
+    /// Shuts down within the configured bound; returns whether everything finished in time.
+    pub async fn shutdown(mut self) -> bool {
+        let deadline = Instant::now() + self.shutdown_timeout;
+        self.cancel.cancel();
+        self.tracker.close();
+        let clean = tokio::time::timeout_at(deadline.into(), self.tracker.wait()).await.is_ok();
+        // Routes (and their recorder handles) go away; the recorder drains and syncs.
+        self.routes.clear();
+        if let Some(thread) = self.recorder_thread.take() {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            let join = tokio::task::spawn_blocking(move || thread.join());
+            if tokio::time::timeout(left, join).await.is_err() {
+                tracing::error!("recorder did not finish within the shutdown bound");
+                return false;
+            }
+        }
+        clean
+    }
+}
+
+fn apply_retention(store: &Store, cfg: &RelayConfig) {
+    let r = cfg.retain;
+    if r.max_age.is_none() && r.max_bytes.is_none() {
+        return;
+    }
+    match store.apply_retention(gabp_sim::clock::now_ns(), r.max_age.map(|d| d.as_nanos() as u64), r.max_bytes) {
+        Ok(deleted) if !deleted.is_empty() => tracing::info!(deleted = deleted.len(), "retention removed old sessions"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "retention failed"),
+    }
+}
+
+async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker) {
+    let permits = Arc::new(Semaphore::new(route.cfg.max_bridges));
+    loop {
+        let conn = tokio::select! {
+            _ = route.cancel.cancelled() => return,
+            c = listener.accept() => c,
+        };
+        let conn = match conn {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors and the like: pause instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tracker.spawn(crate::bridge::serve(route.clone(), conn, permit));
+            }
+            Err(_) => {
+                tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
+                tracker.spawn(async move {
+                    let mut w = conn.write;
+                    let body = message::error_response(None, ErrorCode::LimitExceeded, "too many bridges connected", None);
+                    let _ = tokio::time::timeout(Duration::from_secs(1), w.write_all(&frame_bytes(&body))).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        }
+    }
+}
+
+/// Times out pending requests and publishes queue-depth gauges.
+async fn sweeper(route: Arc<Route>) {
+    let period = (route.cfg.request_timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! { _ = route.cancel.cancelled() => return, _ = tick.tick() => {} }
+        for entry in route.pending.expire(Instant::now()) {
+            let (_, count) = route.metrics.request(&entry.method, "timeout");
+            count.increment(1);
+            if let Origin::Bridge { outbox, bridge_id, .. } = &entry.origin {
+                let msg = format!("no answer from the mod within {:?}; the request may or may not have taken effect", route.cfg.request_timeout);
+                let body = message::error_response(Some(bridge_id), ErrorCode::OutcomeUnknown, &msg, Some(json!({"method": entry.method})));
+                outbox.push_control(frame_bytes(&body));
+            }
+        }
+        let deepest = route.bridges.lock().values().map(|b| b.outbox.depth().0).max().unwrap_or(0);
+        route.metrics.outbox_events.set(deepest as f64);
+        if let Some(r) = &route.recorder {
+            route.metrics.recorder_lag.set(r.lag() as f64);
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! `gabp-relay stats`: per-channel and per-method figures of a recorded session.
+//!
+//! Computed in one streaming pass over the frames: event counts, rates and payload sizes per
+//! channel, the mod's own seq anomalies (gaps and restarts), request latency percentiles per
+//! method (relay→mod request to mod→relay response), errors, and drops per bridge.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gabp_proto::{Mode, MsgType, Parser};
+use gabp_storage::{Direction, SessionMeta, Store, StoreError};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Figures of one channel.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChannelStats {
+    /// The channel.
+    pub channel: String,
+    /// Events received from the mod.
+    pub events: u64,
+    /// Events per second over the session.
+    pub rate_per_s: f64,
+    /// Mean payload size in bytes.
+    pub payload_mean: f64,
+    /// 99th percentile payload size in bytes.
+    pub payload_p99: u64,
+    /// Gaps in the mod's seq (events the mod numbered but never sent).
+    pub mod_seq_gaps: u64,
+    /// Times the mod's seq went backwards (the game restarted counting).
+    pub mod_seq_restarts: u64,
+}
+
+/// Figures of one method.
+#[derive(Debug, Clone, Serialize)]
+pub struct MethodStats {
+    /// The method.
+    pub method: String,
+    /// Requests forwarded.
+    pub calls: u64,
+    /// Error responses.
+    pub errors: u64,
+    /// Requests never answered in the session.
+    pub unanswered: u64,
+    /// Latency percentiles in milliseconds.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+}
+
+/// Drops of one bridge.
+#[derive(Debug, Clone, Serialize)]
+pub struct BridgeStats {
+    /// Connection number.
+    pub conn: u32,
+    /// Its bridgeVersion.
+    pub bridge_version: String,
+    /// Events dropped for it.
+    pub dropped: u64,
+    /// `relay/dropped` notices it was sent.
+    pub drop_notices: u64,
+}
+
+/// Everything `stats` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionStats {
+    /// Session id.
+    pub session: String,
+    /// Route.
+    pub route: String,
+    /// Duration in seconds.
+    pub duration_s: f64,
+    /// Frames recorded.
+    pub frames: u64,
+    /// Bytes recorded.
+    pub bytes: u64,
+    /// Unroutable mod frames.
+    pub anomalies: u64,
+    /// Per channel.
+    pub channels: Vec<ChannelStats>,
+    /// Per method.
+    pub methods: Vec<MethodStats>,
+    /// Per bridge.
+    pub bridges: Vec<BridgeStats>,
+}
+
+struct Chan {
+    events: u64,
+    sizes: Histogram<u64>,
+    last_mod_seq: Option<u64>,
+    gaps: u64,
+    restarts: u64,
+}
+
+struct Method {
+    calls: u64,
+    errors: u64,
+    latency: Histogram<u64>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("static bounds are valid")
+}
+
+/// Computes a session's stats.
+pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreError> {
+    let mut chans: BTreeMap<u32, Chan> = BTreeMap::new();
+    let mut methods: BTreeMap<String, Method> = BTreeMap::new();
+    let mut open: HashMap<String, (String, u64)> = HashMap::new();
+    let mut notices: HashMap<u32, u64> = HashMap::new();
+    let mut parser = Parser::new();
+    for item in store.frames(meta.id) {
+        let (_, rec) = item?;
+        let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else { continue };
+        match (rec.dir, view.kind) {
+            (Direction::ModToRelay, MsgType::Event) => {
+                let c = chans.entry(rec.channel.unwrap_or(u32::MAX)).or_insert_with(|| Chan { events: 0, sizes: histogram(), last_mod_seq: None, gaps: 0, restarts: 0 });
+                c.events += 1;
+                let _ = c.sizes.record(view.payload.map_or(0, |p| p.len() as u64).max(1));
+                if let Some(s) = rec.mod_seq {
+                    match c.last_mod_seq {
+                        Some(prev) if s > prev + 1 => c.gaps += s - prev - 1,
+                        Some(prev) if s <= prev => c.restarts += 1,
+                        _ => {}
+                    }
+                    c.last_mod_seq = Some(s);
+                }
+            }
+            (Direction::RelayToMod, MsgType::Request) => {
+                let method = view.method.as_deref().unwrap_or("?").to_string();
+                methods.entry(method.clone()).or_insert_with(|| Method { calls: 0, errors: 0, latency: histogram() }).calls += 1;
+                if let Some(id) = view.id.as_deref() {
+                    open.insert(id.to_string(), (method, rec.time_ns));
+                }
+            }
+            (Direction::ModToRelay, MsgType::Response) => {
+                let Some((method, sent)) = view.id.as_deref().and_then(|id| open.remove(id)) else { continue };
+                let m = methods.get_mut(&method).expect("inserted with the request");
+                if view.is_error() {
+                    m.errors += 1;
+                }
+                let _ = m.latency.record(rec.time_ns.saturating_sub(sent).max(1));
+            }
+            (Direction::RelayToBridge, MsgType::Event) if view.channel.as_deref() == Some("relay/dropped") => {
+                *notices.entry(rec.conn).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    let mut unanswered: HashMap<String, u64> = HashMap::new();
+    for (method, _) in open.into_values() {
+        *unanswered.entry(method).or_default() += 1;
+    }
+    let secs = (meta.duration_ns() as f64 / 1e9).max(1e-9);
+    let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1e6 };
+    Ok(SessionStats {
+        session: meta.id.to_string(),
+        route: meta.route.clone(),
+        duration_s: meta.duration_ns() as f64 / 1e9,
+        frames: meta.frames,
+        bytes: meta.bytes,
+        anomalies: meta.anomalies,
+        channels: chans
+            .into_iter()
+            .map(|(id, c)| ChannelStats {
+                channel: meta.channels.get(id as usize).cloned().unwrap_or_else(|| "?".into()),
+                events: c.events,
+                rate_per_s: c.events as f64 / secs,
+                payload_mean: c.sizes.mean(),
+                payload_p99: c.sizes.value_at_quantile(0.99),
+                mod_seq_gaps: c.gaps,
+                mod_seq_restarts: c.restarts,
+            })
+            .collect(),
+        methods: methods
+            .into_iter()
+            .map(|(method, m)| MethodStats {
+                unanswered: unanswered.get(&method).copied().unwrap_or(0),
+                method,
+                calls: m.calls,
+                errors: m.errors,
+                p50_ms: ms(&m.latency, 0.5),
+                p90_ms: ms(&m.latency, 0.9),
+                p99_ms: ms(&m.latency, 0.99),
+                max_ms: if m.latency.is_empty() { 0.0 } else { m.latency.max() as f64 / 1e6 },
+            })
+            .collect(),
+        bridges: meta
+            .bridges
+            .iter()
+            .map(|b| BridgeStats { conn: b.conn, bridge_version: b.bridge_version.clone(), dropped: b.dropped, drop_notices: notices.get(&b.conn).copied().unwrap_or(0) })
+            .collect(),
+    })
+}
+
+/// The human-readable table.
+pub fn render(s: &SessionStats) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies", s.session, s.route, s.duration_s, s.frames, s.bytes, s.anomalies);
+    let _ = writeln!(o, "\n{:<28} {:>10} {:>10} {:>10} {:>9} {:>6} {:>8}", "CHANNEL", "EVENTS", "RATE/S", "PAYLOAD", "P99", "GAPS", "RESTARTS");
+    for c in &s.channels {
+        let _ = writeln!(o, "{:<28} {:>10} {:>10.1} {:>10.1} {:>9} {:>6} {:>8}", c.channel, c.events, c.rate_per_s, c.payload_mean, c.payload_p99, c.mod_seq_gaps, c.mod_seq_restarts);
+    }
+    let _ = writeln!(o, "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}", "METHOD", "CALLS", "ERRORS", "UNANSWERED", "P50 MS", "P90 MS", "P99 MS", "MAX MS");
+    for m in &s.methods {
+        let _ = writeln!(o, "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}", m.method, m.calls, m.errors, m.unanswered, m.p50_ms, m.p90_ms, m.p99_ms, m.max_ms);
+    }
+    let _ = writeln!(o, "\n{:<6} {:<28} {:>10} {:>12}", "CONN", "BRIDGE", "DROPPED", "DROP NOTICES");
+    for b in &s.bridges {
+        let _ = writeln!(o, "{:<6} {:<28} {:>10} {:>12}", b.conn, b.bridge_version, b.dropped, b.drop_notices);
+    }
+    o
+}

@@ -1,0 +1,407 @@
+//! The mod connection: connect with backoff, hello, then read the mod and route everything.
+//!
+//! Each connection epoch is a session. The reader is the only publisher of events, so per
+//! channel order is the mod's order. It never waits for a bridge (unless a bridge's policy is
+//! `block`); it does wait for the recorder, which is what makes recording lossless. Outbox
+//! wake-ups and recorder sends are batched and flushed whenever the socket has nothing more
+//! buffered, so a burst of events costs one wake per bridge and one recorder send.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt, StreamExt};
+use gabp_proto::{encode_header, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
+use gabp_sim::clock::now_ns;
+use gabp_sim::net::{BoxWrite, Conn};
+use gabp_storage::{Direction, EndReason, FrameRecord, SessionMeta};
+use rand::Rng;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedRead;
+use uuid::Uuid;
+
+use crate::config::Upstream;
+use crate::outbox::{Offer, Outbox};
+use crate::pending::Origin;
+use crate::recorder::RecMsg;
+use crate::route::{Route, SessionInfo, VERSION};
+
+/// Longest wait between reconnect attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Recorder messages batched before a send even if the socket still has data.
+const RECORD_BATCH: usize = 512;
+
+/// Connects, serves sessions and reconnects until the route is cancelled.
+pub async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
+    let mut backoff = Duration::from_millis(50);
+    let mut sessions = 0u64;
+    let mut warned = false;
+    loop {
+        if route.cancel.is_cancelled() {
+            break;
+        }
+        match connector.connect(&route.cfg.upstream).await {
+            Ok(conn) => {
+                warned = false;
+                if sessions > 0 {
+                    route.metrics.reconnects.increment(1);
+                }
+                sessions += 1;
+                if serve(&route, conn).await {
+                    backoff = Duration::from_millis(50);
+                }
+            }
+            Err(e) if !warned => {
+                tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, error = %e, "mod not reachable; retrying with backoff");
+                warned = true;
+            }
+            Err(e) => tracing::debug!(route = %route.cfg.name, error = %e, "mod still not reachable"),
+        }
+        let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
+        tokio::select! {
+            _ = route.cancel.cancelled() => break,
+            _ = tokio::time::sleep(backoff + Duration::from_millis(jitter)) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Opens connections to the mod (a trait so `wrap` and stdio can supply their own).
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// Connects once.
+    fn connect<'a>(&'a self, upstream: &'a Upstream) -> futures::future::BoxFuture<'a, std::io::Result<Conn>>;
+}
+
+/// Connects to socket addresses.
+#[derive(Debug, Default)]
+pub struct SocketConnector;
+
+impl Connector for SocketConnector {
+    fn connect<'a>(&'a self, upstream: &'a Upstream) -> futures::future::BoxFuture<'a, std::io::Result<Conn>> {
+        async move {
+            match upstream {
+                Upstream::Addr(a) => tokio::time::timeout(Duration::from_secs(5), Conn::connect(a))
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))),
+                Upstream::Stdio(_) => Err(std::io::Error::other("stdio upstream needs the stdio connector")),
+            }
+        }
+        .boxed()
+    }
+}
+
+async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: Arc<Route>) {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    while let Some(body) = rx.recv().await {
+        gabp_proto::encode_frame(&body, &mut buf);
+        let mut n = 1;
+        while buf.len() < 256 * 1024 {
+            match rx.try_recv() {
+                Ok(b) => {
+                    gabp_proto::encode_frame(&b, &mut buf);
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        if write.write_all(&buf).await.is_err() || write.flush().await.is_err() {
+            break;
+        }
+        route.metrics.mod_out.increment(n);
+        buf.clear();
+    }
+    let _ = write.shutdown().await;
+}
+
+type Frames = FramedRead<gabp_sim::net::BoxRead, GabpCodec>;
+
+/// Says hello and waits for the welcome. Frames before the answer are discarded.
+async fn handshake(route: &Route, frames: &mut Frames, tx: &mpsc::Sender<Bytes>) -> Result<(Value, Bytes, Bytes), String> {
+    let id = Uuid::new_v4().to_string();
+    let params = |token: &str| json!({"token": token, "bridgeVersion": format!("gabp-relay/{VERSION}"), "platform": std::env::consts::OS, "launchId": route.launch_id});
+    let hello = message::request(&id, "session/hello", params(&route.cfg.upstream_token));
+    tx.send(hello).await.map_err(|_| "connection closed".to_string())?;
+    let redacted = message::request(&id, "session/hello", params("[redacted]"));
+    let mut parser = Parser::new();
+    let wait = async {
+        while let Some(frame) = frames.next().await {
+            let frame = frame.map_err(|e| format!("broken framing from the mod: {e}"))?;
+            let Ok(view) = parser.parse(&frame.body, Mode::Tolerant) else { continue };
+            if view.kind != MsgType::Response || view.id.as_deref() != Some(id.as_str()) {
+                continue;
+            }
+            let msg: Value = serde_json::from_slice(&frame.body).map_err(|_| "unreadable welcome".to_string())?;
+            if let Some(err) = msg.get("error").filter(|e| !e.is_null()) {
+                let hint = if err["code"] == ErrorCode::BadToken.code() { " (check --upstream-token)" } else { "" };
+                return Err(format!("mod rejected the relay's hello: {} {}{hint}", err["code"], err["message"]));
+            }
+            return Ok((msg["result"].clone(), frame.body));
+        }
+        Err("mod closed the connection during the handshake".to_string())
+    };
+    let (welcome, raw) = tokio::time::timeout(route.cfg.hello_wait, wait).await.map_err(|_| "mod did not answer session/hello in time".to_string())??;
+    Ok((welcome, redacted, raw))
+}
+
+/// Serves one connection. Returns whether a session was established.
+async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
+    let mut frames = FramedRead::with_capacity(conn.read, GabpCodec::new(route.cfg.max_body), 256 * 1024);
+    let (tx, rx) = mpsc::channel::<Bytes>(1024);
+    let writer = tokio::spawn(write_loop(conn.write, rx, route.clone()));
+    let (welcome, hello_rec, welcome_raw) = match handshake(route, &mut frames, &tx).await {
+        Ok(w) => w,
+        Err(reason) => {
+            tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, "{reason}");
+            writer.abort();
+            return false;
+        }
+    };
+    let id = Uuid::now_v7();
+    let started_ns = now_ns();
+    let advertised: Vec<String> = welcome["capabilities"]["events"].as_array().map(|a| a.iter().filter_map(|c| c.as_str().map(String::from)).collect()).unwrap_or_default();
+    route.hub.new_session();
+    if let Some(r) = &route.recorder {
+        let meta = SessionMeta {
+            id,
+            route: route.cfg.name.clone(),
+            started_ns,
+            agent_id: welcome["agentId"].as_str().map(String::from),
+            app_name: welcome["app"]["name"].as_str().map(String::from),
+            app_version: welcome["app"]["version"].as_str().map(String::from),
+            welcome: Some(welcome.clone()),
+            relay_version: VERSION.into(),
+            ..SessionMeta::default()
+        };
+        let rec = |dir, body| RecMsg::Frame { session: id, rec: FrameRecord { dir, conn: 0, time_ns: started_ns, channel: None, mod_seq: None, relay_seq: None, json_ok: true, body } };
+        r.send_batch(vec![RecMsg::Begin(Box::new(meta)), rec(Direction::RelayToMod, hello_rec), rec(Direction::ModToRelay, welcome_raw)]).await;
+    }
+    let info = Arc::new(SessionInfo { id, welcome: welcome.clone(), advertised: advertised.clone(), started_ns, upstream: tx });
+    // Subscribe upstream to what the recording and the bridges need.
+    let mut want: Vec<String> = if route.cfg.subscribe_all { advertised.clone() } else { Vec::new() };
+    for c in route.hub.wanted() {
+        if !want.contains(&c) {
+            want.push(c);
+        }
+    }
+    *route.upstream_channels.lock() = want.iter().cloned().collect();
+    if !want.is_empty() {
+        route.send_internal(&info, "events/subscribe", json!({ "channels": want })).await;
+    }
+    route.session.send_replace(Some(info.clone()));
+    route.metrics.upstream_connected.set(1.0);
+    tracing::info!(route = %route.cfg.name, session = %id, app = %welcome["app"]["name"], channels = advertised.len(), "mod connected; session started");
+    route.notify_bridges(json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
+
+    let reason = read_loop(route, &info, &mut frames).await;
+
+    route.session.send_if_modified(|s| {
+        if s.as_ref().is_some_and(|s| s.id == id) {
+            *s = None;
+            true
+        } else {
+            false
+        }
+    });
+    route.metrics.upstream_connected.set(0.0);
+    drop(info);
+    writer.abort();
+    let (code, msg) = match reason {
+        EndReason::RelayShutdown => (ErrorCode::ShuttingDown, "the relay is shutting down; the request's outcome is unknown"),
+        _ => (ErrorCode::OutcomeUnknown, "the mod disconnected before answering; the request may or may not have taken effect"),
+    };
+    for entry in route.pending.drain_session(id) {
+        if let Origin::Bridge { outbox, bridge_id, .. } = &entry.origin {
+            let body = message::error_response(Some(bridge_id), code, msg, Some(json!({"method": entry.method})));
+            outbox.push_control(gabp_proto::frame_bytes(&body));
+        }
+    }
+    route.notify_bridges(json!({"state": "ended", "sessionId": id.to_string(), "reason": reason.as_str()}));
+    if let Some(r) = &route.recorder {
+        r.send(RecMsg::End { session: id, reason, at_ns: now_ns() }).await;
+    }
+    tracing::info!(route = %route.cfg.name, session = %id, reason = reason.as_str(), "session ended");
+    true
+}
+
+/// Per-session reader state.
+struct Reader<'a> {
+    route: &'a Arc<Route>,
+    session: &'a SessionInfo,
+    parser: Parser,
+    records: Vec<RecMsg>,
+    touched: Vec<Arc<Outbox>>,
+    channel_counters: Vec<metrics::Counter>,
+}
+
+async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frames) -> EndReason {
+    let mut r = Reader { route, session, parser: Parser::new(), records: Vec::with_capacity(RECORD_BATCH), touched: Vec::new(), channel_counters: Vec::new() };
+    loop {
+        let next = match frames.next().now_or_never() {
+            Some(n) => n,
+            None => {
+                r.flush().await;
+                tokio::select! {
+                    biased;
+                    _ = route.cancel.cancelled() => return EndReason::RelayShutdown,
+                    n = frames.next() => n,
+                }
+            }
+        };
+        match next {
+            Some(Ok(frame)) => {
+                r.on_frame(frame.body).await;
+                if r.records.len() >= RECORD_BATCH {
+                    r.flush().await;
+                }
+            }
+            Some(Err(e)) => {
+                r.flush().await;
+                tracing::warn!(route = %route.cfg.name, error = %e, "mod connection broken");
+                return EndReason::ModGone;
+            }
+            None => {
+                r.flush().await;
+                return EndReason::Clean;
+            }
+        }
+    }
+}
+
+impl Reader<'_> {
+    async fn flush(&mut self) {
+        for o in self.touched.drain(..) {
+            o.wake();
+        }
+        if let Some(rec) = &self.route.recorder {
+            if !self.records.is_empty() {
+                rec.send_batch(std::mem::replace(&mut self.records, Vec::with_capacity(RECORD_BATCH))).await;
+            }
+        } else {
+            self.records.clear();
+        }
+    }
+
+    fn record(&mut self, rec: FrameRecord) {
+        if self.route.recorder.is_some() {
+            self.records.push(RecMsg::Frame { session: self.session.id, rec });
+        }
+    }
+
+    fn anomaly(&mut self, body: Bytes, json_ok: bool, why: &str) {
+        self.route.metrics.anomalies.increment(1);
+        tracing::debug!(route = %self.route.cfg.name, why, "unroutable frame from the mod");
+        if self.route.recorder.is_some() {
+            self.records.push(RecMsg::Anomaly { session: self.session.id });
+        }
+        self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok, body });
+    }
+
+    async fn on_frame(&mut self, body: Bytes) {
+        let route = self.route;
+        route.metrics.mod_in.increment(1);
+        let view = match self.parser.parse(&body, Mode::Tolerant) {
+            Ok(v) => v,
+            Err(e) => {
+                let json_ok = !matches!(e, gabp_proto::EnvelopeError::InvalidJson | gabp_proto::EnvelopeError::InvalidUtf8);
+                let why = e.to_string();
+                return self.anomaly(body, json_ok, &why);
+            }
+        };
+        match view.kind {
+            MsgType::Event => {
+                let channel = view.channel.as_deref().expect("tolerant events have a channel");
+                let p = route.hub.publish(channel, &body, view.seq_span.clone());
+                let cid = p.channel_id as usize;
+                if p.new_channel {
+                    if route.recorder.is_some() {
+                        self.records.push(RecMsg::Channel { session: self.session.id, id: p.channel_id, name: channel.to_string() });
+                    }
+                    if self.channel_counters.len() <= cid {
+                        self.channel_counters.resize(cid + 1, metrics::Counter::noop());
+                    }
+                    self.channel_counters[cid] = route.metrics.channel_events(channel);
+                }
+                if let Some(c) = self.channel_counters.get(cid) {
+                    c.increment(1);
+                }
+                let mod_seq = view.seq;
+                self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: Some(p.channel_id), mod_seq, relay_seq: Some(p.event.seq), json_ok: true, body: body.clone() });
+                for (conn, outbox) in p.subscribers.iter() {
+                    self.offer(*conn, outbox, &p.event).await;
+                }
+            }
+            MsgType::Response => {
+                let Some(upstream_id) = view.id.as_deref().and_then(|s| Uuid::parse_str(s).ok()) else {
+                    return self.anomaly(body, true, "response without a relay id");
+                };
+                let Some(entry) = route.pending.take(&upstream_id) else {
+                    return self.anomaly(body, true, "response to an unknown or expired request");
+                };
+                let outcome = if view.is_error() { "error" } else { "ok" };
+                let (latency, count) = route.metrics.request(&entry.method, outcome);
+                latency.record(entry.sent.elapsed().as_secs_f64());
+                count.increment(1);
+                match &entry.origin {
+                    Origin::Bridge { conn, outbox, bridge_id, .. } => {
+                        let wire = response_wire(&body, view.id_span.clone().expect("responses have an id"), bridge_id);
+                        outbox.push_control(wire);
+                        let conn = *conn;
+                        self.record(FrameRecord { dir: Direction::ModToRelay, conn, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body });
+                    }
+                    Origin::Relay => {
+                        if view.is_error() {
+                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
+                        }
+                        self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body });
+                    }
+                }
+            }
+            MsgType::Request => self.anomaly(body, true, "the mod sent a request"),
+        }
+    }
+
+    async fn offer(&mut self, conn: u32, outbox: &Arc<Outbox>, event: &Arc<crate::outbox::EventFrame>) {
+        loop {
+            match outbox.offer(event) {
+                Offer::Queued => {}
+                Offer::QueuedAfterDrop(n) => self.route.metrics.dropped.increment(n),
+                Offer::Full => {
+                    // Block policy: let every writer drain, then wait for this one.
+                    for o in self.touched.drain(..) {
+                        o.wake();
+                    }
+                    tokio::select! {
+                        _ = outbox.space() => continue,
+                        _ = self.route.cancel.cancelled() => return,
+                    }
+                }
+                Offer::Disconnected => {
+                    tracing::info!(route = %self.route.cfg.name, conn, "bridge disconnected: its outbox is full (policy disconnect)");
+                    self.route.metrics.dropped.increment(1);
+                }
+                Offer::Closed => {}
+            }
+            break;
+        }
+        if outbox.mark_for_wake() {
+            self.touched.push(outbox.clone());
+        }
+    }
+}
+
+/// The wire frame of a mod response with the bridge's id put back (in place when the lengths
+/// agree, which they do for UUID ids).
+fn response_wire(body: &[u8], id_span: std::ops::Range<usize>, bridge_id: &str) -> Bytes {
+    if id_span.len() == bridge_id.len() + 2 {
+        let mut out = BytesMut::with_capacity(body.len() + 64);
+        encode_header(body.len(), &mut out);
+        let at = out.len();
+        out.extend_from_slice(body);
+        gabp_proto::rewrite::rewrite_id_in_place(&mut out[at..], id_span, bridge_id.as_bytes());
+        out.freeze()
+    } else {
+        gabp_proto::frame_bytes(&gabp_proto::rewrite::with_id(body, id_span, bridge_id))
+    }
+}

@@ -1,0 +1,138 @@
+//! The key layout. Every key is big-endian so lexicographic order is numeric order.
+//!
+//! | column family | key                                              | value                      |
+//! |---------------|--------------------------------------------------|----------------------------|
+//! | `frames`      | session id (16) · first frame number (8)         | a chunk ([`crate::chunk`]) |
+//! | `chan_index`  | session id (16) · channel id (4) · relay seq (8) | [`IndexEntry`]             |
+//! | `catalog`     | session id (16)                                  | JSON [`crate::SessionMeta`]|
+//!
+//! Frames are packed into chunks (many frames per value, as MCAP does): one RocksDB put per
+//! frame was measured far slower than one per chunk. A chunk's key is the number of its first
+//! frame, so a range scan over a session prefix yields every frame in arrival order, and the
+//! chunk holding frame N is the last key at or before (session, N).
+//!
+//! The channel index has one entry per channel per chunk: its key carries the first relay seq of
+//! that channel within the chunk, so the chunk holding (channel, seq S) is the last index key at
+//! or before (session, channel, S).
+
+use crate::SessionId;
+
+/// Column family of frame chunks.
+pub const CF_FRAMES: &str = "frames";
+/// Column family of the per-channel index.
+pub const CF_CHAN_INDEX: &str = "chan_index";
+/// Column family of the session catalog.
+pub const CF_CATALOG: &str = "catalog";
+
+/// Length of a frames key.
+pub const FRAME_KEY_LEN: usize = 24;
+/// Length of a channel index key.
+pub const INDEX_KEY_LEN: usize = 28;
+
+/// `frames` key for the chunk starting at `frame_no`.
+pub fn frame_key(session: SessionId, frame_no: u64) -> [u8; FRAME_KEY_LEN] {
+    let mut k = [0u8; FRAME_KEY_LEN];
+    k[..16].copy_from_slice(session.as_bytes());
+    k[16..].copy_from_slice(&frame_no.to_be_bytes());
+    k
+}
+
+/// Splits a `frames` key.
+pub fn parse_frame_key(k: &[u8]) -> Option<(SessionId, u64)> {
+    if k.len() != FRAME_KEY_LEN {
+        return None;
+    }
+    let session = SessionId::from_slice(&k[..16]).ok()?;
+    Some((session, u64::from_be_bytes(k[16..].try_into().ok()?)))
+}
+
+/// `chan_index` key.
+pub fn index_key(session: SessionId, channel: u32, relay_seq: u64) -> [u8; INDEX_KEY_LEN] {
+    let mut k = [0u8; INDEX_KEY_LEN];
+    k[..16].copy_from_slice(session.as_bytes());
+    k[16..20].copy_from_slice(&channel.to_be_bytes());
+    k[20..].copy_from_slice(&relay_seq.to_be_bytes());
+    k
+}
+
+/// Splits a `chan_index` key.
+pub fn parse_index_key(k: &[u8]) -> Option<(SessionId, u32, u64)> {
+    if k.len() != INDEX_KEY_LEN {
+        return None;
+    }
+    let session = SessionId::from_slice(&k[..16]).ok()?;
+    let channel = u32::from_be_bytes(k[16..20].try_into().ok()?);
+    Some((session, channel, u64::from_be_bytes(k[20..].try_into().ok()?)))
+}
+
+/// `catalog` key.
+pub fn catalog_key(session: SessionId) -> [u8; 16] {
+    *session.as_bytes()
+}
+
+/// The first key after every key with this session prefix (for range deletes and scans).
+pub fn session_end(session: SessionId) -> [u8; 17] {
+    let mut k = [0xffu8; 17];
+    k[..16].copy_from_slice(session.as_bytes());
+    k
+}
+
+/// Value of a `chan_index` entry: where the channel's run inside one chunk starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Frame number of the first frame of this channel in the chunk.
+    pub frame_no: u64,
+    /// Key (first frame number) of the chunk.
+    pub chunk: u64,
+    /// How many frames of this channel the chunk holds.
+    pub count: u32,
+}
+
+impl IndexEntry {
+    /// Encoded length.
+    pub const LEN: usize = 20;
+
+    /// Encodes the entry.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut v = [0u8; Self::LEN];
+        v[..8].copy_from_slice(&self.frame_no.to_be_bytes());
+        v[8..16].copy_from_slice(&self.chunk.to_be_bytes());
+        v[16..].copy_from_slice(&self.count.to_be_bytes());
+        v
+    }
+
+    /// Decodes an entry.
+    pub fn decode(v: &[u8]) -> Option<IndexEntry> {
+        if v.len() != Self::LEN {
+            return None;
+        }
+        Some(IndexEntry {
+            frame_no: u64::from_be_bytes(v[..8].try_into().ok()?),
+            chunk: u64::from_be_bytes(v[8..16].try_into().ok()?),
+            count: u32::from_be_bytes(v[16..].try_into().ok()?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_round_trips_and_sorts_numerically() {
+        let s = SessionId::now_v7();
+        assert_eq!(parse_frame_key(&frame_key(s, 258)), Some((s, 258)));
+        assert_eq!(parse_index_key(&index_key(s, 7, 1 << 40)), Some((s, 7, 1 << 40)));
+        assert!(frame_key(s, 255) < frame_key(s, 256));
+        assert!(index_key(s, 1, u64::MAX) < index_key(s, 2, 0));
+        assert!(frame_key(s, u64::MAX).as_slice() < session_end(s).as_slice());
+        // Pin the byte layout itself: changing it breaks every recorded data dir.
+        let fixed = SessionId::from_u128(0x0102030405060708090a0b0c0d0e0f10);
+        assert_eq!(
+            frame_key(fixed, 0x1122),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0, 0, 0x11, 0x22]
+        );
+        let e = IndexEntry { frame_no: 9, chunk: 8, count: 3 };
+        assert_eq!(IndexEntry::decode(&e.encode()), Some(e));
+    }
+}

@@ -1,0 +1,32 @@
+//! RocksDB persistence for GABP sessions: the recorder's write path and the replay reader.
+//!
+//! - [`keys`]: the key layout of every column family (the one place it is defined).
+//! - [`chunk`]: frame records and the chunk encoding that packs many frames into one value.
+//! - [`catalog`]: the per-session catalog entry (route, mod, welcome, bridges, counts, end).
+//! - [`store`]: opening the data dir, listing, deleting, retention, crash recovery.
+//! - [`writer`]: group-committed writes of frames, index and catalog in one `WriteBatch`.
+//! - [`reader`]: streaming reads of a session in arrival order, or one channel from a seq.
+//! - [`check`]: verifies that a session's frames, index and catalog agree.
+//!
+//! The API is synchronous: the relay runs the writer on a dedicated thread, never on an async
+//! worker. Frames are keyed by (session id, frame number), never by the mod's seq, which
+//! restarts with the game.
+#![warn(missing_docs)]
+
+pub mod catalog;
+pub mod check;
+pub mod chunk;
+pub mod error;
+pub mod keys;
+pub mod reader;
+pub mod store;
+pub mod writer;
+
+pub use catalog::{BridgeInfo, EndReason, SessionMeta, SessionState};
+pub use chunk::{Direction, FrameRecord};
+pub use error::StoreError;
+pub use store::{Compression, Durability, Store, StoreOptions};
+pub use writer::SessionWriter;
+
+/// A session id: a UUID v7, so ids sort by start time.
+pub type SessionId = uuid::Uuid;

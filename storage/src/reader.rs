@@ -1,0 +1,163 @@
+//! Streaming reads of a recorded session: every frame in arrival order, or one channel from a
+//! given relay seq. Memory stays at one chunk whatever the session's size.
+
+use rocksdb::{Direction as ScanDirection, IteratorMode, DB};
+
+use crate::chunk::{self, FrameRecord};
+use crate::error::StoreError;
+use crate::keys::{self, IndexEntry, CF_CHAN_INDEX, CF_FRAMES};
+use crate::store::Store;
+use crate::SessionId;
+
+/// A frame with its number within the session.
+pub type Numbered = (u64, FrameRecord);
+
+/// Iterates a session's frames in arrival order.
+pub struct FrameIter<'a> {
+    iter: rocksdb::DBIteratorWithThreadMode<'a, DB>,
+    session: SessionId,
+    chunk: std::vec::IntoIter<FrameRecord>,
+    next_no: u64,
+    /// Frames numbered below this are read but not returned.
+    skip_before: u64,
+    done: bool,
+}
+
+impl Iterator for FrameIter<'_> {
+    type Item = Result<Numbered, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(rec) = self.chunk.next() {
+                let n = self.next_no;
+                self.next_no += 1;
+                if n < self.skip_before {
+                    continue;
+                }
+                return Some(Ok((n, rec)));
+            }
+            if self.done {
+                return None;
+            }
+            let (k, v) = match self.iter.next()? {
+                Ok(kv) => kv,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e.into()));
+                }
+            };
+            match keys::parse_frame_key(&k) {
+                Some((s, first)) if s == self.session => {
+                    self.next_no = first;
+                    match chunk::decode(bytes::Bytes::from(v.into_vec())) {
+                        Ok(recs) => self.chunk = recs.into_iter(),
+                        Err(e) => {
+                            self.done = true;
+                            return Some(Err(e));
+                        }
+                    }
+                }
+                _ => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Every frame of `session` in arrival order, from frame `from` on.
+    pub fn frames_from(&self, session: SessionId, from: u64) -> FrameIter<'_> {
+        // Start at the chunk holding `from`: the last chunk key at or before it.
+        let target = keys::frame_key(session, from);
+        let mut first = keys::frame_key(session, 0);
+        let mut rev = self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&target, ScanDirection::Reverse));
+        if let Some(Ok((k, _))) = rev.next() {
+            if let Some((s, n)) = keys::parse_frame_key(&k) {
+                if s == session {
+                    first = keys::frame_key(session, n);
+                }
+            }
+        }
+        let iter = self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&first, ScanDirection::Forward));
+        FrameIter { iter, session, chunk: Vec::new().into_iter(), next_no: 0, skip_before: from, done: false }
+    }
+
+    /// Every frame of `session` in arrival order.
+    pub fn frames(&self, session: SessionId) -> FrameIter<'_> {
+        self.frames_from(session, 0)
+    }
+
+    /// The frame number where channel `channel`'s frames with relay seq `>= seq` begin, from
+    /// the channel index; `None` if the channel has no such frames.
+    pub fn channel_start(&self, session: SessionId, channel: u32, seq: u64) -> Result<Option<u64>, StoreError> {
+        let key = keys::index_key(session, channel, seq);
+        let mut rev = self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&key, ScanDirection::Reverse));
+        if let Some(item) = rev.next() {
+            let (k, v) = item?;
+            if let Some((s, c, _)) = keys::parse_index_key(&k) {
+                if s == session && c == channel {
+                    let e = IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
+                    return Ok(Some(e.chunk));
+                }
+            }
+        }
+        let mut fwd = self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&key, ScanDirection::Forward));
+        if let Some(item) = fwd.next() {
+            let (k, v) = item?;
+            if let Some((s, c, _)) = keys::parse_index_key(&k) {
+                if s == session && c == channel {
+                    let e = IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
+                    return Ok(Some(e.chunk));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Frames of one channel with relay seq `>= seq`, in order, found through the index.
+    pub fn channel_frames(
+        &self,
+        session: SessionId,
+        channel: u32,
+        seq: u64,
+    ) -> Result<impl Iterator<Item = Result<Numbered, StoreError>> + '_, StoreError> {
+        let start = self.channel_start(session, channel, seq)?;
+        let iter = start.map(|from| self.frames_from(session, from));
+        Ok(iter.into_iter().flatten().filter(move |item| match item {
+            Ok((_, r)) => r.channel == Some(channel) && r.relay_seq.is_some_and(|s| s >= seq),
+            Err(_) => true,
+        }))
+    }
+
+    /// Every index entry of a session, as (channel, first relay seq, entry).
+    pub fn index_entries(&self, session: SessionId) -> Result<Vec<(u32, u64, IndexEntry)>, StoreError> {
+        let start = keys::index_key(session, 0, 0);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&start, ScanDirection::Forward)) {
+            let (k, v) = item?;
+            match keys::parse_index_key(&k) {
+                Some((s, c, seq)) if s == session => {
+                    out.push((c, seq, IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?))
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every chunk key (first frame number) of a session, with its record count.
+    pub fn chunk_keys(&self, session: SessionId) -> Result<Vec<(u64, usize)>, StoreError> {
+        let start = keys::frame_key(session, 0);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&start, ScanDirection::Forward)) {
+            let (k, v) = item?;
+            match keys::parse_frame_key(&k) {
+                Some((s, n)) if s == session => out.push((n, chunk::decode(bytes::Bytes::from(v.into_vec()))?.len())),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+}
