@@ -42,7 +42,10 @@ impl Default for GabpCodec {
 impl GabpCodec {
     /// A codec accepting bodies up to `max_body` bytes and the default header limit.
     pub fn new(max_body: usize) -> Self {
-        GabpCodec { max_body, max_header: DEFAULT_MAX_HEADER }
+        GabpCodec {
+            max_body,
+            max_header: DEFAULT_MAX_HEADER,
+        }
     }
 
     /// Overrides the header section limit.
@@ -70,7 +73,10 @@ fn content_length(head: &[u8]) -> Result<u64, FrameError> {
         if line.is_empty() {
             continue;
         }
-        let colon = line.iter().position(|&b| b == b':').ok_or(FrameError::MalformedHeader)?;
+        let colon = line
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or(FrameError::MalformedHeader)?;
         let (name, value) = (&line[..colon], &line[colon + 1..]);
         if !name.is_ascii() || name.is_empty() {
             return Err(FrameError::MalformedHeader);
@@ -91,7 +97,9 @@ fn parse_length(digits: &[u8]) -> Result<u64, FrameError> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return Err(FrameError::InvalidLength);
     }
-    Ok(digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+    Ok(digits
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
 impl Decoder for GabpCodec {
@@ -101,13 +109,18 @@ impl Decoder for GabpCodec {
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
             if src.len() >= self.max_header {
-                return Err(FrameError::HeaderTooLarge { limit: self.max_header });
+                return Err(FrameError::HeaderTooLarge {
+                    limit: self.max_header,
+                });
             }
             return Ok(None);
         };
         let len = content_length(&src[..head - 2])?;
         if len > self.max_body as u64 {
-            return Err(FrameError::TooLarge { len, limit: self.max_body });
+            return Err(FrameError::TooLarge {
+                len,
+                limit: self.max_body,
+            });
         }
         let len = len as usize; // bounded by max_body above
         if src.len() < head + len {
@@ -115,7 +128,9 @@ impl Decoder for GabpCodec {
             return Ok(None);
         }
         src.advance(head);
-        Ok(Some(Frame { body: src.split_to(len).freeze() }))
+        Ok(Some(Frame {
+            body: src.split_to(len).freeze(),
+        }))
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
@@ -188,7 +203,10 @@ mod tests {
     #[test]
     fn writes_the_canonical_header() {
         let f = frame_bytes(b"{}");
-        assert_eq!(&f[..], b"Content-Length: 2\r\nContent-Type: application/json\r\n\r\n{}");
+        assert_eq!(
+            &f[..],
+            b"Content-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
+        );
     }
 
     #[test]
@@ -200,24 +218,37 @@ mod tests {
             b"Content-Length: 2\r\nX-Other: yes\r\ncontent-type: application/json\r\n\r\n{}",
             b"Content-Type: application/json\r\nContent-Length:   2  \r\n\r\n{}",
         ] {
-            assert_eq!(decode_all(&mut c, input).expect("valid"), vec![Bytes::from_static(b"{}")]);
+            assert_eq!(
+                decode_all(&mut c, input).expect("valid"),
+                vec![Bytes::from_static(b"{}")]
+            );
         }
     }
 
     #[test]
     fn rejects_bad_lengths_as_framing_errors() {
         let cases: [(&[u8], fn(&FrameError) -> bool); 7] = [
-            (b"Content-Type: application/json\r\n\r\n{}", |e| matches!(e, FrameError::MissingLength)),
+            (b"Content-Type: application/json\r\n\r\n{}", |e| {
+                matches!(e, FrameError::MissingLength)
+            }),
             (b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", |e| {
                 matches!(e, FrameError::DuplicateLength)
             }),
-            (b"Content-Length: two\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
-            (b"Content-Length: -2\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
-            (b"Content-Length: +2\r\n\r\n{}", |e| matches!(e, FrameError::InvalidLength)),
+            (b"Content-Length: two\r\n\r\n{}", |e| {
+                matches!(e, FrameError::InvalidLength)
+            }),
+            (b"Content-Length: -2\r\n\r\n{}", |e| {
+                matches!(e, FrameError::InvalidLength)
+            }),
+            (b"Content-Length: +2\r\n\r\n{}", |e| {
+                matches!(e, FrameError::InvalidLength)
+            }),
             (b"Content-Length: 99999999999999999999999\r\n\r\n", |e| {
                 matches!(e, FrameError::InvalidLength)
             }),
-            (b"garbage line\r\n\r\n{}", |e| matches!(e, FrameError::MalformedHeader)),
+            (b"garbage line\r\n\r\n{}", |e| {
+                matches!(e, FrameError::MalformedHeader)
+            }),
         ];
         for (input, ok) in cases {
             let err = decode_all(&mut GabpCodec::default(), input).expect_err("must fail");
@@ -230,15 +261,28 @@ mod tests {
         let mut c = GabpCodec::new(100);
         let mut buf = BytesMut::from(&b"Content-Length: 4000000000\r\n\r\n"[..]);
         let cap = buf.capacity();
-        assert!(matches!(c.decode(&mut buf), Err(FrameError::TooLarge { len: 4_000_000_000, .. })));
-        assert_eq!(buf.capacity(), cap, "no memory reserved for a rejected length");
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(FrameError::TooLarge {
+                len: 4_000_000_000,
+                ..
+            })
+        ));
+        assert_eq!(
+            buf.capacity(),
+            cap,
+            "no memory reserved for a rejected length"
+        );
     }
 
     #[test]
     fn bounds_the_header_section() {
         let mut c = GabpCodec::default();
         let mut buf = BytesMut::from(&vec![b'a'; DEFAULT_MAX_HEADER][..]);
-        assert!(matches!(c.decode(&mut buf), Err(FrameError::HeaderTooLarge { .. })));
+        assert!(matches!(
+            c.decode(&mut buf),
+            Err(FrameError::HeaderTooLarge { .. })
+        ));
         // Short of the limit an unfinished header is just partial.
         let mut buf = BytesMut::from(&b"Content-Length: 2\r\n"[..]);
         assert!(matches!(c.decode(&mut buf), Ok(None)));

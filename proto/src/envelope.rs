@@ -99,7 +99,9 @@ pub struct Parser {
 
 impl std::fmt::Debug for Parser {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Parser").field("scratch_capacity", &self.scratch.capacity()).finish()
+        f.debug_struct("Parser")
+            .field("scratch_capacity", &self.scratch.capacity())
+            .finish()
     }
 }
 
@@ -107,7 +109,9 @@ impl std::fmt::Debug for Parser {
 /// crosses lifetimes (the in-place `collect` keeps the allocation).
 fn recycle<'b>(mut v: Vec<Node<'_>>) -> Vec<Node<'b>> {
     v.clear();
-    v.into_iter().map(|_| -> Node<'b> { unreachable!("vector was cleared") }).collect()
+    v.into_iter()
+        .map(|_| -> Node<'b> { unreachable!("vector was cleared") })
+        .collect()
 }
 
 /// Number of tape nodes taken by the value at `i`, itself included.
@@ -183,13 +187,19 @@ impl Parser {
     }
 
     /// Validates `body` and returns its view. The view borrows `body`, never the parser.
-    pub fn parse<'a>(&mut self, body: &'a [u8], mode: Mode) -> Result<EnvelopeView<'a>, EnvelopeError> {
+    pub fn parse<'a>(
+        &mut self,
+        body: &'a [u8],
+        mode: Mode,
+    ) -> Result<EnvelopeView<'a>, EnvelopeError> {
         if std::str::from_utf8(body).is_err() {
             return Err(EnvelopeError::InvalidUtf8);
         }
         self.scratch.clear();
         self.scratch.extend_from_slice(body);
-        let buffers = self.buffers.get_or_insert_with(|| simd_json::Buffers::new(body.len()));
+        let buffers = self
+            .buffers
+            .get_or_insert_with(|| simd_json::Buffers::new(body.len()));
         let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
         let filled = simd_json::fill_tape(&mut self.scratch, buffers, &mut tape);
         let result = match filled {
@@ -205,7 +215,10 @@ impl Parser {
 }
 
 /// Checks every object on the tape for duplicate keys, and every number for finiteness.
-fn check_whole_tape(tape: &[Node<'_>], keys: &mut Vec<(usize, usize)>) -> Result<(), EnvelopeError> {
+fn check_whole_tape(
+    tape: &[Node<'_>],
+    keys: &mut Vec<(usize, usize)>,
+) -> Result<(), EnvelopeError> {
     for (i, node) in tape.iter().enumerate() {
         match node {
             Node::Static(StaticNode::F64(f)) if !f64::from(*f).is_finite() => {
@@ -218,7 +231,11 @@ fn check_whole_tape(tape: &[Node<'_>], keys: &mut Vec<(usize, usize)>) -> Result
     Ok(())
 }
 
-fn check_duplicates(tape: &[Node<'_>], at: usize, keys: &mut Vec<(usize, usize)>) -> Result<(), EnvelopeError> {
+fn check_duplicates(
+    tape: &[Node<'_>],
+    at: usize,
+    keys: &mut Vec<(usize, usize)>,
+) -> Result<(), EnvelopeError> {
     let names: Vec<&str> = object_members(tape, at).map(|(k, _)| k).collect();
     keys.clear();
     if names.len() <= 16 {
@@ -388,7 +405,9 @@ fn read_view<'a>(
         }
         MsgType::Event => {
             let (i, span) = channel.ok_or(EnvelopeError::MissingField("channel"))?;
-            let c = string_at(tape, i).filter(|c| !c.is_empty()).ok_or(EnvelopeError::InvalidField("channel"))?;
+            let c = string_at(tape, i)
+                .filter(|c| !c.is_empty())
+                .ok_or(EnvelopeError::InvalidField("channel"))?;
             view.channel = Some(borrow_or_own(body, &span, c));
             match seq {
                 Some((i, span)) => {
@@ -468,7 +487,10 @@ mod tests {
         assert!(matches!(v.channel, Some(Cow::Borrowed("test/event"))));
         assert_eq!(v.seq, Some(1));
         assert_eq!(&EVENT[v.seq_span.expect("seq")], "1");
-        assert_eq!(&EVENT[v.id_span.expect("id")], "\"550e8400-e29b-41d4-a716-446655440020\"");
+        assert_eq!(
+            &EVENT[v.id_span.expect("id")],
+            "\"550e8400-e29b-41d4-a716-446655440020\""
+        );
         assert_eq!(&EVENT[v.payload.expect("payload")], r#"{"data":"x"}"#);
     }
 
@@ -482,18 +504,72 @@ mod tests {
     fn strict_rejections() {
         let id = "550e8400-e29b-41d4-a716-446655440000";
         let cases = [
-            (format!(r#"{{"v":"gabp/1","id":"{id}","id":"{id}","type":"request","method":"a/b"}}"#), EnvelopeError::DuplicateKey("id".into())),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1,"x":2}}}}"#), EnvelopeError::DuplicateKey("x".into())),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","extra":1}}"#), EnvelopeError::UnknownField("extra".into())),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1e999}}}}"#), EnvelopeError::InvalidJson), // simd-json refuses overflowing numbers outright
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":NaN}}}}"#), EnvelopeError::InvalidJson),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":[]}}"#), EnvelopeError::InvalidField("params")),
-            (format!(r#"{{"v":"gabp/1","id":"not-a-uuid","type":"request","method":"a/b"}}"#), EnvelopeError::InvalidField("id")),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"response"}}"#), EnvelopeError::ResultAndError),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":null}}"#), EnvelopeError::ResultAndError),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"notice"}}"#), EnvelopeError::InvalidType),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":-1,"payload":1}}"#), EnvelopeError::InvalidField("seq")),
-            (format!(r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":1,"payload":1,"timestamp":5}}"#), EnvelopeError::UnknownField("timestamp".into())),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","id":"{id}","type":"request","method":"a/b"}}"#
+                ),
+                EnvelopeError::DuplicateKey("id".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1,"x":2}}}}"#
+                ),
+                EnvelopeError::DuplicateKey("x".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","extra":1}}"#
+                ),
+                EnvelopeError::UnknownField("extra".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1e999}}}}"#
+                ),
+                EnvelopeError::InvalidJson,
+            ), // simd-json refuses overflowing numbers outright
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":NaN}}}}"#
+                ),
+                EnvelopeError::InvalidJson,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":[]}}"#
+                ),
+                EnvelopeError::InvalidField("params"),
+            ),
+            (
+                format!(r#"{{"v":"gabp/1","id":"not-a-uuid","type":"request","method":"a/b"}}"#),
+                EnvelopeError::InvalidField("id"),
+            ),
+            (
+                format!(r#"{{"v":"gabp/1","id":"{id}","type":"response"}}"#),
+                EnvelopeError::ResultAndError,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":null}}"#
+                ),
+                EnvelopeError::ResultAndError,
+            ),
+            (
+                format!(r#"{{"v":"gabp/1","id":"{id}","type":"notice"}}"#),
+                EnvelopeError::InvalidType,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":-1,"payload":1}}"#
+                ),
+                EnvelopeError::InvalidField("seq"),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":1,"payload":1,"timestamp":5}}"#
+                ),
+                EnvelopeError::UnknownField("timestamp".into()),
+            ),
             ("[1,2]".to_string(), EnvelopeError::NotAnObject),
             ("{".to_string(), EnvelopeError::InvalidJson),
         ];
@@ -501,7 +577,9 @@ mod tests {
             assert_eq!(strict(&body).expect_err(&body), want, "{body}");
         }
         assert_eq!(
-            Parser::new().parse(b"{\"v\":\"gabp/1\xff\"}", Mode::Strict).expect_err("utf8"),
+            Parser::new()
+                .parse(b"{\"v\":\"gabp/1\xff\"}", Mode::Strict)
+                .expect_err("utf8"),
             EnvelopeError::InvalidUtf8
         );
     }
@@ -509,10 +587,14 @@ mod tests {
     #[test]
     fn tolerant_accepts_mod_quirks() {
         let id = "550e8400-e29b-41d4-a716-446655440000";
-        let body = format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","result":{{"a":1}},"error":null}}"#);
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"response","result":{{"a":1}},"error":null}}"#
+        );
         let ok = tolerant(&body).expect("ok");
         assert!(ok.result.is_some() && !ok.is_error());
-        let body = format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":{{"code":-31000,"message":"bad"}}}}"#);
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":{{"code":-31000,"message":"bad"}}}}"#
+        );
         let err = tolerant(&body).expect("ok");
         assert_eq!(err.error_code, Some(-31000));
         let ev = tolerant(r#"{"v":"gabp/1","id":"e1","type":"event","channel":"c","seq":1,"payload":{},"timestamp":17}"#).expect("ok");
@@ -526,7 +608,15 @@ mod tests {
         for ok in ["tools/call", "a/b/c", "x1/y_z-2"] {
             assert!(is_method_name(ok), "{ok}");
         }
-        for bad in ["tools", "Tools/call", "tools/", "/a", "a//b", "1a/b", "a.b/c"] {
+        for bad in [
+            "tools",
+            "Tools/call",
+            "tools/",
+            "/a",
+            "a//b",
+            "1a/b",
+            "a.b/c",
+        ] {
             assert!(!is_method_name(bad), "{bad}");
         }
     }

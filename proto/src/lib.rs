@@ -22,7 +22,10 @@ pub mod params;
 pub mod rewrite;
 pub mod scan;
 
-pub use codec::{encode_frame, encode_header, frame_bytes, Frame, GabpCodec, DEFAULT_MAX_BODY, DEFAULT_MAX_HEADER};
+pub use codec::{
+    encode_frame, encode_header, frame_bytes, Frame, GabpCodec, DEFAULT_MAX_BODY,
+    DEFAULT_MAX_HEADER,
+};
 pub use codes::ErrorCode;
 pub use envelope::{EnvelopeView, Mode, MsgType, Parser};
 pub use error::{EnvelopeError, FrameError};

@@ -35,7 +35,12 @@ pub fn to_ascii_json(value: &Value) -> Vec<u8> {
 pub const NIL_ID: &str = "00000000-0000-0000-0000-000000000000";
 
 /// An error response body for request `id` (the nil UUID when the id is unknown).
-pub fn error_response(id: Option<&str>, code: ErrorCode, message: &str, data: Option<Value>) -> Bytes {
+pub fn error_response(
+    id: Option<&str>,
+    code: ErrorCode,
+    message: &str,
+    data: Option<Value>,
+) -> Bytes {
     let mut error = serde_json::json!({ "code": code.code(), "message": message });
     if let Some(data) = data {
         error["data"] = data;

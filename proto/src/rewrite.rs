@@ -107,7 +107,8 @@ mod tests {
 
     #[test]
     fn seq_replacement_changes_digit_count_and_stays_valid() {
-        let body = br#"{"v":"gabp/1","id":"e","type":"event","channel":"c","seq":9,"payload":{"seq":9}}"#;
+        let body =
+            br#"{"v":"gabp/1","id":"e","type":"event","channel":"c","seq":9,"payload":{"seq":9}}"#;
         let mut p = Parser::new();
         let view = p.parse(body, Mode::Tolerant).expect("valid");
         let out = with_seq(body, view.seq_span.clone(), 10);
@@ -123,10 +124,16 @@ mod tests {
     fn wire_with_seq_frames_the_rewritten_body() {
         use crate::codec::GabpCodec;
         use tokio_util::codec::Decoder;
-        for (body, span) in [(&br#"{"seq":7,"x":1}"#[..], Some(7..8)), (&br#"{"x":1}"#[..], None)] {
+        for (body, span) in [
+            (&br#"{"seq":7,"x":1}"#[..], Some(7..8)),
+            (&br#"{"x":1}"#[..], None),
+        ] {
             let wire = wire_with_seq(body, span.clone(), 12345);
             let mut buf = BytesMut::from(&wire[..]);
-            let got = GabpCodec::default().decode(&mut buf).expect("frame").expect("whole");
+            let got = GabpCodec::default()
+                .decode(&mut buf)
+                .expect("frame")
+                .expect("whole");
             assert_eq!(got.body, with_seq(body, span, 12345));
             assert!(buf.is_empty());
         }

@@ -98,7 +98,10 @@ pub fn members(b: &[u8], out: &mut Vec<Member>) -> Option<()> {
         }
         i = skip_ws(b, i + 1);
         let value_end = skip_value(b, i)?;
-        out.push(Member { key, value: i..value_end });
+        out.push(Member {
+            key,
+            value: i..value_end,
+        });
         i = skip_ws(b, value_end);
         match b.get(i)? {
             b',' => i = skip_ws(b, i + 1),

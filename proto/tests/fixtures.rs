@@ -10,7 +10,9 @@ use gabp_proto::{encode_frame, GabpCodec, Mode, Parser};
 use tokio_util::codec::Decoder;
 
 fn fixtures(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/gabp").join(dir);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../schemas/gabp")
+        .join(dir);
     let mut out = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(d) = stack.pop() {
@@ -68,9 +70,15 @@ fn invalid_fixtures_are_rejected_at_every_split() {
         for cut in 0..body.len() + 80 {
             assert_eq!(decode_split(&body, cut), body);
         }
-        let err = parser.parse(&body, Mode::Strict).expect_err(&path.display().to_string());
+        let err = parser
+            .parse(&body, Mode::Strict)
+            .expect_err(&path.display().to_string());
         let code = err.code().code();
-        assert!(code == -32600 || code == -32602, "{}: {err} -> {code}", path.display());
+        assert!(
+            code == -32600 || code == -32602,
+            "{}: {err} -> {code}",
+            path.display()
+        );
     }
 }
 

@@ -31,7 +31,11 @@ use crate::route::{BridgeState, Route, VERSION};
 /// Serves one bridge until it leaves or the relay shuts down.
 pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit) {
     let conn_id = route.next_conn();
-    let outbox = Arc::new(Outbox::new(route.cfg.on_slow, route.cfg.outbox_frames, route.cfg.outbox_bytes));
+    let outbox = Arc::new(Outbox::new(
+        route.cfg.on_slow,
+        route.cfg.outbox_frames,
+        route.cfg.outbox_bytes,
+    ));
     let bridge = Arc::new(BridgeState {
         conn: conn_id,
         outbox: outbox.clone(),
@@ -43,14 +47,22 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit) 
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
     let writer = tokio::spawn(write_loop(route.clone(), bridge.clone(), conn.write));
-    let mut reader = BridgeReader { route: route.clone(), bridge: bridge.clone(), parser: Parser::new(), authed: false };
+    let mut reader = BridgeReader {
+        route: route.clone(),
+        bridge: bridge.clone(),
+        parser: Parser::new(),
+        authed: false,
+    };
     reader.run(conn.read).await;
 
     // Leave: stop receiving events, let the writer flush what is queued, then go.
     let subs: Vec<String> = bridge.subs.lock().iter().cloned().collect();
     reader.unsubscribe_upstream(&subs).await;
     outbox.close();
-    if tokio::time::timeout(Duration::from_secs(5), writer).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), writer)
+        .await
+        .is_err()
+    {
         tracing::debug!(conn = conn_id, "bridge writer did not finish; dropped");
     }
     route.bridges.lock().remove(&conn_id);
@@ -59,7 +71,11 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit) 
     if let (Some(mut info), Some(rec), Some(s)) = (info, &route.recorder, route.current()) {
         info.detached_ns = Some(now_ns());
         info.dropped = outbox.dropped();
-        rec.send(RecMsg::Bridge { session: s.id, info: Box::new(info) }).await;
+        rec.send(RecMsg::Bridge {
+            session: s.id,
+            info: Box::new(info),
+        })
+        .await;
     }
     drop(permit);
 }
@@ -82,7 +98,8 @@ impl BridgeReader {
     async fn run(&mut self, read: gabp_sim::net::BoxRead) {
         let route = self.route.clone();
         let timeout = route.cfg.frame_timeout;
-        let mut frames = FramedRead::with_capacity(read, GabpCodec::new(route.cfg.max_body), 64 * 1024);
+        let mut frames =
+            FramedRead::with_capacity(read, GabpCodec::new(route.cfg.max_body), 64 * 1024);
         let connected = Instant::now();
         let mut tick = tokio::time::interval((timeout / 4).max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -113,7 +130,11 @@ impl BridgeReader {
                 Some(Err(e)) => {
                     route.metrics.bad_frames.increment(1);
                     tracing::debug!(peer = %self.bridge.peer, error = %e, "closing bridge: broken framing");
-                    let code = if matches!(e, gabp_proto::FrameError::TooLarge { .. }) { ErrorCode::TooLarge } else { ErrorCode::InvalidRequest };
+                    let code = if matches!(e, gabp_proto::FrameError::TooLarge { .. }) {
+                        ErrorCode::TooLarge
+                    } else {
+                        ErrorCode::InvalidRequest
+                    };
                     let msg = match e {
                         gabp_proto::FrameError::Io(_) | gabp_proto::FrameError::Truncated => return,
                         other => format!("{other}; closing the connection"),
@@ -136,17 +157,48 @@ impl BridgeReader {
             Ok(v) => v,
             Err(e) => {
                 route.metrics.bad_frames.increment(1);
-                route.record_current(Direction::BridgeToRelay, self.bridge.conn, body.clone(), false).await;
+                route
+                    .record_current(
+                        Direction::BridgeToRelay,
+                        self.bridge.conn,
+                        body.clone(),
+                        false,
+                    )
+                    .await;
                 let id = lenient_id(&body);
-                return route.reply_error(&self.bridge, id.as_deref(), e.code(), &e.to_string()).await;
+                return route
+                    .reply_error(&self.bridge, id.as_deref(), e.code(), &e.to_string())
+                    .await;
             }
         };
-        let id = view.id.as_deref().expect("strict views have an id").to_string();
+        let id = view
+            .id
+            .as_deref()
+            .expect("strict views have an id")
+            .to_string();
         if view.kind != MsgType::Request {
-            route.record_current(Direction::BridgeToRelay, self.bridge.conn, body.clone(), true).await;
-            return route.reply_error(&self.bridge, Some(&id), ErrorCode::InvalidRequest, "bridges may only send requests").await;
+            route
+                .record_current(
+                    Direction::BridgeToRelay,
+                    self.bridge.conn,
+                    body.clone(),
+                    true,
+                )
+                .await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(&id),
+                    ErrorCode::InvalidRequest,
+                    "bridges may only send requests",
+                )
+                .await;
         }
-        let method = view.method.as_deref().expect("requests have a method").to_string();
+        let method = view
+            .method
+            .as_deref()
+            .expect("requests have a method")
+            .to_string();
         let params: Option<std::ops::Range<usize>> = view.params.clone();
         let id_span = view.id_span.clone().expect("strict views have an id span");
         drop(view);
@@ -154,29 +206,77 @@ impl BridgeReader {
             return self.hello(&id, &body, params).await;
         }
         if !self.authed {
-            return route.reply_error(&self.bridge, Some(&id), ErrorCode::NoSession, "no session: send session/hello first").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(&id),
+                    ErrorCode::NoSession,
+                    "no session: send session/hello first",
+                )
+                .await;
         }
-        route.record_current(Direction::BridgeToRelay, self.bridge.conn, body.clone(), true).await;
-        let params_value = || -> Value { params.clone().and_then(|p| serde_json::from_slice(&body[p]).ok()).unwrap_or(Value::Null) };
+        route
+            .record_current(
+                Direction::BridgeToRelay,
+                self.bridge.conn,
+                body.clone(),
+                true,
+            )
+            .await;
+        let params_value = || -> Value {
+            params
+                .clone()
+                .and_then(|p| serde_json::from_slice(&body[p]).ok())
+                .unwrap_or(Value::Null)
+        };
         match method.as_str() {
             "events/subscribe" => self.subscribe(&id, &params_value()).await,
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
-            "relay/status" => route.reply(&self.bridge, message::result_response(&id, route.status())).await,
-            m if m.starts_with("relay/") => route.reply_error(&self.bridge, Some(&id), ErrorCode::MethodNotFound, "unknown relay method").await,
+            "relay/status" => {
+                route
+                    .reply(&self.bridge, message::result_response(&id, route.status()))
+                    .await
+            }
+            m if m.starts_with("relay/") => {
+                route
+                    .reply_error(
+                        &self.bridge,
+                        Some(&id),
+                        ErrorCode::MethodNotFound,
+                        "unknown relay method",
+                    )
+                    .await
+            }
             _ => self.forward(&id, id_span, &method, body).await,
         }
     }
 
     async fn hello(&mut self, id: &str, body: &Bytes, params: Option<std::ops::Range<usize>>) {
         let route = self.route.clone();
-        let p: Value = params.and_then(|p| serde_json::from_slice(&body[p]).ok()).unwrap_or(Value::Null);
+        let p: Value = params
+            .and_then(|p| serde_json::from_slice(&body[p]).ok())
+            .unwrap_or(Value::Null);
         // Record the hello without its token.
         if let Ok(mut msg) = serde_json::from_slice::<Value>(body) {
             msg["params"]["token"] = json!("[redacted]");
-            route.record_current(Direction::BridgeToRelay, self.bridge.conn, Bytes::from(message::to_ascii_json(&msg)), true).await;
+            route
+                .record_current(
+                    Direction::BridgeToRelay,
+                    self.bridge.conn,
+                    Bytes::from(message::to_ascii_json(&msg)),
+                    true,
+                )
+                .await;
         }
         if self.authed {
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::InvalidRequest, "session already established").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::InvalidRequest,
+                    "session already established",
+                )
+                .await;
         }
         let source = auth::source_of(&self.bridge.peer);
         if !auth::token_matches(&route.cfg.token, p["token"].as_str().unwrap_or("")) {
@@ -184,7 +284,9 @@ impl BridgeReader {
             let delay = route.throttle.fail(&source);
             tracing::warn!(route = %route.cfg.name, peer = %self.bridge.peer, "security: rejected session/hello with a wrong token");
             tokio::time::sleep(delay).await;
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::BadToken, "invalid token").await;
+            return route
+                .reply_error(&self.bridge, Some(id), ErrorCode::BadToken, "invalid token")
+                .await;
         }
         route.throttle.succeed(&source);
         let mut rx = route.session.subscribe();
@@ -193,7 +295,14 @@ impl BridgeReader {
             s = tokio::time::timeout(route.cfg.hello_wait, rx.wait_for(|s| s.is_some())) => s.ok().and_then(|r| r.ok()).and_then(|s| s.clone()),
         };
         let Some(session) = session else {
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::ModUnavailable, "the mod is not connected; try again later").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::ModUnavailable,
+                    "the mod is not connected; try again later",
+                )
+                .await;
         };
         let mut welcome = session.welcome.clone();
         if !welcome.is_object() {
@@ -221,9 +330,24 @@ impl BridgeReader {
         self.authed = true;
         let info = BridgeInfo {
             conn: self.bridge.conn,
-            bridge_version: p["bridgeVersion"].as_str().unwrap_or_default().chars().take(128).collect(),
-            platform: p["platform"].as_str().unwrap_or_default().chars().take(32).collect(),
-            launch_id: p["launchId"].as_str().unwrap_or_default().chars().take(128).collect(),
+            bridge_version: p["bridgeVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .chars()
+                .take(128)
+                .collect(),
+            platform: p["platform"]
+                .as_str()
+                .unwrap_or_default()
+                .chars()
+                .take(32)
+                .collect(),
+            launch_id: p["launchId"]
+                .as_str()
+                .unwrap_or_default()
+                .chars()
+                .take(128)
+                .collect(),
             peer: self.bridge.peer.clone(),
             attached_ns: now_ns(),
             detached_ns: None,
@@ -232,15 +356,26 @@ impl BridgeReader {
         };
         *self.bridge.info.lock() = Some(info.clone());
         if let Some(rec) = &route.recorder {
-            rec.send(RecMsg::Bridge { session: session.id, info: Box::new(info) }).await;
+            rec.send(RecMsg::Bridge {
+                session: session.id,
+                info: Box::new(info),
+            })
+            .await;
         }
         tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, peer = %self.bridge.peer, "bridge attached");
-        route.reply(&self.bridge, message::result_response(id, welcome)).await;
+        route
+            .reply(&self.bridge, message::result_response(id, welcome))
+            .await;
     }
 
     fn channels(params: &Value) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for c in params["channels"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+        for c in params["channels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.as_str())
+        {
             if !out.iter().any(|o| o == c) {
                 out.push(c.to_string());
             }
@@ -261,19 +396,39 @@ impl BridgeReader {
             ok
         };
         if !within_cap {
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::LimitExceeded, "too many subscriptions for one bridge").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many subscriptions for one bridge",
+                )
+                .await;
         }
-        route.hub.subscribe(self.bridge.conn, &self.bridge.outbox, &chans);
+        route
+            .hub
+            .subscribe(self.bridge.conn, &self.bridge.outbox, &chans);
         if let Some(s) = route.current() {
             let missing: Vec<String> = {
                 let mut up = route.upstream_channels.lock();
-                chans.iter().filter(|c| up.insert((*c).clone())).cloned().collect()
+                chans
+                    .iter()
+                    .filter(|c| up.insert((*c).clone()))
+                    .cloned()
+                    .collect()
             };
             if !missing.is_empty() {
-                route.send_internal(&s, "events/subscribe", json!({ "channels": missing })).await;
+                route
+                    .send_internal(&s, "events/subscribe", json!({ "channels": missing }))
+                    .await;
             }
         }
-        route.reply(&self.bridge, message::result_response(id, json!({ "subscribed": chans }))).await;
+        route
+            .reply(
+                &self.bridge,
+                message::result_response(id, json!({ "subscribed": chans })),
+            )
+            .await;
     }
 
     async fn unsubscribe(&mut self, id: &str, params: &Value) {
@@ -286,7 +441,12 @@ impl BridgeReader {
             }
         }
         self.unsubscribe_upstream(&chans).await;
-        route.reply(&self.bridge, message::result_response(id, json!({ "unsubscribed": chans }))).await;
+        route
+            .reply(
+                &self.bridge,
+                message::result_response(id, json!({ "unsubscribed": chans })),
+            )
+            .await;
     }
 
     /// Leaves channels in the hub and drops the upstream subscription of any channel nobody
@@ -295,7 +455,10 @@ impl BridgeReader {
         let route = &self.route;
         let emptied = route.hub.unsubscribe(self.bridge.conn, chans);
         let Some(s) = route.current() else { return };
-        let drop_up: Vec<String> = emptied.into_iter().filter(|c| !(route.cfg.subscribe_all && s.advertised.contains(c))).collect();
+        let drop_up: Vec<String> = emptied
+            .into_iter()
+            .filter(|c| !(route.cfg.subscribe_all && s.advertised.contains(c)))
+            .collect();
         if drop_up.is_empty() {
             return;
         }
@@ -305,29 +468,61 @@ impl BridgeReader {
                 up.remove(c);
             }
         }
-        route.send_internal(&s, "events/unsubscribe", json!({ "channels": drop_up })).await;
+        route
+            .send_internal(&s, "events/unsubscribe", json!({ "channels": drop_up }))
+            .await;
     }
 
-    async fn forward(&mut self, id: &str, id_span: std::ops::Range<usize>, method: &str, body: Bytes) {
+    async fn forward(
+        &mut self,
+        id: &str,
+        id_span: std::ops::Range<usize>,
+        method: &str,
+        body: Bytes,
+    ) {
         let route = self.route.clone();
         let Some(session) = route.current() else {
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::ModUnavailable, "the mod is not connected").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::ModUnavailable,
+                    "the mod is not connected",
+                )
+                .await;
         };
         if self.bridge.in_flight.fetch_add(1, Ordering::AcqRel) >= route.cfg.max_pending {
             self.bridge.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::LimitExceeded, "too many requests in flight for one bridge").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many requests in flight for one bridge",
+                )
+                .await;
         }
         let upstream_id = Uuid::new_v4();
         let up = upstream_id.hyphenated().to_string();
         let mut out = BytesMut::from(&body[..]);
-        let rewritten = gabp_proto::rewrite::rewrite_id_in_place(&mut out, id_span.clone(), up.as_bytes());
-        let out = if rewritten { out.freeze() } else { gabp_proto::rewrite::with_id(&body, id_span, &up) };
+        let rewritten =
+            gabp_proto::rewrite::rewrite_id_in_place(&mut out, id_span.clone(), up.as_bytes());
+        let out = if rewritten {
+            out.freeze()
+        } else {
+            gabp_proto::rewrite::with_id(&body, id_span, &up)
+        };
         let now = Instant::now();
         route.pending.insert(
             upstream_id,
             Entry {
                 session: session.id,
-                origin: Origin::Bridge { conn: self.bridge.conn, outbox: self.bridge.outbox.clone(), bridge_id: id.to_string(), in_flight: self.bridge.in_flight.clone() },
+                origin: Origin::Bridge {
+                    conn: self.bridge.conn,
+                    outbox: self.bridge.outbox.clone(),
+                    bridge_id: id.to_string(),
+                    in_flight: self.bridge.in_flight.clone(),
+                },
                 method: method.to_string(),
                 sent: now,
                 deadline: now + route.cfg.request_timeout,
@@ -335,10 +530,29 @@ impl BridgeReader {
         );
         if session.upstream.send(out.clone()).await.is_err() {
             route.pending.take(&upstream_id);
-            return route.reply_error(&self.bridge, Some(id), ErrorCode::ModUnavailable, "the mod disconnected").await;
+            return route
+                .reply_error(
+                    &self.bridge,
+                    Some(id),
+                    ErrorCode::ModUnavailable,
+                    "the mod disconnected",
+                )
+                .await;
         }
         route
-            .record(session.id, gabp_storage::FrameRecord { dir: Direction::RelayToMod, conn: self.bridge.conn, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body: out })
+            .record(
+                session.id,
+                gabp_storage::FrameRecord {
+                    dir: Direction::RelayToMod,
+                    conn: self.bridge.conn,
+                    time_ns: now_ns(),
+                    channel: None,
+                    mod_seq: None,
+                    relay_seq: None,
+                    json_ok: true,
+                    body: out,
+                },
+            )
             .await;
     }
 }
@@ -388,7 +602,9 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>, mut write: BoxW
         buf.clear();
         route.metrics.bridge_out.increment(n);
         for body in notices {
-            route.record_current(Direction::RelayToBridge, bridge.conn, body, true).await;
+            route
+                .record_current(Direction::RelayToBridge, bridge.conn, body, true)
+                .await;
         }
     }
     // A write failure means the bridge is gone: stop queueing for it.

@@ -42,7 +42,9 @@ impl std::str::FromStr for OnSlow {
             "drop-oldest" => Ok(OnSlow::DropOldest),
             "disconnect" => Ok(OnSlow::Disconnect),
             "block" => Ok(OnSlow::Block),
-            _ => Err(format!("unknown policy {s:?}: expected drop-oldest, disconnect or block")),
+            _ => Err(format!(
+                "unknown policy {s:?}: expected drop-oldest, disconnect or block"
+            )),
         }
     }
 }
@@ -174,7 +176,9 @@ impl std::str::FromStr for Retention {
             } else if let Some(b) = parse_size(part) {
                 r.max_bytes = Some(b);
             } else {
-                return Err(format!("invalid retention {part:?}: expected an age like 7d or a size like 10GiB"));
+                return Err(format!(
+                    "invalid retention {part:?}: expected an age like 7d or a size like 10GiB"
+                ));
             }
         }
         Ok(r)
@@ -184,7 +188,9 @@ impl std::str::FromStr for Retention {
 /// Parses `1.5s`, `200ms`, `10m`, `2h`, `7d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
     let secs = match unit {
@@ -336,44 +342,74 @@ impl FileConfig {
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError { file: file.clone(), message: e.to_string() })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
         FileConfig::parse(&text, &file)
     }
 
     /// Parses config text; `file` is used in error messages.
     pub fn parse(text: &str, file: &str) -> Result<FileConfig, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
             let message = match line {
                 Some(l) => format!("line {l}: {}", e.message()),
                 None => e.message().to_string(),
             };
-            ConfigError { file: file.into(), message }
+            ConfigError {
+                file: file.into(),
+                message,
+            }
         })
     }
 
     /// The routes, resolved (token files read, addresses parsed).
     pub fn routes(&self, file: &str) -> Result<Vec<RouteConfig>, ConfigError> {
-        let err = |route: &str, field: &str, m: String| ConfigError { file: file.into(), message: format!("route {route:?}, field {field}: {m}") };
+        let err = |route: &str, field: &str, m: String| ConfigError {
+            file: file.into(),
+            message: format!("route {route:?}, field {field}: {m}"),
+        };
         let mut out = Vec::new();
         for r in &self.routes {
             let upstream = match (&r.upstream, &r.upstream_command) {
-                (Some(a), None) => Upstream::Addr(a.parse().map_err(|m| err(&r.name, "upstream", m))?),
+                (Some(a), None) => {
+                    Upstream::Addr(a.parse().map_err(|m| err(&r.name, "upstream", m))?)
+                }
                 (None, Some(cmd)) if !cmd.is_empty() => Upstream::Stdio(cmd.clone()),
-                _ => return Err(err(&r.name, "upstream", "set exactly one of upstream and upstream_command".into())),
+                _ => {
+                    return Err(err(
+                        &r.name,
+                        "upstream",
+                        "set exactly one of upstream and upstream_command".into(),
+                    ))
+                }
             };
             let listen: Addr = r.listen.parse().map_err(|m| err(&r.name, "listen", m))?;
             let (token, generated) = match (&r.token, &r.token_file) {
                 (Some(t), None) => (t.clone(), false),
-                (None, Some(p)) => (read_token_file(p).map_err(|m| err(&r.name, "token_file", m))?, false),
+                (None, Some(p)) => (
+                    read_token_file(p).map_err(|m| err(&r.name, "token_file", m))?,
+                    false,
+                ),
                 (None, None) => (crate::auth::generate_token(), true),
-                _ => return Err(err(&r.name, "token", "set at most one of token and token_file".into())),
+                _ => {
+                    return Err(err(
+                        &r.name,
+                        "token",
+                        "set at most one of token and token_file".into(),
+                    ))
+                }
             };
             let mut rc = RouteConfig::new(&r.name, upstream, listen, token);
             rc.token_generated = generated;
             rc.upstream_token = match (&r.upstream_token, &r.upstream_token_file) {
                 (Some(t), _) => t.clone(),
-                (None, Some(p)) => read_token_file(p).map_err(|m| err(&r.name, "upstream_token_file", m))?,
+                (None, Some(p)) => {
+                    read_token_file(p).map_err(|m| err(&r.name, "upstream_token_file", m))?
+                }
                 (None, None) => String::new(),
             };
             if let Some(v) = r.on_slow {
@@ -386,7 +422,8 @@ impl FileConfig {
                 rc.outbox_bytes = v.max(1024);
             }
             if let Some(v) = &r.request_timeout {
-                rc.request_timeout = parse_duration(v).map_err(|m| err(&r.name, "request_timeout", m))?;
+                rc.request_timeout =
+                    parse_duration(v).map_err(|m| err(&r.name, "request_timeout", m))?;
             }
             if let Some(v) = r.subscribe_all {
                 rc.subscribe_all = v;
@@ -430,11 +467,19 @@ mod tests {
 
     #[test]
     fn config_errors_name_file_line_and_field() {
-        let e = FileConfig::parse("data_dir = \"/x\"\n[[route]]\nname = \"a\"\nlisten = 5\n", "relay.toml").expect_err("bad type");
+        let e = FileConfig::parse(
+            "data_dir = \"/x\"\n[[route]]\nname = \"a\"\nlisten = 5\n",
+            "relay.toml",
+        )
+        .expect_err("bad type");
         assert!(e.to_string().starts_with("relay.toml: line 4"), "{e}");
         let e = FileConfig::parse("bogus = 1\n", "relay.toml").expect_err("unknown field");
         assert!(e.to_string().contains("bogus"), "{e}");
-        let ok = FileConfig::parse("[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"nonsense\"\n", "r.toml").expect("parses");
+        let ok = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"nonsense\"\n",
+            "r.toml",
+        )
+        .expect("parses");
         let e = ok.routes("r.toml").expect_err("bad address");
         assert!(e.to_string().contains("field listen"), "{e}");
     }

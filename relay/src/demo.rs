@@ -55,13 +55,30 @@ struct Tally {
 /// Runs the demo, printing progress to `out`.
 pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), DemoError> {
     let token = crate::auth::generate_token();
-    let mod_cfg = ModSimConfig { token: token.clone(), rate: Some(opts.rate), payload_bytes: 256, tool_latency: Duration::from_millis(1), quirks: true, seq_start: 1, ..ModSimConfig::default() };
+    let mod_cfg = ModSimConfig {
+        token: token.clone(),
+        rate: Some(opts.rate),
+        payload_bytes: 256,
+        tool_latency: Duration::from_millis(1),
+        quirks: true,
+        seq_start: 1,
+        ..ModSimConfig::default()
+    };
     let channels = mod_cfg.channels.clone();
-    let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal address"), mod_cfg).map_err(err("starting the simulated mod"))?;
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse::<Addr>().expect("literal address"),
+        mod_cfg,
+    )
+    .map_err(err("starting the simulated mod"))?;
     let _ = writeln!(out, "simulated mod   {}  channels {:?}, {} events/s, 256 B events, quirks on (seq from 1, \"error\": null, timestamp)", sim.addr(), channels, opts.rate);
 
     let bridge_token = crate::auth::generate_token();
-    let mut route = RouteConfig::new("demo", Upstream::Addr(sim.addr().clone()), "127.0.0.1:0".parse().expect("literal address"), bridge_token.clone());
+    let mut route = RouteConfig::new(
+        "demo",
+        Upstream::Addr(sim.addr().clone()),
+        "127.0.0.1:0".parse().expect("literal address"),
+        bridge_token.clone(),
+    );
     route.upstream_token = token;
     route.record = opts.record;
     let cfg = RelayConfig {
@@ -87,10 +104,16 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     let stop = tokio_util::sync::CancellationToken::new();
     let mut tasks = Vec::new();
     for i in 0..opts.bridges {
-        let (mut c, welcome) = Client::connect_hello(&addr, &bridge_token).await.map_err(err("bridge hello"))?;
+        let (mut c, welcome) = Client::connect_hello(&addr, &bridge_token)
+            .await
+            .map_err(err("bridge hello"))?;
         if i == 0 {
             let ext = &welcome["capabilities"]["extensions"]["relay"];
-            let _ = writeln!(out, "bridge welcome  app {} via relay {} session {}", welcome["app"]["name"], ext["version"], ext["sessionId"]);
+            let _ = writeln!(
+                out,
+                "bridge welcome  app {} via relay {} session {}",
+                welcome["app"]["name"], ext["version"], ext["sessionId"]
+            );
         }
         let names: Vec<&str> = channels.iter().map(String::as_str).collect();
         c.subscribe(&names).await.map_err(err("subscribe"))?;
@@ -110,7 +133,9 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
         }));
     }
     let _ = writeln!(out, "bridges         {} subscribed to every channel; one agent calls tools/call sim/echo every 10 ms\n", opts.bridges);
-    let (mut agent, _) = Client::connect_hello(&addr, &bridge_token).await.map_err(err("agent hello"))?;
+    let (mut agent, _) = Client::connect_hello(&addr, &bridge_token)
+        .await
+        .map_err(err("agent hello"))?;
     let (t2, stop2) = (tally.clone(), stop.clone());
     tasks.push(tokio::spawn(async move {
         *t2.latency.lock() = Histogram::new_with_bounds(1, 60_000_000_000, 3).ok();
@@ -133,11 +158,25 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     let (mut prev_in, mut prev_out) = (0u64, 0u64);
     while started.elapsed() < opts.duration {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let ev_in: u64 = relay.routes[0].hub.channel_counts().iter().map(|(_, n)| n).sum();
+        let ev_in: u64 = relay.routes[0]
+            .hub
+            .channel_counts()
+            .iter()
+            .map(|(_, n)| n)
+            .sum();
         let ev_out = tally.events.load(Ordering::Relaxed);
-        let p50 = tally.latency.lock().as_ref().map_or(0.0, |h| h.value_at_quantile(0.5) as f64 / 1e6);
+        let p50 = tally
+            .latency
+            .lock()
+            .as_ref()
+            .map_or(0.0, |h| h.value_at_quantile(0.5) as f64 / 1e6);
         let status = relay.routes[0].status();
-        let dropped: u64 = status["bridges"].as_array().into_iter().flatten().filter_map(|b| b["dropped"].as_u64()).sum();
+        let dropped: u64 = status["bridges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["dropped"].as_u64())
+            .sum();
         let _ = writeln!(
             out,
             "[{:>2}s] mod->relay {:>8} ev/s | relay->bridges {:>8} ev/s | seq gaps {} | drops {} | calls {} (p50 {:.2} ms)",
@@ -157,12 +196,33 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     }
     let clean = relay.shutdown().await;
     sim.stop();
-    let _ = writeln!(out, "\nrelay stopped{}", if clean { " cleanly" } else { " (shutdown bound exceeded)" });
+    let _ = writeln!(
+        out,
+        "\nrelay stopped{}",
+        if clean {
+            " cleanly"
+        } else {
+            " (shutdown bound exceeded)"
+        }
+    );
     if opts.record {
-        let store = Store::open(&opts.data_dir, StoreOptions::default()).map_err(err("opening the recording"))?;
-        let meta = store.resolve("latest").map_err(err("finding the session"))?;
-        let check = store.check_session(meta.id).map_err(err("checking the session"))?;
-        let _ = writeln!(out, "recorded        session {} ({} frames, {} bytes, ended {}), consistency check: {}", meta.id, meta.frames, meta.bytes, meta.end_label(), if check.ok() { "ok" } else { "FAILED" });
+        let store = Store::open(&opts.data_dir, StoreOptions::default())
+            .map_err(err("opening the recording"))?;
+        let meta = store
+            .resolve("latest")
+            .map_err(err("finding the session"))?;
+        let check = store
+            .check_session(meta.id)
+            .map_err(err("checking the session"))?;
+        let _ = writeln!(
+            out,
+            "recorded        session {} ({} frames, {} bytes, ended {}), consistency check: {}",
+            meta.id,
+            meta.frames,
+            meta.bytes,
+            meta.end_label(),
+            if check.ok() { "ok" } else { "FAILED" }
+        );
         let stats = crate::stats::compute(&store, &meta).map_err(err("computing stats"))?;
         let _ = writeln!(out, "\n{}", crate::stats::render(&stats));
         let _ = writeln!(out, "next: gabp-relay sessions --data-dir {0} | stats latest --data-dir {0} | export latest --data-dir {0} | replay latest --data-dir {0} --listen 127.0.0.1:0", opts.data_dir.display());

@@ -22,11 +22,22 @@ pub struct ExportFilter {
 }
 
 /// Writes the session's frames as JSONL; returns how many lines were written.
-pub fn export(store: &Store, meta: &SessionMeta, filter: &ExportFilter, out: &mut dyn Write) -> Result<u64, ExportError> {
+pub fn export(
+    store: &Store,
+    meta: &SessionMeta,
+    filter: &ExportFilter,
+    out: &mut dyn Write,
+) -> Result<u64, ExportError> {
     let ids: Vec<u32> = filter
         .channels
         .iter()
-        .map(|c| meta.channels.iter().position(|n| n == c).map(|i| i as u32).ok_or_else(|| ExportError::UnknownChannel(c.clone())))
+        .map(|c| {
+            meta.channels
+                .iter()
+                .position(|n| n == c)
+                .map(|i| i as u32)
+                .ok_or_else(|| ExportError::UnknownChannel(c.clone()))
+        })
         .collect::<Result<_, _>>()?;
     let from_ns = filter.from.map(|d| meta.started_ns + d.as_nanos() as u64);
     let to_ns = filter.to.map(|d| meta.started_ns + d.as_nanos() as u64);
@@ -42,7 +53,10 @@ pub fn export(store: &Store, meta: &SessionMeta, filter: &ExportFilter, out: &mu
         if to_ns.is_some_and(|t| rec.time_ns >= t) {
             break;
         }
-        let channel = rec.channel.and_then(|c| meta.channels.get(c as usize)).map(String::as_str);
+        let channel = rec
+            .channel
+            .and_then(|c| meta.channels.get(c as usize))
+            .map(String::as_str);
         let head = json!({
             "frame": n,
             "t_ns": rec.time_ns,
@@ -64,7 +78,8 @@ pub fn export(store: &Store, meta: &SessionMeta, filter: &ExportFilter, out: &mu
             serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::other)?;
         } else {
             out.write_all(b",\"raw\":")?;
-            serde_json::to_writer(&mut *out, &String::from_utf8_lossy(&rec.body)).map_err(std::io::Error::other)?;
+            serde_json::to_writer(&mut *out, &String::from_utf8_lossy(&rec.body))
+                .map_err(std::io::Error::other)?;
         }
         out.write_all(b"}\n")?;
         lines += 1;

@@ -71,7 +71,14 @@ impl Hub {
             let new_channel = !st.channels.contains_key(channel);
             if new_channel {
                 let name: Arc<str> = Arc::from(channel);
-                st.channels.insert(name.clone(), ChannelState { id: next_id, name, next_seq: 0 });
+                st.channels.insert(
+                    name.clone(),
+                    ChannelState {
+                        id: next_id,
+                        name,
+                        next_seq: 0,
+                    },
+                );
             }
             let ch = st.channels.get_mut(channel).expect("inserted above");
             let seq = ch.next_seq;
@@ -81,7 +88,16 @@ impl Hub {
             (name, id, seq, new_channel, subs)
         };
         let wire = gabp_proto::rewrite::wire_with_seq(body, seq_span, seq);
-        Published { event: Arc::new(EventFrame { channel: name, seq, wire }), channel_id, new_channel, subscribers }
+        Published {
+            event: Arc::new(EventFrame {
+                channel: name,
+                seq,
+                wire,
+            }),
+            channel_id,
+            new_channel,
+            subscribers,
+        }
     }
 
     /// Adds a subscriber to channels; returns the channels that had no subscriber before.
@@ -108,11 +124,14 @@ impl Hub {
         let mut st = self.state.lock();
         let mut emptied = Vec::new();
         for c in channels {
-            let Some(list) = st.subs.get_mut(c.as_str()) else { continue };
+            let Some(list) = st.subs.get_mut(c.as_str()) else {
+                continue;
+            };
             if !list.iter().any(|(id, _)| *id == conn) {
                 continue;
             }
-            let next: Vec<Subscriber> = list.iter().filter(|(id, _)| *id != conn).cloned().collect();
+            let next: Vec<Subscriber> =
+                list.iter().filter(|(id, _)| *id != conn).cloned().collect();
             if next.is_empty() {
                 st.subs.remove(c.as_str());
                 emptied.push(c.clone());
@@ -125,13 +144,22 @@ impl Hub {
 
     /// Every channel some bridge subscribes to.
     pub fn wanted(&self) -> Vec<String> {
-        self.state.lock().subs.keys().map(|k| k.to_string()).collect()
+        self.state
+            .lock()
+            .subs
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
     }
 
     /// (channel, events so far) of the current session.
     pub fn channel_counts(&self) -> Vec<(String, u64)> {
         let st = self.state.lock();
-        let mut v: Vec<(String, u64)> = st.channels.values().map(|c| (c.name.to_string(), c.next_seq)).collect();
+        let mut v: Vec<(String, u64)> = st
+            .channels
+            .values()
+            .map(|c| (c.name.to_string(), c.next_seq))
+            .collect();
         v.sort();
         v
     }
@@ -147,10 +175,16 @@ mod tests {
     fn seq_is_contiguous_per_channel_and_restarts_with_the_session() {
         let hub = Hub::new();
         let body = br#"{"v":"gabp/1","id":"x","type":"event","channel":"a","seq":41,"payload":{}}"#;
-        let at = body.windows(6).position(|w| w == b"\"seq\":").expect("seq key") + 6;
+        let at = body
+            .windows(6)
+            .position(|w| w == b"\"seq\":")
+            .expect("seq key")
+            + 6;
         let span = Some(at..at + 2);
         assert_eq!(&body[at..at + 2], b"41");
-        let seqs: Vec<u64> = (0..3).map(|_| hub.publish("a", body, span.clone()).event.seq).collect();
+        let seqs: Vec<u64> = (0..3)
+            .map(|_| hub.publish("a", body, span.clone()).event.seq)
+            .collect();
         assert_eq!(seqs, vec![0, 1, 2]);
         assert_eq!(hub.publish("b", body, span.clone()).event.seq, 0);
         hub.new_session();
@@ -159,7 +193,9 @@ mod tests {
         // The seq is written into the shared frame itself.
         let wire = &p.event.wire;
         let start = wire.iter().position(|&b| b == b'{').expect("body");
-        let view = Parser::new().parse(&wire[start..], Mode::Tolerant).expect("valid");
+        let view = Parser::new()
+            .parse(&wire[start..], Mode::Tolerant)
+            .expect("valid");
         assert_eq!(view.seq, Some(0));
     }
 
@@ -167,7 +203,10 @@ mod tests {
     fn subscriptions_report_first_and_last_subscribers() {
         let hub = Hub::new();
         let o = Arc::new(Outbox::new(OnSlow::DropOldest, 10, 1000));
-        assert_eq!(hub.subscribe(1, &o, &["a".into(), "b".into()]), vec!["a", "b"]);
+        assert_eq!(
+            hub.subscribe(1, &o, &["a".into(), "b".into()]),
+            vec!["a", "b"]
+        );
         assert!(hub.subscribe(2, &o, &["a".into()]).is_empty());
         assert!(hub.subscribe(2, &o, &["a".into()]).is_empty(), "idempotent");
         assert_eq!(hub.publish("a", b"{}", None).subscribers.len(), 2);

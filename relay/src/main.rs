@@ -14,7 +14,11 @@ use gabp_sim::Addr;
 use gabp_storage::{Compression, Durability, Store};
 
 #[derive(Parser, Debug)]
-#[command(name = "gabp-relay", version, about = "Relay and recorder for GABP: many bridges share one game mod")]
+#[command(
+    name = "gabp-relay",
+    version,
+    about = "Relay and recorder for GABP: many bridges share one game mod"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -56,7 +60,12 @@ struct ServeArgs {
     #[arg(long)]
     upstream: Option<String>,
     /// Token the relay presents to the mod.
-    #[arg(long, env = "GABP_UPSTREAM_TOKEN", default_value = "", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GABP_UPSTREAM_TOKEN",
+        default_value = "",
+        hide_env_values = true
+    )]
     upstream_token: String,
     /// Where bridges connect: HOST:PORT or unix:PATH.
     #[arg(long)]
@@ -271,17 +280,28 @@ fn main() {
         }
     };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("GABP_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GABP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("gabp-relay").build().expect("building the tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("gabp-relay")
+        .build()
+        .expect("building the tokio runtime");
     match runtime.block_on(run(cli)) {
         Ok(()) => {}
         Err(e) => {
             eprintln!("gabp-relay: {}", format!("{e:#}").replace('\n', " "));
-            std::process::exit(if e.downcast_ref::<UsageError>().is_some() { 2 } else { 1 });
+            std::process::exit(if e.downcast_ref::<UsageError>().is_some() {
+                2
+            } else {
+                1
+            });
         }
     }
 }
@@ -299,9 +319,17 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Serve(a) => serve(a).await,
         Cmd::Demo(a) => {
-            let opts = gabp_relay::demo::DemoOptions { duration: a.duration, data_dir: a.data_dir, bridges: a.bridges.max(1), rate: a.rate, record: !a.no_record };
+            let opts = gabp_relay::demo::DemoOptions {
+                duration: a.duration,
+                data_dir: a.data_dir,
+                bridges: a.bridges.max(1),
+                rate: a.rate,
+                record: !a.no_record,
+            };
             let mut out = std::io::stdout();
-            gabp_relay::demo::run(opts, &mut out).await.map_err(|e| anyhow!(e))
+            gabp_relay::demo::run(opts, &mut out)
+                .await
+                .map_err(|e| anyhow!(e))
         }
         Cmd::Sessions(a) => sessions(a),
         Cmd::Stats(a) => {
@@ -318,13 +346,28 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Export(a) => {
             let store = Store::open_for_reading(&a.dir.data_dir)?;
             let meta = store.resolve(&a.session)?;
-            let filter = gabp_relay::export::ExportFilter { channels: a.channel, from: a.from, to: a.to };
+            let filter = gabp_relay::export::ExportFilter {
+                channels: a.channel,
+                from: a.from,
+                to: a.to,
+            };
             let n = match &a.output {
                 Some(path) => {
-                    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
-                    gabp_relay::export::export(&store, &meta, &filter, &mut std::io::BufWriter::new(f))?
+                    let f = std::fs::File::create(path)
+                        .with_context(|| format!("creating {}", path.display()))?;
+                    gabp_relay::export::export(
+                        &store,
+                        &meta,
+                        &filter,
+                        &mut std::io::BufWriter::new(f),
+                    )?
                 }
-                None => gabp_relay::export::export(&store, &meta, &filter, &mut std::io::BufWriter::new(std::io::stdout().lock()))?,
+                None => gabp_relay::export::export(
+                    &store,
+                    &meta,
+                    &filter,
+                    &mut std::io::BufWriter::new(std::io::stdout().lock()),
+                )?,
             };
             if a.output.is_some() {
                 eprintln!("exported {n} frames of session {}", meta.id);
@@ -346,8 +389,14 @@ fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
         (None, None) => return Ok(None),
         _ => return Err(usage("--upstream and --listen go together")),
     };
-    let upstream = Upstream::Addr(upstream.parse().map_err(|e: String| usage(format!("--upstream: {e}")))?);
-    let listen: Addr = listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
+    let upstream = Upstream::Addr(
+        upstream
+            .parse()
+            .map_err(|e: String| usage(format!("--upstream: {e}")))?,
+    );
+    let listen: Addr = listen
+        .parse()
+        .map_err(|e: String| usage(format!("--listen: {e}")))?;
     let (token, generated) = match &a.token {
         Some(t) if t.is_empty() => return Err(usage("--token must not be empty")),
         Some(t) => (t.clone(), false),
@@ -372,7 +421,9 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         routes.push(r);
     }
     if routes.is_empty() {
-        return Err(usage("nothing to serve: give --upstream and --listen, or --config with [[route]] tables"));
+        return Err(usage(
+            "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
+        ));
     }
     for r in &mut routes {
         if let Some(v) = a.on_slow {
@@ -404,35 +455,61 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         }
     }
     let f = file.as_ref().map(|(f, _)| f);
-    let parse_in_file = |v: &Option<String>, field: &str| -> Result<Option<String>> { Ok(v.clone().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).map(|s| { let _ = field; s })) };
+    let parse_in_file = |v: &Option<String>, field: &str| -> Result<Option<String>> {
+        Ok(v.clone()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let _ = field;
+                s
+            }))
+    };
     let durability = match (a.durability, f.and_then(|f| f.durability.clone())) {
         (Some(d), _) => d,
-        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config durability: {e}"))?,
+        (None, Some(s)) => s
+            .parse()
+            .map_err(|e: String| anyhow!("config durability: {e}"))?,
         _ => Durability::Batch,
     };
     let compression = match (a.compression, f.and_then(|f| f.compression.clone())) {
         (Some(c), _) => c,
-        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config compression: {e}"))?,
+        (None, Some(s)) => s
+            .parse()
+            .map_err(|e: String| anyhow!("config compression: {e}"))?,
         _ => Compression::Lz4,
     };
     let on_record_error = match (a.on_record_error, f.and_then(|f| f.on_record_error.clone())) {
         (Some(p), _) => p,
-        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config on_record_error: {e}"))?,
+        (None, Some(s)) => s
+            .parse()
+            .map_err(|e: String| anyhow!("config on_record_error: {e}"))?,
         _ => OnRecordError::Stall,
     };
-    let retain = match (a.retain, parse_in_file(&f.and_then(|f| f.retain.clone()), "retain")?) {
+    let retain = match (
+        a.retain,
+        parse_in_file(&f.and_then(|f| f.retain.clone()), "retain")?,
+    ) {
         (Some(r), _) => r,
-        (None, Some(s)) => s.parse().map_err(|e: String| anyhow!("config retain: {e}"))?,
+        (None, Some(s)) => s
+            .parse()
+            .map_err(|e: String| anyhow!("config retain: {e}"))?,
         _ => Retention::default(),
     };
     let metrics = match (a.metrics, f.and_then(|f| f.metrics.clone())) {
         (Some(m), _) => Some(m),
-        (None, Some(s)) => Some(s.parse().map_err(|_| anyhow!("config metrics: invalid address {s:?}"))?),
+        (None, Some(s)) => Some(
+            s.parse()
+                .map_err(|_| anyhow!("config metrics: invalid address {s:?}"))?,
+        ),
         _ => None,
     };
     Ok(RelayConfig {
         routes,
-        data_dir: a.data_dir.clone().or_else(|| f.and_then(|f| f.data_dir.clone())).unwrap_or_else(|| PathBuf::from("gabp-data")),
+        data_dir: a
+            .data_dir
+            .clone()
+            .or_else(|| f.and_then(|f| f.data_dir.clone()))
+            .unwrap_or_else(|| PathBuf::from("gabp-data")),
         durability,
         compression,
         on_record_error,
@@ -445,7 +522,8 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
 }
 
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -457,13 +535,22 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let relay = Relay::start(cfg.clone()).await?;
     let mut out = std::io::stdout().lock();
     for (i, r) in relay.routes.iter().enumerate() {
-        writeln!(out, "route {} listening on {} -> mod {}", r.cfg.name, relay.addrs[i], r.cfg.upstream)?;
+        writeln!(
+            out,
+            "route {} listening on {} -> mod {}",
+            r.cfg.name, relay.addrs[i], r.cfg.upstream
+        )?;
         if r.cfg.token_generated {
             writeln!(out, "route {} token {}", r.cfg.name, r.cfg.token)?;
         }
     }
     if cfg.records() {
-        writeln!(out, "recording to {} (durability {:?})", cfg.data_dir.display(), cfg.durability)?;
+        writeln!(
+            out,
+            "recording to {} (durability {:?})",
+            cfg.data_dir.display(),
+            cfg.durability
+        )?;
     } else {
         writeln!(out, "recording off")?;
     }
@@ -485,7 +572,11 @@ fn sessions(a: SessionsArgs) -> Result<()> {
     match a.cmd.unwrap_or(SessionsCmd::Ls) {
         SessionsCmd::Ls => {
             if let Some(r) = a.retain {
-                store.apply_retention(gabp_sim::clock::now_ns(), r.max_age.map(|d| d.as_nanos() as u64), r.max_bytes)?;
+                store.apply_retention(
+                    gabp_sim::clock::now_ns(),
+                    r.max_age.map(|d| d.as_nanos() as u64),
+                    r.max_bytes,
+                )?;
             }
             let list = store.sessions()?;
             if a.dir.json {
@@ -500,13 +591,26 @@ fn sessions(a: SessionsArgs) -> Result<()> {
                         })
                     })
                     .collect();
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "sessions": v }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({ "sessions": v }))?
+                );
             } else {
-                println!("{:<36}  {:<12} {:<14} {:<20} {:>9} {:>10} {:>12}  END", "SESSION", "ROUTE", "APP", "START (UTC)", "DURATION", "FRAMES", "BYTES");
+                println!(
+                    "{:<36}  {:<12} {:<14} {:<20} {:>9} {:>10} {:>12}  END",
+                    "SESSION", "ROUTE", "APP", "START (UTC)", "DURATION", "FRAMES", "BYTES"
+                );
                 for m in &list {
                     println!(
                         "{:<36}  {:<12} {:<14} {:<20} {:>8.1}s {:>10} {:>12}  {}",
-                        m.id, m.route, m.app_name.as_deref().unwrap_or("-"), utc(m.started_ns), m.duration_ns() as f64 / 1e9, m.frames, m.bytes, m.end_label()
+                        m.id,
+                        m.route,
+                        m.app_name.as_deref().unwrap_or("-"),
+                        utc(m.started_ns),
+                        m.duration_ns() as f64 / 1e9,
+                        m.frames,
+                        m.bytes,
+                        m.end_label()
                     );
                 }
             }
@@ -527,10 +631,23 @@ fn sessions(a: SessionsArgs) -> Result<()> {
             }
             let bad = reports.iter().filter(|r| !r.ok()).count();
             if a.dir.json {
-                println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "ok": bad == 0, "sessions": reports }))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({ "ok": bad == 0, "sessions": reports })
+                    )?
+                );
             } else {
                 for r in &reports {
-                    println!("{}  {}  {} frames, {} chunks, {} index entries, {} channels", r.session, if r.ok() { "ok" } else { "FAILED" }, r.frames, r.chunks, r.index_entries, r.channels);
+                    println!(
+                        "{}  {}  {} frames, {} chunks, {} index entries, {} channels",
+                        r.session,
+                        if r.ok() { "ok" } else { "FAILED" },
+                        r.frames,
+                        r.chunks,
+                        r.index_entries,
+                        r.channels
+                    );
                     for p in &r.problems {
                         println!("    {p}");
                     }
@@ -558,33 +675,61 @@ fn utc(ns: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 async fn replay(a: ReplayArgs) -> Result<()> {
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = store.resolve(&a.session)?;
-    let listen: Addr = a.listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
+    let listen: Addr = a
+        .listen
+        .parse()
+        .map_err(|e: String| usage(format!("--listen: {e}")))?;
     if !a.allow_remote && !listen.is_local() {
-        return Err(usage(format!("refusing to listen on {listen}: not a loopback address (pass --allow-remote)")));
+        return Err(usage(format!(
+            "refusing to listen on {listen}: not a loopback address (pass --allow-remote)"
+        )));
     }
     let (token, generated) = match a.token {
         Some(t) => (t, false),
         None => (gabp_relay::auth::generate_token(), true),
     };
-    let opts = gabp_relay::replay::ReplayOptions { token: token.clone(), speed: a.speed, looping: a.looping, channels: a.channel, from: a.from };
+    let opts = gabp_relay::replay::ReplayOptions {
+        token: token.clone(),
+        speed: a.speed,
+        looping: a.looping,
+        channels: a.channel,
+        from: a.from,
+    };
     let rec = gabp_relay::replay::Recording::load(&store, meta, &opts)?;
     drop(store);
-    let listener = gabp_sim::Listener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = gabp_sim::Listener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
-    println!("replaying session {} ({} events) on {}", rec.meta.id, rec.event_count(), bound);
+    println!(
+        "replaying session {} ({} events) on {}",
+        rec.meta.id,
+        rec.event_count(),
+        bound
+    );
     if generated {
         println!("token {token}");
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;
     let cancel = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(gabp_relay::replay::serve(listener, std::sync::Arc::new(rec), opts, cancel.clone()));
+    let server = tokio::spawn(gabp_relay::replay::serve(
+        listener,
+        std::sync::Arc::new(rec),
+        opts,
+        cancel.clone(),
+    ));
     shutdown_signal().await;
     cancel.cancel();
     let _ = server.await;
@@ -594,7 +739,13 @@ async fn replay(a: ReplayArgs) -> Result<()> {
 async fn mod_sim(a: ModSimArgs) -> Result<()> {
     let cfg = gabp_sim::ModSimConfig {
         token: a.token,
-        channels: a.channels.split(',').map(str::trim).filter(|c| !c.is_empty()).map(String::from).collect(),
+        channels: a
+            .channels
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect(),
         rate: if a.rate > 0.0 { Some(a.rate) } else { None },
         payload_bytes: a.payload_bytes,
         seed: a.seed,
@@ -607,8 +758,12 @@ async fn mod_sim(a: ModSimArgs) -> Result<()> {
         tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
         return Ok(());
     }
-    let listen: Addr = a.listen.parse().map_err(|e: String| usage(format!("--listen: {e}")))?;
-    let sim = gabp_sim::ModSim::start(&listen, cfg).with_context(|| format!("cannot listen on {listen}"))?;
+    let listen: Addr = a
+        .listen
+        .parse()
+        .map_err(|e: String| usage(format!("--listen: {e}")))?;
+    let sim = gabp_sim::ModSim::start(&listen, cfg)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     println!("simulated mod listening on {}", sim.addr());
     std::io::stdout().flush()?;
     shutdown_signal().await;

@@ -106,7 +106,10 @@ pub fn install() -> Option<PrometheusHandle> {
     PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
-            &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+            &[
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0, 30.0,
+            ],
         )
         .ok()?
         .install_recorder()
@@ -123,10 +126,13 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, cancel: Canc
         let handle = handle.clone();
         tokio::spawn(async move {
             let mut req = [0u8; 2048];
-            let n = match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut req)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut req))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
             let head = String::from_utf8_lossy(&req[..n]);
             let (status, body) = if head.starts_with("GET /metrics") || head.starts_with("GET / ") {
                 ("200 OK", handle.render())

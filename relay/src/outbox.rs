@@ -128,7 +128,10 @@ impl Outbox {
         if st.closed {
             return Offer::Closed;
         }
-        let fits = |st: &State| st.events.len() < self.max_frames && (st.event_bytes + len <= self.max_bytes || st.events.is_empty());
+        let fits = |st: &State| {
+            st.events.len() < self.max_frames
+                && (st.event_bytes + len <= self.max_bytes || st.events.is_empty())
+        };
         if fits(&st) {
             st.event_bytes += len;
             st.events.push_back(ev.clone());
@@ -146,7 +149,9 @@ impl Outbox {
             OnSlow::DropOldest => {
                 let mut n = 0;
                 while !fits(&st) {
-                    let Some(old) = st.events.pop_front() else { break };
+                    let Some(old) = st.events.pop_front() else {
+                        break;
+                    };
                     st.event_bytes -= old.wire.len();
                     record_drop(&mut st.drops, &old);
                     n += 1;
@@ -213,7 +218,8 @@ impl Outbox {
         let closed = st.closed;
         drop(st);
         self.space.notify_waiters();
-        self.delivered.fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+        self.delivered
+            .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
         if closed && batch.is_empty() {
             None
         } else {
@@ -258,7 +264,12 @@ fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
             return;
         }
     }
-    drops.push(DropRun { channel: ev.channel.clone(), from: ev.seq, to: ev.seq, count: 1 });
+    drops.push(DropRun {
+        channel: ev.channel.clone(),
+        from: ev.seq,
+        to: ev.seq,
+        count: 1,
+    });
 }
 
 #[cfg(test)]
@@ -266,7 +277,11 @@ mod tests {
     use super::*;
 
     fn ev(ch: &str, seq: u64) -> Arc<EventFrame> {
-        Arc::new(EventFrame { channel: ch.into(), seq, wire: Bytes::from(vec![b'x'; 10]) })
+        Arc::new(EventFrame {
+            channel: ch.into(),
+            seq,
+            wire: Bytes::from(vec![b'x'; 10]),
+        })
     }
 
     #[test]
@@ -278,8 +293,19 @@ mod tests {
         o.push_control(Bytes::from_static(b"resp"));
         let mut b = Batch::default();
         o.take(&mut b).expect("open");
-        assert_eq!(b.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3, 4]);
-        assert_eq!(b.drops, vec![DropRun { channel: "a".into(), from: 0, to: 1, count: 2 }]);
+        assert_eq!(
+            b.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
+        assert_eq!(
+            b.drops,
+            vec![DropRun {
+                channel: "a".into(),
+                from: 0,
+                to: 1,
+                count: 2
+            }]
+        );
         assert_eq!(b.control.len(), 1, "control frames are never dropped");
         assert_eq!(o.dropped(), 2);
     }

@@ -76,14 +76,22 @@ impl Pending {
     /// Takes every entry past its deadline.
     pub fn expire(&self, now: Instant) -> Vec<Entry> {
         let mut map = self.map.lock();
-        let ids: Vec<Uuid> = map.iter().filter(|(_, e)| e.deadline <= now).map(|(id, _)| *id).collect();
+        let ids: Vec<Uuid> = map
+            .iter()
+            .filter(|(_, e)| e.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
         ids.iter().filter_map(|id| map.remove(id)).collect()
     }
 
     /// Takes every entry of a session.
     pub fn drain_session(&self, session: Uuid) -> Vec<Entry> {
         let mut map = self.map.lock();
-        let ids: Vec<Uuid> = map.iter().filter(|(_, e)| e.session == session).map(|(id, _)| *id).collect();
+        let ids: Vec<Uuid> = map
+            .iter()
+            .filter(|(_, e)| e.session == session)
+            .map(|(id, _)| *id)
+            .collect();
         ids.iter().filter_map(|id| map.remove(id)).collect()
     }
 

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use gabp_storage::{BridgeInfo, EndReason, FrameRecord, SessionId, SessionMeta, SessionWriter, Store};
+use gabp_storage::{
+    BridgeInfo, EndReason, FrameRecord, SessionId, SessionMeta, SessionWriter, Store,
+};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::OnRecordError;
@@ -100,7 +102,15 @@ impl Recorder {
             .name("gabp-recorder".into())
             .spawn(move || run(SessionWriter::new(store), rx, policy))
             .expect("spawning the recorder thread");
-        (Recorder { tx, budget: Arc::new(Semaphore::new(BUDGET_KIB)) }, RecorderThread { handle: Some(handle) })
+        (
+            Recorder {
+                tx,
+                budget: Arc::new(Semaphore::new(BUDGET_KIB)),
+            },
+            RecorderThread {
+                handle: Some(handle),
+            },
+        )
     }
 
     /// Sends a message, waiting while the queue is full (this is the lossless backpressure).
@@ -113,10 +123,27 @@ impl Recorder {
         if msgs.is_empty() {
             return;
         }
-        let bytes: usize = msgs.iter().map(|m| if let RecMsg::Frame { rec, .. } = m { rec.body.len() } else { 0 }).sum();
+        let bytes: usize = msgs
+            .iter()
+            .map(|m| {
+                if let RecMsg::Frame { rec, .. } = m {
+                    rec.body.len()
+                } else {
+                    0
+                }
+            })
+            .sum();
         let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
         let budget = self.budget.clone().acquire_many_owned(kib).await.ok();
-        if self.tx.send(RecBatch { msgs, _budget: budget }).await.is_err() {
+        if self
+            .tx
+            .send(RecBatch {
+                msgs,
+                _budget: budget,
+            })
+            .await
+            .is_err()
+        {
             tracing::error!("recorder thread is gone; frames not recorded");
             metrics::counter!("gabp_record_errors_total").increment(1);
         }
@@ -153,7 +180,11 @@ fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<oneshot::Sender<(
         }
         RecMsg::Bridge { session, info } => w.upsert_bridge(session, *info),
         RecMsg::Anomaly { session } => w.note_anomaly(session),
-        RecMsg::End { session, reason, at_ns } => w.end(session, reason, at_ns),
+        RecMsg::End {
+            session,
+            reason,
+            at_ns,
+        } => w.end(session, reason, at_ns),
         RecMsg::Flush(done) => flushes.push(done),
     }
 }

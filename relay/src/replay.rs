@@ -40,7 +40,9 @@ impl std::str::FromStr for Speed {
         }
         match s.trim_end_matches('x').parse::<f64>() {
             Ok(f) if f > 0.0 && f.is_finite() => Ok(Speed::Factor(f)),
-            _ => Err(format!("invalid speed {s:?}: expected a positive factor like 1, 10 or 0.5, or max")),
+            _ => Err(format!(
+                "invalid speed {s:?}: expected a positive factor like 1, 10 or 0.5, or max"
+            )),
         }
     }
 }
@@ -80,12 +82,19 @@ pub struct Recording {
 
 /// The canonical key of a request: method and params with sorted keys.
 fn request_key(method: &str, params: &Value) -> (String, String) {
-    (method.to_string(), serde_json::to_string(params).unwrap_or_default())
+    (
+        method.to_string(),
+        serde_json::to_string(params).unwrap_or_default(),
+    )
 }
 
 impl Recording {
     /// Loads a session's welcome, events and request/response pairs.
-    pub fn load(store: &Store, meta: SessionMeta, opts: &ReplayOptions) -> Result<Recording, StoreError> {
+    pub fn load(
+        store: &Store,
+        meta: SessionMeta,
+        opts: &ReplayOptions,
+    ) -> Result<Recording, StoreError> {
         let welcome = meta.welcome.clone().unwrap_or_else(|| json!({}));
         let from_ns = opts.from.map_or(0, |d| d.as_nanos() as u64);
         let mut parser = Parser::new();
@@ -95,38 +104,72 @@ impl Recording {
         let mut names: HashMap<u32, Arc<str>> = HashMap::new();
         for item in store.frames(meta.id) {
             let (_, rec) = item?;
-            let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else { continue };
+            let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else {
+                continue;
+            };
             match (rec.dir, view.kind) {
                 (Direction::ModToRelay, MsgType::Event) => {
                     let offset_ns = rec.time_ns.saturating_sub(meta.started_ns);
                     let channel = view.channel.as_deref().unwrap_or_default();
-                    if offset_ns < from_ns || (!opts.channels.is_empty() && !opts.channels.iter().any(|c| c == channel)) {
+                    if offset_ns < from_ns
+                        || (!opts.channels.is_empty()
+                            && !opts.channels.iter().any(|c| c == channel))
+                    {
                         continue;
                     }
-                    let name = names.entry(rec.channel.unwrap_or(u32::MAX)).or_insert_with(|| Arc::from(channel)).clone();
-                    events.push(Event { offset_ns: offset_ns - from_ns, channel: name, seq_span: view.seq_span.clone(), body: rec.body.clone() });
+                    let name = names
+                        .entry(rec.channel.unwrap_or(u32::MAX))
+                        .or_insert_with(|| Arc::from(channel))
+                        .clone();
+                    events.push(Event {
+                        offset_ns: offset_ns - from_ns,
+                        channel: name,
+                        seq_span: view.seq_span.clone(),
+                        body: rec.body.clone(),
+                    });
                 }
                 (Direction::RelayToMod, MsgType::Request) => {
                     let method = view.method.as_deref().unwrap_or_default().to_string();
                     if method == "session/hello" || method.starts_with("events/") {
                         continue;
                     }
-                    let params = view.params.clone().and_then(|p| serde_json::from_slice(&rec.body[p]).ok()).unwrap_or(json!({}));
+                    let params = view
+                        .params
+                        .clone()
+                        .and_then(|p| serde_json::from_slice(&rec.body[p]).ok())
+                        .unwrap_or(json!({}));
                     if let Some(id) = view.id.as_deref() {
                         sent.insert(id.to_string(), (method, params));
                     }
                 }
                 (Direction::ModToRelay, MsgType::Response) => {
-                    let Some((method, params)) = view.id.as_deref().and_then(|id| sent.remove(id)) else { continue };
-                    let Ok(mut msg) = serde_json::from_slice::<Value>(&rec.body) else { continue };
+                    let Some((method, params)) = view.id.as_deref().and_then(|id| sent.remove(id))
+                    else {
+                        continue;
+                    };
+                    let Ok(mut msg) = serde_json::from_slice::<Value>(&rec.body) else {
+                        continue;
+                    };
                     // Keep the answer, not the envelope: the id is the asker's on replay.
-                    let answer = if msg.get("error").is_some_and(|e| !e.is_null()) { json!({"error": msg["error"].take()}) } else { json!({"result": msg["result"].take()}) };
-                    responses.entry(request_key(&method, &params)).or_default().push(answer);
+                    let answer = if msg.get("error").is_some_and(|e| !e.is_null()) {
+                        json!({"error": msg["error"].take()})
+                    } else {
+                        json!({"result": msg["result"].take()})
+                    };
+                    responses
+                        .entry(request_key(&method, &params))
+                        .or_default()
+                        .push(answer);
                 }
                 _ => {}
             }
         }
-        Ok(Recording { meta, welcome, events, responses })
+        Ok(Recording {
+            meta,
+            welcome,
+            events,
+            responses,
+        })
     }
 
     /// Recorded events to be replayed.
@@ -136,7 +179,12 @@ impl Recording {
 }
 
 /// Serves `rec` on `listener` until cancelled.
-pub async fn serve(listener: Listener, rec: Arc<Recording>, opts: ReplayOptions, cancel: CancellationToken) {
+pub async fn serve(
+    listener: Listener,
+    rec: Arc<Recording>,
+    opts: ReplayOptions,
+    cancel: CancellationToken,
+) {
     loop {
         let conn = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -165,7 +213,12 @@ async fn writer(mut w: BoxWrite, mut rx: mpsc::Receiver<Bytes>) {
     let _ = w.shutdown().await;
 }
 
-async fn serve_bridge(conn: Conn, rec: Arc<Recording>, opts: ReplayOptions, cancel: CancellationToken) {
+async fn serve_bridge(
+    conn: Conn,
+    rec: Arc<Recording>,
+    opts: ReplayOptions,
+    cancel: CancellationToken,
+) {
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     let writer = tokio::spawn(writer(conn.write, rx));
     let mut frames = FramedRead::new(conn.read, GabpCodec::default());
@@ -173,7 +226,11 @@ async fn serve_bridge(conn: Conn, rec: Arc<Recording>, opts: ReplayOptions, canc
     let mut authed = false;
     let subs: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut timeline: Option<tokio::task::JoinHandle<()>> = None;
-    let mut answers: HashMap<(String, String), VecDeque<Value>> = rec.responses.iter().map(|(k, v)| (k.clone(), v.iter().cloned().collect())).collect();
+    let mut answers: HashMap<(String, String), VecDeque<Value>> = rec
+        .responses
+        .iter()
+        .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+        .collect();
     let send = |body: Bytes| {
         let tx = tx.clone();
         async move { tx.send(gabp_proto::frame_bytes(&body)).await.is_ok() }
@@ -186,29 +243,50 @@ async fn serve_bridge(conn: Conn, rec: Arc<Recording>, opts: ReplayOptions, canc
         let view = match parser.parse(&frame.body, Mode::Strict) {
             Ok(v) => v,
             Err(e) => {
-                send(message::error_response(None, e.code(), &e.to_string(), None)).await;
+                send(message::error_response(
+                    None,
+                    e.code(),
+                    &e.to_string(),
+                    None,
+                ))
+                .await;
                 continue;
             }
         };
         let id = view.id.as_deref().unwrap_or(message::NIL_ID).to_string();
         let method = view.method.as_deref().unwrap_or_default().to_string();
-        let params: Value = view.params.clone().and_then(|p| serde_json::from_slice(&frame.body[p]).ok()).unwrap_or(json!({}));
+        let params: Value = view
+            .params
+            .clone()
+            .and_then(|p| serde_json::from_slice(&frame.body[p]).ok())
+            .unwrap_or(json!({}));
         let reply = match method.as_str() {
             "session/hello" => {
                 if crate::auth::token_matches(&opts.token, params["token"].as_str().unwrap_or("")) {
                     authed = true;
                     let mut w = rec.welcome.clone();
                     if w["capabilities"].is_object() {
-                        w["capabilities"]["extensions"]["replay"] = json!({"sessionId": rec.meta.id.to_string(), "route": rec.meta.route});
+                        w["capabilities"]["extensions"]["replay"] =
+                            json!({"sessionId": rec.meta.id.to_string(), "route": rec.meta.route});
                     }
                     message::result_response(&id, w)
                 } else {
                     message::error_response(Some(&id), ErrorCode::BadToken, "invalid token", None)
                 }
             }
-            _ if !authed => message::error_response(Some(&id), ErrorCode::NoSession, "no session: send session/hello first", None),
+            _ if !authed => message::error_response(
+                Some(&id),
+                ErrorCode::NoSession,
+                "no session: send session/hello first",
+                None,
+            ),
             "events/subscribe" | "events/unsubscribe" => {
-                let chans: Vec<String> = params["channels"].as_array().into_iter().flatten().filter_map(|c| c.as_str().map(String::from)).collect();
+                let chans: Vec<String> = params["channels"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect();
                 let subscribing = method == "events/subscribe";
                 {
                     let mut s = subs.lock();
@@ -221,23 +299,43 @@ async fn serve_bridge(conn: Conn, rec: Arc<Recording>, opts: ReplayOptions, canc
                     }
                 }
                 if subscribing && timeline.is_none() {
-                    timeline = Some(tokio::spawn(play(rec.clone(), opts.clone(), subs.clone(), tx.clone(), cancel.clone())));
+                    timeline = Some(tokio::spawn(play(
+                        rec.clone(),
+                        opts.clone(),
+                        subs.clone(),
+                        tx.clone(),
+                        cancel.clone(),
+                    )));
                 }
-                let key = if subscribing { "subscribed" } else { "unsubscribed" };
+                let key = if subscribing {
+                    "subscribed"
+                } else {
+                    "unsubscribed"
+                };
                 message::result_response(&id, json!({ key: chans }))
             }
             _ => match answers.get_mut(&request_key(&method, &params)) {
                 Some(q) => {
-                    let answer = if q.len() > 1 { q.pop_front().expect("non-empty") } else { q.front().cloned().expect("non-empty") };
+                    let answer = if q.len() > 1 {
+                        q.pop_front().expect("non-empty")
+                    } else {
+                        q.front().cloned().expect("non-empty")
+                    };
                     match answer.get("error") {
                         Some(e) => {
-                            let v = json!({"v": "gabp/1", "id": id, "type": "response", "error": e});
+                            let v =
+                                json!({"v": "gabp/1", "id": id, "type": "response", "error": e});
                             Bytes::from(message::to_ascii_json(&v))
                         }
                         None => message::result_response(&id, answer["result"].clone()),
                     }
                 }
-                None => message::error_response(Some(&id), ErrorCode::NoRecordedResponse, "no recorded response matches this request (method and params)", Some(json!({"method": method}))),
+                None => message::error_response(
+                    Some(&id),
+                    ErrorCode::NoRecordedResponse,
+                    "no recorded response matches this request (method and params)",
+                    Some(json!({"method": method})),
+                ),
             },
         };
         if !send(reply).await {
@@ -251,7 +349,13 @@ async fn serve_bridge(conn: Conn, rec: Arc<Recording>, opts: ReplayOptions, canc
     let _ = writer.await;
 }
 
-async fn play(rec: Arc<Recording>, opts: ReplayOptions, subs: Arc<Mutex<HashSet<String>>>, tx: mpsc::Sender<Bytes>, cancel: CancellationToken) {
+async fn play(
+    rec: Arc<Recording>,
+    opts: ReplayOptions,
+    subs: Arc<Mutex<HashSet<String>>>,
+    tx: mpsc::Sender<Bytes>,
+    cancel: CancellationToken,
+) {
     let mut seqs: HashMap<Arc<str>, u64> = HashMap::new();
     loop {
         let start = Instant::now();

@@ -92,7 +92,11 @@ pub struct Route {
 
 impl Route {
     /// A route with no session yet.
-    pub fn new(cfg: RouteConfig, recorder: Option<Recorder>, cancel: CancellationToken) -> Arc<Route> {
+    pub fn new(
+        cfg: RouteConfig,
+        recorder: Option<Recorder>,
+        cancel: CancellationToken,
+    ) -> Arc<Route> {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
         Arc::new(Route {
@@ -131,7 +135,16 @@ impl Route {
     /// Records a frame in the current session, if any.
     pub async fn record_current(&self, dir: Direction, conn: u32, body: Bytes, json_ok: bool) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord { dir, conn, time_ns: gabp_sim::clock::now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok, body };
+            let rec = FrameRecord {
+                dir,
+                conn,
+                time_ns: gabp_sim::clock::now_ns(),
+                channel: None,
+                mod_seq: None,
+                relay_seq: None,
+                json_ok,
+                body,
+            };
             r.send(RecMsg::Frame { session: s.id, rec }).await;
         }
     }
@@ -139,12 +152,20 @@ impl Route {
     /// Sends a reply the relay wrote itself to a bridge, and records it.
     pub async fn reply(&self, bridge: &BridgeState, body: Bytes) {
         bridge.outbox.push_control(frame_bytes(&body));
-        self.record_current(Direction::RelayToBridge, bridge.conn, body, true).await;
+        self.record_current(Direction::RelayToBridge, bridge.conn, body, true)
+            .await;
     }
 
     /// Sends an error reply to a bridge.
-    pub async fn reply_error(&self, bridge: &BridgeState, id: Option<&str>, code: ErrorCode, msg: &str) {
-        self.reply(bridge, message::error_response(id, code, msg, None)).await;
+    pub async fn reply_error(
+        &self,
+        bridge: &BridgeState,
+        id: Option<&str>,
+        code: ErrorCode,
+        msg: &str,
+    ) {
+        self.reply(bridge, message::error_response(id, code, msg, None))
+            .await;
     }
 
     /// Sends the relay's own request to the mod (subscriptions), tracked so the answer is
@@ -153,9 +174,31 @@ impl Route {
         let id = Uuid::new_v4();
         let body = message::request(&id.to_string(), method, params);
         let now = Instant::now();
-        self.pending.insert(id, Entry { session: session.id, origin: Origin::Relay, method: method.into(), sent: now, deadline: now + self.cfg.request_timeout });
+        self.pending.insert(
+            id,
+            Entry {
+                session: session.id,
+                origin: Origin::Relay,
+                method: method.into(),
+                sent: now,
+                deadline: now + self.cfg.request_timeout,
+            },
+        );
         if session.upstream.send(body.clone()).await.is_ok() {
-            self.record(session.id, FrameRecord { dir: Direction::RelayToMod, conn: 0, time_ns: gabp_sim::clock::now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body }).await;
+            self.record(
+                session.id,
+                FrameRecord {
+                    dir: Direction::RelayToMod,
+                    conn: 0,
+                    time_ns: gabp_sim::clock::now_ns(),
+                    channel: None,
+                    mod_seq: None,
+                    relay_seq: None,
+                    json_ok: true,
+                    body,
+                },
+            )
+            .await;
         }
     }
 

@@ -64,7 +64,10 @@ impl Relay {
     }
 
     /// Starts with a custom upstream connector (stdio, wrap).
-    pub async fn start_with(cfg: RelayConfig, connector: Arc<dyn Connector>) -> Result<Relay, StartError> {
+    pub async fn start_with(
+        cfg: RelayConfig,
+        connector: Arc<dyn Connector>,
+    ) -> Result<Relay, StartError> {
         for r in &cfg.routes {
             if !cfg.allow_remote && !r.listen.is_local() {
                 return Err(StartError::Remote(r.listen.to_string()));
@@ -76,7 +79,14 @@ impl Relay {
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let (store, recorder, recorder_thread) = if cfg.records() {
-            let store = Store::open(&cfg.data_dir, StoreOptions { durability: cfg.durability, compression: cfg.compression, read_only: false })?;
+            let store = Store::open(
+                &cfg.data_dir,
+                StoreOptions {
+                    durability: cfg.durability,
+                    compression: cfg.compression,
+                    read_only: false,
+                },
+            )?;
             let (rec, thread) = Recorder::start(store.clone(), cfg.on_record_error);
             (Some(store), Some(rec), Some(thread))
         } else {
@@ -97,7 +107,13 @@ impl Relay {
         }
         let metrics_addr = match cfg.metrics {
             Some(addr) => {
-                let listener = crate::metrics::bind(addr).await.map_err(|source| StartError::Bind { addr: addr.to_string(), source })?;
+                let listener =
+                    crate::metrics::bind(addr)
+                        .await
+                        .map_err(|source| StartError::Bind {
+                            addr: addr.to_string(),
+                            source,
+                        })?;
                 let bound = listener.local_addr().ok();
                 if let Some(handle) = crate::metrics::install() {
                     tracker.spawn(crate::metrics::serve(listener, handle, cancel.clone()));
@@ -111,8 +127,16 @@ impl Relay {
         let mut routes = Vec::new();
         let mut addrs = Vec::new();
         for rc in cfg.routes.clone() {
-            let listener = Listener::bind(&rc.listen).await.map_err(|source| StartError::Bind { addr: rc.listen.to_string(), source })?;
-            addrs.push(listener.local_addr().map_err(|source| StartError::Bind { addr: rc.listen.to_string(), source })?);
+            let listener = Listener::bind(&rc.listen)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: rc.listen.to_string(),
+                    source,
+                })?;
+            addrs.push(listener.local_addr().map_err(|source| StartError::Bind {
+                addr: rc.listen.to_string(),
+                source,
+            })?);
             let route = Route::new(rc, recorder.clone(), cancel.child_token());
             tracker.spawn(upstream::run(route.clone(), connector.clone()));
             tracker.spawn(accept_loop(route.clone(), listener, tracker.clone()));
@@ -120,7 +144,16 @@ impl Relay {
             routes.push(route);
         }
         drop(recorder);
-        Ok(Relay { routes, addrs, metrics_addr, cancel, tracker, recorder_thread, store, shutdown_timeout: cfg.shutdown_timeout })
+        Ok(Relay {
+            routes,
+            addrs,
+            metrics_addr,
+            cancel,
+            tracker,
+            recorder_thread,
+            store,
+            shutdown_timeout: cfg.shutdown_timeout,
+        })
     }
 
     /// The token of route `i`.
@@ -143,11 +176,15 @@ impl Relay {
         let deadline = Instant::now() + self.shutdown_timeout;
         self.cancel.cancel();
         self.tracker.close();
-        let clean = tokio::time::timeout_at(deadline.into(), self.tracker.wait()).await.is_ok();
+        let clean = tokio::time::timeout_at(deadline.into(), self.tracker.wait())
+            .await
+            .is_ok();
         // Routes (and their recorder handles) go away; the recorder drains and syncs.
         self.routes.clear();
         if let Some(thread) = self.recorder_thread.take() {
-            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(1));
             let join = tokio::task::spawn_blocking(move || thread.join());
             if tokio::time::timeout(left, join).await.is_err() {
                 tracing::error!("recorder did not finish within the shutdown bound");
@@ -163,8 +200,14 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
     if r.max_age.is_none() && r.max_bytes.is_none() {
         return;
     }
-    match store.apply_retention(gabp_sim::clock::now_ns(), r.max_age.map(|d| d.as_nanos() as u64), r.max_bytes) {
-        Ok(deleted) if !deleted.is_empty() => tracing::info!(deleted = deleted.len(), "retention removed old sessions"),
+    match store.apply_retention(
+        gabp_sim::clock::now_ns(),
+        r.max_age.map(|d| d.as_nanos() as u64),
+        r.max_bytes,
+    ) {
+        Ok(deleted) if !deleted.is_empty() => {
+            tracing::info!(deleted = deleted.len(), "retention removed old sessions")
+        }
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "retention failed"),
     }
@@ -194,8 +237,17 @@ async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker
                 tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
                 tracker.spawn(async move {
                     let mut w = conn.write;
-                    let body = message::error_response(None, ErrorCode::LimitExceeded, "too many bridges connected", None);
-                    let _ = tokio::time::timeout(Duration::from_secs(1), w.write_all(&frame_bytes(&body))).await;
+                    let body = message::error_response(
+                        None,
+                        ErrorCode::LimitExceeded,
+                        "too many bridges connected",
+                        None,
+                    );
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        w.write_all(&frame_bytes(&body)),
+                    )
+                    .await;
                     let _ = w.shutdown().await;
                 });
             }
@@ -205,20 +257,35 @@ async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker
 
 /// Times out pending requests and publishes queue-depth gauges.
 async fn sweeper(route: Arc<Route>) {
-    let period = (route.cfg.request_timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
+    let period = (route.cfg.request_timeout / 10)
+        .clamp(Duration::from_millis(10), Duration::from_millis(250));
     let mut tick = tokio::time::interval(period);
     loop {
         tokio::select! { _ = route.cancel.cancelled() => return, _ = tick.tick() => {} }
         for entry in route.pending.expire(Instant::now()) {
             let (_, count) = route.metrics.request(&entry.method, "timeout");
             count.increment(1);
-            if let Origin::Bridge { outbox, bridge_id, .. } = &entry.origin {
+            if let Origin::Bridge {
+                outbox, bridge_id, ..
+            } = &entry.origin
+            {
                 let msg = format!("no answer from the mod within {:?}; the request may or may not have taken effect", route.cfg.request_timeout);
-                let body = message::error_response(Some(bridge_id), ErrorCode::OutcomeUnknown, &msg, Some(json!({"method": entry.method})));
+                let body = message::error_response(
+                    Some(bridge_id),
+                    ErrorCode::OutcomeUnknown,
+                    &msg,
+                    Some(json!({"method": entry.method})),
+                );
                 outbox.push_control(frame_bytes(&body));
             }
         }
-        let deepest = route.bridges.lock().values().map(|b| b.outbox.depth().0).max().unwrap_or(0);
+        let deepest = route
+            .bridges
+            .lock()
+            .values()
+            .map(|b| b.outbox.depth().0)
+            .max()
+            .unwrap_or(0);
         route.metrics.outbox_events.set(deepest as f64);
         if let Some(r) = &route.recorder {
             route.metrics.recorder_lag.set(r.lag() as f64);

@@ -114,12 +114,24 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
     let mut parser = Parser::new();
     for item in store.frames(meta.id) {
         let (_, rec) = item?;
-        let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else { continue };
+        let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else {
+            continue;
+        };
         match (rec.dir, view.kind) {
             (Direction::ModToRelay, MsgType::Event) => {
-                let c = chans.entry(rec.channel.unwrap_or(u32::MAX)).or_insert_with(|| Chan { events: 0, sizes: histogram(), last_mod_seq: None, gaps: 0, restarts: 0 });
+                let c = chans
+                    .entry(rec.channel.unwrap_or(u32::MAX))
+                    .or_insert_with(|| Chan {
+                        events: 0,
+                        sizes: histogram(),
+                        last_mod_seq: None,
+                        gaps: 0,
+                        restarts: 0,
+                    });
                 c.events += 1;
-                let _ = c.sizes.record(view.payload.map_or(0, |p| p.len() as u64).max(1));
+                let _ = c
+                    .sizes
+                    .record(view.payload.map_or(0, |p| p.len() as u64).max(1));
                 if let Some(s) = rec.mod_seq {
                     match c.last_mod_seq {
                         Some(prev) if s > prev + 1 => c.gaps += s - prev - 1,
@@ -131,20 +143,31 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             }
             (Direction::RelayToMod, MsgType::Request) => {
                 let method = view.method.as_deref().unwrap_or("?").to_string();
-                methods.entry(method.clone()).or_insert_with(|| Method { calls: 0, errors: 0, latency: histogram() }).calls += 1;
+                methods
+                    .entry(method.clone())
+                    .or_insert_with(|| Method {
+                        calls: 0,
+                        errors: 0,
+                        latency: histogram(),
+                    })
+                    .calls += 1;
                 if let Some(id) = view.id.as_deref() {
                     open.insert(id.to_string(), (method, rec.time_ns));
                 }
             }
             (Direction::ModToRelay, MsgType::Response) => {
-                let Some((method, sent)) = view.id.as_deref().and_then(|id| open.remove(id)) else { continue };
+                let Some((method, sent)) = view.id.as_deref().and_then(|id| open.remove(id)) else {
+                    continue;
+                };
                 let m = methods.get_mut(&method).expect("inserted with the request");
                 if view.is_error() {
                     m.errors += 1;
                 }
                 let _ = m.latency.record(rec.time_ns.saturating_sub(sent).max(1));
             }
-            (Direction::RelayToBridge, MsgType::Event) if view.channel.as_deref() == Some("relay/dropped") => {
+            (Direction::RelayToBridge, MsgType::Event)
+                if view.channel.as_deref() == Some("relay/dropped") =>
+            {
                 *notices.entry(rec.conn).or_default() += 1;
             }
             _ => {}
@@ -155,7 +178,13 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
         *unanswered.entry(method).or_default() += 1;
     }
     let secs = (meta.duration_ns() as f64 / 1e9).max(1e-9);
-    let ms = |h: &Histogram<u64>, q: f64| if h.is_empty() { 0.0 } else { h.value_at_quantile(q) as f64 / 1e6 };
+    let ms = |h: &Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1e6
+        }
+    };
     Ok(SessionStats {
         session: meta.id.to_string(),
         route: meta.route.clone(),
@@ -166,7 +195,11 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
         channels: chans
             .into_iter()
             .map(|(id, c)| ChannelStats {
-                channel: meta.channels.get(id as usize).cloned().unwrap_or_else(|| "?".into()),
+                channel: meta
+                    .channels
+                    .get(id as usize)
+                    .cloned()
+                    .unwrap_or_else(|| "?".into()),
                 events: c.events,
                 rate_per_s: c.events as f64 / secs,
                 payload_mean: c.sizes.mean(),
@@ -185,13 +218,22 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 p50_ms: ms(&m.latency, 0.5),
                 p90_ms: ms(&m.latency, 0.9),
                 p99_ms: ms(&m.latency, 0.99),
-                max_ms: if m.latency.is_empty() { 0.0 } else { m.latency.max() as f64 / 1e6 },
+                max_ms: if m.latency.is_empty() {
+                    0.0
+                } else {
+                    m.latency.max() as f64 / 1e6
+                },
             })
             .collect(),
         bridges: meta
             .bridges
             .iter()
-            .map(|b| BridgeStats { conn: b.conn, bridge_version: b.bridge_version.clone(), dropped: b.dropped, drop_notices: notices.get(&b.conn).copied().unwrap_or(0) })
+            .map(|b| BridgeStats {
+                conn: b.conn,
+                bridge_version: b.bridge_version.clone(),
+                dropped: b.dropped,
+                drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
+            })
             .collect(),
     })
 }
@@ -200,18 +242,52 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
 pub fn render(s: &SessionStats) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies", s.session, s.route, s.duration_s, s.frames, s.bytes, s.anomalies);
-    let _ = writeln!(o, "\n{:<28} {:>10} {:>10} {:>10} {:>9} {:>6} {:>8}", "CHANNEL", "EVENTS", "RATE/S", "PAYLOAD", "P99", "GAPS", "RESTARTS");
+    let _ = writeln!(
+        o,
+        "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies",
+        s.session, s.route, s.duration_s, s.frames, s.bytes, s.anomalies
+    );
+    let _ = writeln!(
+        o,
+        "\n{:<28} {:>10} {:>10} {:>10} {:>9} {:>6} {:>8}",
+        "CHANNEL", "EVENTS", "RATE/S", "PAYLOAD", "P99", "GAPS", "RESTARTS"
+    );
     for c in &s.channels {
-        let _ = writeln!(o, "{:<28} {:>10} {:>10.1} {:>10.1} {:>9} {:>6} {:>8}", c.channel, c.events, c.rate_per_s, c.payload_mean, c.payload_p99, c.mod_seq_gaps, c.mod_seq_restarts);
+        let _ = writeln!(
+            o,
+            "{:<28} {:>10} {:>10.1} {:>10.1} {:>9} {:>6} {:>8}",
+            c.channel,
+            c.events,
+            c.rate_per_s,
+            c.payload_mean,
+            c.payload_p99,
+            c.mod_seq_gaps,
+            c.mod_seq_restarts
+        );
     }
-    let _ = writeln!(o, "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}", "METHOD", "CALLS", "ERRORS", "UNANSWERED", "P50 MS", "P90 MS", "P99 MS", "MAX MS");
+    let _ = writeln!(
+        o,
+        "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "METHOD", "CALLS", "ERRORS", "UNANSWERED", "P50 MS", "P90 MS", "P99 MS", "MAX MS"
+    );
     for m in &s.methods {
-        let _ = writeln!(o, "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}", m.method, m.calls, m.errors, m.unanswered, m.p50_ms, m.p90_ms, m.p99_ms, m.max_ms);
+        let _ = writeln!(
+            o,
+            "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            m.method, m.calls, m.errors, m.unanswered, m.p50_ms, m.p90_ms, m.p99_ms, m.max_ms
+        );
     }
-    let _ = writeln!(o, "\n{:<6} {:<28} {:>10} {:>12}", "CONN", "BRIDGE", "DROPPED", "DROP NOTICES");
+    let _ = writeln!(
+        o,
+        "\n{:<6} {:<28} {:>10} {:>12}",
+        "CONN", "BRIDGE", "DROPPED", "DROP NOTICES"
+    );
     for b in &s.bridges {
-        let _ = writeln!(o, "{:<6} {:<28} {:>10} {:>12}", b.conn, b.bridge_version, b.dropped, b.drop_notices);
+        let _ = writeln!(
+            o,
+            "{:<6} {:<28} {:>10} {:>12}",
+            b.conn, b.bridge_version, b.dropped, b.drop_notices
+        );
     }
     o
 }

@@ -57,7 +57,9 @@ pub async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
                 tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, error = %e, "mod not reachable; retrying with backoff");
                 warned = true;
             }
-            Err(e) => tracing::debug!(route = %route.cfg.name, error = %e, "mod still not reachable"),
+            Err(e) => {
+                tracing::debug!(route = %route.cfg.name, error = %e, "mod still not reachable")
+            }
         }
         let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
         tokio::select! {
@@ -71,7 +73,10 @@ pub async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
 /// Opens connections to the mod (a trait so `wrap` and stdio can supply their own).
 pub trait Connector: Send + Sync + std::fmt::Debug {
     /// Connects once.
-    fn connect<'a>(&'a self, upstream: &'a Upstream) -> futures::future::BoxFuture<'a, std::io::Result<Conn>>;
+    fn connect<'a>(
+        &'a self,
+        upstream: &'a Upstream,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<Conn>>;
 }
 
 /// Connects to socket addresses.
@@ -79,13 +84,23 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 pub struct SocketConnector;
 
 impl Connector for SocketConnector {
-    fn connect<'a>(&'a self, upstream: &'a Upstream) -> futures::future::BoxFuture<'a, std::io::Result<Conn>> {
+    fn connect<'a>(
+        &'a self,
+        upstream: &'a Upstream,
+    ) -> futures::future::BoxFuture<'a, std::io::Result<Conn>> {
         async move {
             match upstream {
                 Upstream::Addr(a) => tokio::time::timeout(Duration::from_secs(5), Conn::connect(a))
                     .await
-                    .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))),
-                Upstream::Stdio(_) => Err(std::io::Error::other("stdio upstream needs the stdio connector")),
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "connect timed out",
+                        ))
+                    }),
+                Upstream::Stdio(_) => Err(std::io::Error::other(
+                    "stdio upstream needs the stdio connector",
+                )),
             }
         }
         .boxed()
@@ -118,36 +133,55 @@ async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: A
 type Frames = FramedRead<gabp_sim::net::BoxRead, GabpCodec>;
 
 /// Says hello and waits for the welcome. Frames before the answer are discarded.
-async fn handshake(route: &Route, frames: &mut Frames, tx: &mpsc::Sender<Bytes>) -> Result<(Value, Bytes, Bytes), String> {
+async fn handshake(
+    route: &Route,
+    frames: &mut Frames,
+    tx: &mpsc::Sender<Bytes>,
+) -> Result<(Value, Bytes, Bytes), String> {
     let id = Uuid::new_v4().to_string();
     let params = |token: &str| json!({"token": token, "bridgeVersion": format!("gabp-relay/{VERSION}"), "platform": std::env::consts::OS, "launchId": route.launch_id});
     let hello = message::request(&id, "session/hello", params(&route.cfg.upstream_token));
-    tx.send(hello).await.map_err(|_| "connection closed".to_string())?;
+    tx.send(hello)
+        .await
+        .map_err(|_| "connection closed".to_string())?;
     let redacted = message::request(&id, "session/hello", params("[redacted]"));
     let mut parser = Parser::new();
     let wait = async {
         while let Some(frame) = frames.next().await {
             let frame = frame.map_err(|e| format!("broken framing from the mod: {e}"))?;
-            let Ok(view) = parser.parse(&frame.body, Mode::Tolerant) else { continue };
+            let Ok(view) = parser.parse(&frame.body, Mode::Tolerant) else {
+                continue;
+            };
             if view.kind != MsgType::Response || view.id.as_deref() != Some(id.as_str()) {
                 continue;
             }
-            let msg: Value = serde_json::from_slice(&frame.body).map_err(|_| "unreadable welcome".to_string())?;
+            let msg: Value = serde_json::from_slice(&frame.body)
+                .map_err(|_| "unreadable welcome".to_string())?;
             if let Some(err) = msg.get("error").filter(|e| !e.is_null()) {
-                let hint = if err["code"] == ErrorCode::BadToken.code() { " (check --upstream-token)" } else { "" };
-                return Err(format!("mod rejected the relay's hello: {} {}{hint}", err["code"], err["message"]));
+                let hint = if err["code"] == ErrorCode::BadToken.code() {
+                    " (check --upstream-token)"
+                } else {
+                    ""
+                };
+                return Err(format!(
+                    "mod rejected the relay's hello: {} {}{hint}",
+                    err["code"], err["message"]
+                ));
             }
             return Ok((msg["result"].clone(), frame.body));
         }
         Err("mod closed the connection during the handshake".to_string())
     };
-    let (welcome, raw) = tokio::time::timeout(route.cfg.hello_wait, wait).await.map_err(|_| "mod did not answer session/hello in time".to_string())??;
+    let (welcome, raw) = tokio::time::timeout(route.cfg.hello_wait, wait)
+        .await
+        .map_err(|_| "mod did not answer session/hello in time".to_string())??;
     Ok((welcome, redacted, raw))
 }
 
 /// Serves one connection. Returns whether a session was established.
 async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
-    let mut frames = FramedRead::with_capacity(conn.read, GabpCodec::new(route.cfg.max_body), 256 * 1024);
+    let mut frames =
+        FramedRead::with_capacity(conn.read, GabpCodec::new(route.cfg.max_body), 256 * 1024);
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     let writer = tokio::spawn(write_loop(conn.write, rx, route.clone()));
     let (welcome, hello_rec, welcome_raw) = match handshake(route, &mut frames, &tx).await {
@@ -160,7 +194,14 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
     };
     let id = Uuid::now_v7();
     let started_ns = now_ns();
-    let advertised: Vec<String> = welcome["capabilities"]["events"].as_array().map(|a| a.iter().filter_map(|c| c.as_str().map(String::from)).collect()).unwrap_or_default();
+    let advertised: Vec<String> = welcome["capabilities"]["events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
     route.hub.new_session();
     if let Some(r) = &route.recorder {
         let meta = SessionMeta {
@@ -174,12 +215,39 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
             relay_version: VERSION.into(),
             ..SessionMeta::default()
         };
-        let rec = |dir, body| RecMsg::Frame { session: id, rec: FrameRecord { dir, conn: 0, time_ns: started_ns, channel: None, mod_seq: None, relay_seq: None, json_ok: true, body } };
-        r.send_batch(vec![RecMsg::Begin(Box::new(meta)), rec(Direction::RelayToMod, hello_rec), rec(Direction::ModToRelay, welcome_raw)]).await;
+        let rec = |dir, body| RecMsg::Frame {
+            session: id,
+            rec: FrameRecord {
+                dir,
+                conn: 0,
+                time_ns: started_ns,
+                channel: None,
+                mod_seq: None,
+                relay_seq: None,
+                json_ok: true,
+                body,
+            },
+        };
+        r.send_batch(vec![
+            RecMsg::Begin(Box::new(meta)),
+            rec(Direction::RelayToMod, hello_rec),
+            rec(Direction::ModToRelay, welcome_raw),
+        ])
+        .await;
     }
-    let info = Arc::new(SessionInfo { id, welcome: welcome.clone(), advertised: advertised.clone(), started_ns, upstream: tx });
+    let info = Arc::new(SessionInfo {
+        id,
+        welcome: welcome.clone(),
+        advertised: advertised.clone(),
+        started_ns,
+        upstream: tx,
+    });
     // Subscribe upstream to what the recording and the bridges need.
-    let mut want: Vec<String> = if route.cfg.subscribe_all { advertised.clone() } else { Vec::new() };
+    let mut want: Vec<String> = if route.cfg.subscribe_all {
+        advertised.clone()
+    } else {
+        Vec::new()
+    };
     for c in route.hub.wanted() {
         if !want.contains(&c) {
             want.push(c);
@@ -187,7 +255,9 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
     }
     *route.upstream_channels.lock() = want.iter().cloned().collect();
     if !want.is_empty() {
-        route.send_internal(&info, "events/subscribe", json!({ "channels": want })).await;
+        route
+            .send_internal(&info, "events/subscribe", json!({ "channels": want }))
+            .await;
     }
     route.session.send_replace(Some(info.clone()));
     route.metrics.upstream_connected.set(1.0);
@@ -208,18 +278,39 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
     drop(info);
     writer.abort();
     let (code, msg) = match reason {
-        EndReason::RelayShutdown => (ErrorCode::ShuttingDown, "the relay is shutting down; the request's outcome is unknown"),
-        _ => (ErrorCode::OutcomeUnknown, "the mod disconnected before answering; the request may or may not have taken effect"),
+        EndReason::RelayShutdown => (
+            ErrorCode::ShuttingDown,
+            "the relay is shutting down; the request's outcome is unknown",
+        ),
+        _ => (
+            ErrorCode::OutcomeUnknown,
+            "the mod disconnected before answering; the request may or may not have taken effect",
+        ),
     };
     for entry in route.pending.drain_session(id) {
-        if let Origin::Bridge { outbox, bridge_id, .. } = &entry.origin {
-            let body = message::error_response(Some(bridge_id), code, msg, Some(json!({"method": entry.method})));
+        if let Origin::Bridge {
+            outbox, bridge_id, ..
+        } = &entry.origin
+        {
+            let body = message::error_response(
+                Some(bridge_id),
+                code,
+                msg,
+                Some(json!({"method": entry.method})),
+            );
             outbox.push_control(gabp_proto::frame_bytes(&body));
         }
     }
-    route.notify_bridges(json!({"state": "ended", "sessionId": id.to_string(), "reason": reason.as_str()}));
+    route.notify_bridges(
+        json!({"state": "ended", "sessionId": id.to_string(), "reason": reason.as_str()}),
+    );
     if let Some(r) = &route.recorder {
-        r.send(RecMsg::End { session: id, reason, at_ns: now_ns() }).await;
+        r.send(RecMsg::End {
+            session: id,
+            reason,
+            at_ns: now_ns(),
+        })
+        .await;
     }
     tracing::info!(route = %route.cfg.name, session = %id, reason = reason.as_str(), "session ended");
     true
@@ -236,7 +327,14 @@ struct Reader<'a> {
 }
 
 async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frames) -> EndReason {
-    let mut r = Reader { route, session, parser: Parser::new(), records: Vec::with_capacity(RECORD_BATCH), touched: Vec::new(), channel_counters: Vec::new() };
+    let mut r = Reader {
+        route,
+        session,
+        parser: Parser::new(),
+        records: Vec::with_capacity(RECORD_BATCH),
+        touched: Vec::new(),
+        channel_counters: Vec::new(),
+    };
     loop {
         let next = match frames.next().now_or_never() {
             Some(n) => n,
@@ -276,7 +374,11 @@ impl Reader<'_> {
         }
         if let Some(rec) = &self.route.recorder {
             if !self.records.is_empty() {
-                rec.send_batch(std::mem::replace(&mut self.records, Vec::with_capacity(RECORD_BATCH))).await;
+                rec.send_batch(std::mem::replace(
+                    &mut self.records,
+                    Vec::with_capacity(RECORD_BATCH),
+                ))
+                .await;
             }
         } else {
             self.records.clear();
@@ -285,7 +387,10 @@ impl Reader<'_> {
 
     fn record(&mut self, rec: FrameRecord) {
         if self.route.recorder.is_some() {
-            self.records.push(RecMsg::Frame { session: self.session.id, rec });
+            self.records.push(RecMsg::Frame {
+                session: self.session.id,
+                rec,
+            });
         }
     }
 
@@ -293,9 +398,20 @@ impl Reader<'_> {
         self.route.metrics.anomalies.increment(1);
         tracing::debug!(route = %self.route.cfg.name, why, "unroutable frame from the mod");
         if self.route.recorder.is_some() {
-            self.records.push(RecMsg::Anomaly { session: self.session.id });
+            self.records.push(RecMsg::Anomaly {
+                session: self.session.id,
+            });
         }
-        self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok, body });
+        self.record(FrameRecord {
+            dir: Direction::ModToRelay,
+            conn: 0,
+            time_ns: now_ns(),
+            channel: None,
+            mod_seq: None,
+            relay_seq: None,
+            json_ok,
+            body,
+        });
     }
 
     async fn on_frame(&mut self, body: Bytes) {
@@ -304,22 +420,33 @@ impl Reader<'_> {
         let view = match self.parser.parse(&body, Mode::Tolerant) {
             Ok(v) => v,
             Err(e) => {
-                let json_ok = !matches!(e, gabp_proto::EnvelopeError::InvalidJson | gabp_proto::EnvelopeError::InvalidUtf8);
+                let json_ok = !matches!(
+                    e,
+                    gabp_proto::EnvelopeError::InvalidJson | gabp_proto::EnvelopeError::InvalidUtf8
+                );
                 let why = e.to_string();
                 return self.anomaly(body, json_ok, &why);
             }
         };
         match view.kind {
             MsgType::Event => {
-                let channel = view.channel.as_deref().expect("tolerant events have a channel");
+                let channel = view
+                    .channel
+                    .as_deref()
+                    .expect("tolerant events have a channel");
                 let p = route.hub.publish(channel, &body, view.seq_span.clone());
                 let cid = p.channel_id as usize;
                 if p.new_channel {
                     if route.recorder.is_some() {
-                        self.records.push(RecMsg::Channel { session: self.session.id, id: p.channel_id, name: channel.to_string() });
+                        self.records.push(RecMsg::Channel {
+                            session: self.session.id,
+                            id: p.channel_id,
+                            name: channel.to_string(),
+                        });
                     }
                     if self.channel_counters.len() <= cid {
-                        self.channel_counters.resize(cid + 1, metrics::Counter::noop());
+                        self.channel_counters
+                            .resize(cid + 1, metrics::Counter::noop());
                     }
                     self.channel_counters[cid] = route.metrics.channel_events(channel);
                 }
@@ -327,13 +454,23 @@ impl Reader<'_> {
                     c.increment(1);
                 }
                 let mod_seq = view.seq;
-                self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: Some(p.channel_id), mod_seq, relay_seq: Some(p.event.seq), json_ok: true, body: body.clone() });
+                self.record(FrameRecord {
+                    dir: Direction::ModToRelay,
+                    conn: 0,
+                    time_ns: now_ns(),
+                    channel: Some(p.channel_id),
+                    mod_seq,
+                    relay_seq: Some(p.event.seq),
+                    json_ok: true,
+                    body: body.clone(),
+                });
                 for (conn, outbox) in p.subscribers.iter() {
                     self.offer(*conn, outbox, &p.event).await;
                 }
             }
             MsgType::Response => {
-                let Some(upstream_id) = view.id.as_deref().and_then(|s| Uuid::parse_str(s).ok()) else {
+                let Some(upstream_id) = view.id.as_deref().and_then(|s| Uuid::parse_str(s).ok())
+                else {
                     return self.anomaly(body, true, "response without a relay id");
                 };
                 let Some(entry) = route.pending.take(&upstream_id) else {
@@ -344,17 +481,44 @@ impl Reader<'_> {
                 latency.record(entry.sent.elapsed().as_secs_f64());
                 count.increment(1);
                 match &entry.origin {
-                    Origin::Bridge { conn, outbox, bridge_id, .. } => {
-                        let wire = response_wire(&body, view.id_span.clone().expect("responses have an id"), bridge_id);
+                    Origin::Bridge {
+                        conn,
+                        outbox,
+                        bridge_id,
+                        ..
+                    } => {
+                        let wire = response_wire(
+                            &body,
+                            view.id_span.clone().expect("responses have an id"),
+                            bridge_id,
+                        );
                         outbox.push_control(wire);
                         let conn = *conn;
-                        self.record(FrameRecord { dir: Direction::ModToRelay, conn, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body });
+                        self.record(FrameRecord {
+                            dir: Direction::ModToRelay,
+                            conn,
+                            time_ns: now_ns(),
+                            channel: None,
+                            mod_seq: None,
+                            relay_seq: None,
+                            json_ok: true,
+                            body,
+                        });
                     }
                     Origin::Relay => {
                         if view.is_error() {
                             tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
                         }
-                        self.record(FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: now_ns(), channel: None, mod_seq: None, relay_seq: None, json_ok: true, body });
+                        self.record(FrameRecord {
+                            dir: Direction::ModToRelay,
+                            conn: 0,
+                            time_ns: now_ns(),
+                            channel: None,
+                            mod_seq: None,
+                            relay_seq: None,
+                            json_ok: true,
+                            body,
+                        });
                     }
                 }
             }
@@ -362,7 +526,12 @@ impl Reader<'_> {
         }
     }
 
-    async fn offer(&mut self, conn: u32, outbox: &Arc<Outbox>, event: &Arc<crate::outbox::EventFrame>) {
+    async fn offer(
+        &mut self,
+        conn: u32,
+        outbox: &Arc<Outbox>,
+        event: &Arc<crate::outbox::EventFrame>,
+    ) {
         loop {
             match outbox.offer(event) {
                 Offer::Queued => {}

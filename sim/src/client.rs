@@ -32,7 +32,9 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("buffered_events", &self.events.len()).finish()
+        f.debug_struct("Client")
+            .field("buffered_events", &self.events.len())
+            .finish()
     }
 }
 
@@ -44,7 +46,9 @@ pub fn new_id() -> String {
 impl Client {
     /// Connects without saying hello.
     pub async fn connect(addr: &Addr) -> Result<Client> {
-        let conn = Conn::connect(addr).await.with_context(|| format!("connect to {addr}"))?;
+        let conn = Conn::connect(addr)
+            .await
+            .with_context(|| format!("connect to {addr}"))?;
         Ok(Client::from_conn(conn))
     }
 
@@ -104,14 +108,19 @@ impl Client {
     pub async fn next_message(&mut self) -> Result<Option<Value>> {
         match self.next_frame().await? {
             None => Ok(None),
-            Some(b) => Ok(Some(serde_json::from_slice(&b).context("peer sent invalid JSON")?)),
+            Some(b) => Ok(Some(
+                serde_json::from_slice(&b).context("peer sent invalid JSON")?,
+            )),
         }
     }
 
     /// Waits for the response to `id`, buffering events that arrive first.
     pub async fn response_to(&mut self, id: &str) -> Result<Value> {
         loop {
-            let msg = self.next_message().await?.ok_or_else(|| anyhow!("connection closed before response"))?;
+            let msg = self
+                .next_message()
+                .await?
+                .ok_or_else(|| anyhow!("connection closed before response"))?;
             match msg["type"].as_str() {
                 Some("event") => self.events.push_back(msg),
                 Some("response") if msg["id"] == id => return Ok(msg),
@@ -123,7 +132,8 @@ impl Client {
     /// Sends a request and returns the whole response message.
     pub async fn request(&mut self, method: &str, params: Value) -> Result<Value> {
         let id = new_id();
-        self.send_body(&message::request(&id, method, params)).await?;
+        self.send_body(&message::request(&id, method, params))
+            .await?;
         self.response_to(&id).await
     }
 
@@ -147,7 +157,8 @@ impl Client {
 
     /// Subscribes to `channels`.
     pub async fn subscribe(&mut self, channels: &[&str]) -> Result<Value> {
-        self.call("events/subscribe", json!({ "channels": channels })).await
+        self.call("events/subscribe", json!({ "channels": channels }))
+            .await
     }
 
     /// The next event, from the buffer or the wire.
@@ -156,7 +167,10 @@ impl Client {
             return Ok(e);
         }
         loop {
-            let msg = self.next_message().await?.ok_or_else(|| anyhow!("connection closed while waiting for an event"))?;
+            let msg = self
+                .next_message()
+                .await?
+                .ok_or_else(|| anyhow!("connection closed while waiting for an event"))?;
             if msg["type"] == "event" {
                 return Ok(msg);
             }

@@ -7,5 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Nanoseconds since the Unix epoch.
 pub fn now_ns() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }

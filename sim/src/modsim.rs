@@ -60,7 +60,11 @@ impl Default for ModSimConfig {
     fn default() -> Self {
         ModSimConfig {
             token: String::new(),
-            channels: vec!["world/tick".into(), "player/move".into(), "chat/message".into()],
+            channels: vec![
+                "world/tick".into(),
+                "player/move".into(),
+                "chat/message".into(),
+            ],
             rate: Some(1000.0),
             payload_bytes: 256,
             seed: 1,
@@ -144,38 +148,54 @@ impl ModSim {
             emitted: AtomicU64::new(0),
             calls: AtomicU64::new(0),
         });
-        let (bound, accept): (Addr, Box<dyn FnMut() -> std::io::Result<Stream> + Send>) = match addr {
+        let (bound, accept): (Addr, Box<dyn FnMut() -> std::io::Result<Stream> + Send>) = match addr
+        {
             Addr::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
                 let bound = Addr::Tcp(l.local_addr()?);
-                (bound, Box::new(move || l.accept().map(|(s, _)| {
-                    let _ = s.set_nodelay(true);
-                    Stream::Tcp(s)
-                })))
+                (
+                    bound,
+                    Box::new(move || {
+                        l.accept().map(|(s, _)| {
+                            let _ = s.set_nodelay(true);
+                            Stream::Tcp(s)
+                        })
+                    }),
+                )
             }
             Addr::Unix(p) => {
                 let _ = std::fs::remove_file(p);
                 let l = UnixListener::bind(p)?;
-                (addr.clone(), Box::new(move || l.accept().map(|(s, _)| Stream::Unix(s))))
+                (
+                    addr.clone(),
+                    Box::new(move || l.accept().map(|(s, _)| Stream::Unix(s))),
+                )
             }
         };
         let sh = shared.clone();
-        thread::Builder::new().name("modsim-accept".into()).spawn(move || {
-            let mut accept = accept;
-            while let Ok(stream) = accept() {
-                if sh.stopped.load(Ordering::Acquire) {
-                    stream.shutdown();
-                    break;
+        thread::Builder::new()
+            .name("modsim-accept".into())
+            .spawn(move || {
+                let mut accept = accept;
+                while let Ok(stream) = accept() {
+                    if sh.stopped.load(Ordering::Acquire) {
+                        stream.shutdown();
+                        break;
+                    }
+                    sh.accepted.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(c) = stream.try_clone() {
+                        sh.conns.lock().expect("conn list lock").push(c);
+                    }
+                    let sh = sh.clone();
+                    let _ = thread::Builder::new()
+                        .name("modsim-conn".into())
+                        .spawn(move || serve(sh, stream));
                 }
-                sh.accepted.fetch_add(1, Ordering::Relaxed);
-                if let Ok(c) = stream.try_clone() {
-                    sh.conns.lock().expect("conn list lock").push(c);
-                }
-                let sh = sh.clone();
-                let _ = thread::Builder::new().name("modsim-conn".into()).spawn(move || serve(sh, stream));
-            }
-        })?;
-        Ok(ModSim { addr: bound, shared })
+            })?;
+        Ok(ModSim {
+            addr: bound,
+            shared,
+        })
     }
 
     /// Serves one already-connected peer on the current thread (the stdio transport uses this).
@@ -188,7 +208,9 @@ impl ModSim {
             emitted: AtomicU64::new(0),
             calls: AtomicU64::new(0),
         });
-        let out = Arc::new(Mutex::new(Box::new(std::io::stdout()) as Box<dyn Write + Send>));
+        let out = Arc::new(Mutex::new(
+            Box::new(std::io::stdout()) as Box<dyn Write + Send>
+        ));
         run_session(shared, Box::new(std::io::stdin()), out);
     }
 
@@ -237,7 +259,9 @@ impl ModSim {
 type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 
 fn serve(shared: Arc<Shared>, stream: Stream) {
-    let Ok(write_half) = stream.try_clone() else { return };
+    let Ok(write_half) = stream.try_clone() else {
+        return;
+    };
     let out: SharedWriter = Arc::new(Mutex::new(Box::new(write_half)));
     run_session(shared, Box::new(stream), out);
 }
@@ -253,9 +277,19 @@ fn write_frames(out: &SharedWriter, wire: &[u8]) -> bool {
 }
 
 fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: SharedWriter) {
-    let session = Arc::new(Session { subscribed: Mutex::new(HashSet::new()), streaming: AtomicBool::new(false), closed: AtomicBool::new(false) });
-    let seqs: Arc<Vec<AtomicU64>> =
-        Arc::new(shared.cfg.channels.iter().map(|_| AtomicU64::new(shared.cfg.seq_start)).collect());
+    let session = Arc::new(Session {
+        subscribed: Mutex::new(HashSet::new()),
+        streaming: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+    });
+    let seqs: Arc<Vec<AtomicU64>> = Arc::new(
+        shared
+            .cfg
+            .channels
+            .iter()
+            .map(|_| AtomicU64::new(shared.cfg.seq_start))
+            .collect(),
+    );
     let mut codec = GabpCodec::default();
     let mut parser = Parser::new();
     let mut buf = BytesMut::with_capacity(64 * 1024);
@@ -292,12 +326,22 @@ fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: Shared
                     hello_ok = true;
                     reply(&out, &shared.cfg, Some(&id), Ok(welcome(&shared.cfg)));
                 } else {
-                    reply(&out, &shared.cfg, Some(&id), Err((-31000, "invalid token".into())));
+                    reply(
+                        &out,
+                        &shared.cfg,
+                        Some(&id),
+                        Err((-31000, "invalid token".into())),
+                    );
                 }
                 continue;
             }
             if !hello_ok {
-                reply(&out, &shared.cfg, Some(&id), Err((-31001, "no session: send session/hello first".into())));
+                reply(
+                    &out,
+                    &shared.cfg,
+                    Some(&id),
+                    Err((-31001, "no session: send session/hello first".into())),
+                );
                 continue;
             }
             let answer = handle(&shared, &session, &seqs, &out, &method, &params);
@@ -311,9 +355,15 @@ fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: Shared
             } else {
                 reply(&out, &shared.cfg, Some(&id), answer);
             }
-            if method == "events/subscribe" && shared.cfg.autostart && !session.streaming.swap(true, Ordering::AcqRel) {
+            if method == "events/subscribe"
+                && shared.cfg.autostart
+                && !session.streaming.swap(true, Ordering::AcqRel)
+            {
                 let (sh, se, sq, o) = (shared.clone(), session.clone(), seqs.clone(), out.clone());
-                thread::Builder::new().name("modsim-emit".into()).spawn(move || stream_events(&sh, &se, &sq, &o)).ok();
+                thread::Builder::new()
+                    .name("modsim-emit".into())
+                    .spawn(move || stream_events(&sh, &se, &sq, &o))
+                    .ok();
             }
         }
     }
@@ -335,15 +385,24 @@ fn welcome(cfg: &ModSimConfig) -> Value {
     })
 }
 
-fn reply(out: &SharedWriter, cfg: &ModSimConfig, id: Option<&str>, answer: Result<Value, (i64, String)>) {
+fn reply(
+    out: &SharedWriter,
+    cfg: &ModSimConfig,
+    id: Option<&str>,
+    answer: Result<Value, (i64, String)>,
+) {
     let id = id.unwrap_or(message::NIL_ID);
     let body = match answer {
-        Ok(result) if cfg.quirks => json!({"v": "gabp/1", "id": id, "type": "response", "result": result, "error": null}),
+        Ok(result) if cfg.quirks => {
+            json!({"v": "gabp/1", "id": id, "type": "response", "result": result, "error": null})
+        }
         Ok(result) => json!({"v": "gabp/1", "id": id, "type": "response", "result": result}),
         Err((code, msg)) if cfg.quirks => {
             json!({"v": "gabp/1", "id": id, "type": "response", "result": null, "error": {"code": code, "message": msg}})
         }
-        Err((code, msg)) => json!({"v": "gabp/1", "id": id, "type": "response", "error": {"code": code, "message": msg}}),
+        Err((code, msg)) => {
+            json!({"v": "gabp/1", "id": id, "type": "response", "error": {"code": code, "message": msg}})
+        }
     };
     let mut wire = BytesMut::new();
     encode_frame(&message::to_ascii_json(&body), &mut wire);
@@ -359,7 +418,14 @@ fn handle(
     params: &Value,
 ) -> Result<Value, (i64, String)> {
     let channel_list = || -> Vec<String> {
-        params["channels"].as_array().map(|a| a.iter().filter_map(|c| c.as_str().map(String::from)).collect()).unwrap_or_default()
+        params["channels"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
     };
     match method {
         "tools/list" => Ok(json!({"tools": [
@@ -369,7 +435,11 @@ fn handle(
         ]})),
         "tools/call" => {
             shared.calls.fetch_add(1, Ordering::Relaxed);
-            let args = if params.get("arguments").is_some() { &params["arguments"] } else { &params["parameters"] };
+            let args = if params.get("arguments").is_some() {
+                &params["arguments"]
+            } else {
+                &params["parameters"]
+            };
             match params["name"].as_str() {
                 Some("sim/echo") => Ok(json!({"echo": args})),
                 Some("sim/fail") => Err((-32000, "tool failed on purpose".into())),
@@ -383,7 +453,9 @@ fn handle(
                         let seq = idx.map_or(0, |i| seqs[i].fetch_add(1, Ordering::Relaxed));
                         template.write(&channel, seq, now_ns(), &mut wire);
                         if wire.len() > 192 * 1024 {
-                            if !write_frames(out, &wire) { break; }
+                            if !write_frames(out, &wire) {
+                                break;
+                            }
                             wire.clear();
                         }
                     }
@@ -396,7 +468,11 @@ fn handle(
         }
         "events/subscribe" => {
             let chans = channel_list();
-            session.subscribed.lock().expect("subscription lock").extend(chans.iter().cloned());
+            session
+                .subscribed
+                .lock()
+                .expect("subscription lock")
+                .extend(chans.iter().cloned());
             Ok(json!({"subscribed": chans}))
         }
         "events/unsubscribe" => {
@@ -407,7 +483,9 @@ fn handle(
             }
             Ok(json!({"unsubscribed": chans}))
         }
-        "state/get" => Ok(json!({"state": {"tick": shared.emitted.load(Ordering::Relaxed)}, "timestamp": now_ns() / 1_000_000_000})),
+        "state/get" => Ok(
+            json!({"state": {"tick": shared.emitted.load(Ordering::Relaxed)}, "timestamp": now_ns() / 1_000_000_000}),
+        ),
         _ => Err((-32601, "method not found".into())),
     }
 }
@@ -426,8 +504,15 @@ impl EventTemplate {
         // Fixed envelope overhead is about 150 bytes; the padding brings the body to size.
         let overhead = 150 + if cfg.quirks { 30 } else { 0 };
         let pad_len = cfg.payload_bytes.saturating_sub(overhead);
-        let pad = (0..pad_len).map(|_| char::from(b'a' + rng.gen_range(0..26u8))).collect();
-        EventTemplate { quirks: cfg.quirks, pad, counter: 0, id_prefix: rng.gen() }
+        let pad = (0..pad_len)
+            .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
+            .collect();
+        EventTemplate {
+            quirks: cfg.quirks,
+            pad,
+            counter: 0,
+            id_prefix: rng.gen(),
+        }
     }
 
     fn write(&mut self, channel: &str, seq: u64, t_ns: u64, wire: &mut BytesMut) {
@@ -459,22 +544,35 @@ fn stream_events(shared: &Shared, session: &Session, seqs: &[AtomicU64], out: &S
     let start_ns = now_ns();
     let mut emitted: u64 = 0;
     let limit = cfg.max_events.unwrap_or(u64::MAX);
-    while !session.closed.load(Ordering::Acquire) && !shared.stopped.load(Ordering::Acquire) && emitted < limit {
+    while !session.closed.load(Ordering::Acquire)
+        && !shared.stopped.load(Ordering::Acquire)
+        && emitted < limit
+    {
         let (due, sched): (u64, Box<dyn Fn(u64) -> u64>) = match cfg.rate {
             Some(rate) => {
                 let elapsed = start.elapsed().as_secs_f64();
                 let due = ((elapsed * rate) as u64).min(limit);
                 if due <= emitted {
                     let next = Duration::from_secs_f64((emitted + 1) as f64 / rate);
-                    thread::sleep(next.saturating_sub(start.elapsed()).min(Duration::from_millis(5)));
+                    thread::sleep(
+                        next.saturating_sub(start.elapsed())
+                            .min(Duration::from_millis(5)),
+                    );
                     continue;
                 }
-                (due.min(emitted + 1024), Box::new(move |i| start_ns + (i as f64 * 1e9 / rate) as u64))
+                (
+                    due.min(emitted + 1024),
+                    Box::new(move |i| start_ns + (i as f64 * 1e9 / rate) as u64),
+                )
             }
             None => ((emitted + 256).min(limit), Box::new(|_| now_ns())),
         };
         wire.clear();
-        let subs = session.subscribed.lock().expect("subscription lock").clone();
+        let subs = session
+            .subscribed
+            .lock()
+            .expect("subscription lock")
+            .clone();
         for i in emitted..due {
             let ch = rng.gen_range(0..cfg.channels.len());
             let seq = seqs[ch].fetch_add(1, Ordering::Relaxed);

@@ -39,7 +39,11 @@ impl std::str::FromStr for Addr {
             }
             return Ok(Addr::Unix(PathBuf::from(path)));
         }
-        let s = if s.starts_with("localhost:") { s.replacen("localhost", "127.0.0.1", 1) } else { s.to_string() };
+        let s = if s.starts_with("localhost:") {
+            s.replacen("localhost", "127.0.0.1", 1)
+        } else {
+            s.to_string()
+        };
         s.parse::<SocketAddr>()
             .map(Addr::Tcp)
             .map_err(|_| format!("invalid address {s:?}: expected HOST:PORT or unix:PATH"))
@@ -81,20 +85,38 @@ impl Conn {
     /// Wraps a TCP stream; Nagle is off because frames are already batched by the writers.
     pub fn tcp(stream: TcpStream) -> Conn {
         let _ = stream.set_nodelay(true);
-        let peer = stream.peer_addr().map_or_else(|_| "tcp".into(), |a| a.to_string());
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "tcp".into(), |a| a.to_string());
         let (r, w) = stream.into_split();
-        Conn { read: Box::pin(r), write: Box::pin(w), peer }
+        Conn {
+            read: Box::pin(r),
+            write: Box::pin(w),
+            peer,
+        }
     }
 
     /// Wraps a unix stream.
     pub fn unix(stream: UnixStream) -> Conn {
         let (r, w) = stream.into_split();
-        Conn { read: Box::pin(r), write: Box::pin(w), peer: "unix".into() }
+        Conn {
+            read: Box::pin(r),
+            write: Box::pin(w),
+            peer: "unix".into(),
+        }
     }
 
     /// Wraps any pair of halves (stdio of a child process, in-memory duplex streams).
-    pub fn from_halves(read: impl AsyncRead + Send + 'static, write: impl AsyncWrite + Send + 'static, peer: &str) -> Conn {
-        Conn { read: Box::pin(read), write: Box::pin(write), peer: peer.into() }
+    pub fn from_halves(
+        read: impl AsyncRead + Send + 'static,
+        write: impl AsyncWrite + Send + 'static,
+        peer: &str,
+    ) -> Conn {
+        Conn {
+            read: Box::pin(read),
+            write: Box::pin(write),
+            peer: peer.into(),
+        }
     }
 
     /// Connects to `addr`.
@@ -157,8 +179,15 @@ impl Listener {
 /// place, so the socket is never reachable by others, not even for an instant.
 fn bind_unix_private(path: &std::path::Path) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let private = parent.join(format!(".gabp-bind-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let private = parent.join(format!(
+        ".gabp-bind-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::DirBuilder::new().mode(0o700).create(&private)?;
     let staged = private.join("sock");
     let bound = UnixListener::bind(&staged).and_then(|l| {

@@ -114,7 +114,9 @@ pub struct SessionMeta {
 impl SessionMeta {
     /// Duration in nanoseconds, up to the end or the last frame.
     pub fn duration_ns(&self) -> u64 {
-        self.ended_ns.unwrap_or(self.last_ns).saturating_sub(self.started_ns)
+        self.ended_ns
+            .unwrap_or(self.last_ns)
+            .saturating_sub(self.started_ns)
     }
 
     /// The end reason as a word, or `recording`.

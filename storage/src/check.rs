@@ -40,7 +40,10 @@ impl CheckReport {
 impl Store {
     /// Checks one session.
     pub fn check_session(&self, id: SessionId) -> Result<CheckReport, StoreError> {
-        let mut r = CheckReport { session: id.to_string(), ..CheckReport::default() };
+        let mut r = CheckReport {
+            session: id.to_string(),
+            ..CheckReport::default()
+        };
         let Some(meta) = self.session(id)? else {
             r.problems.push("no catalog entry".into());
             return Ok(r);
@@ -50,7 +53,8 @@ impl Store {
         let mut expect = 0u64;
         for (first, n) in &chunks {
             if *first != expect {
-                r.problems.push(format!("chunk at frame {first}, expected {expect}: a hole"));
+                r.problems
+                    .push(format!("chunk at frame {first}, expected {expect}: a hole"));
             }
             expect = first + *n as u64;
         }
@@ -66,17 +70,21 @@ impl Store {
                 }
             };
             if n != r.frames {
-                r.problems.push(format!("frame {n} out of order (expected {})", r.frames));
+                r.problems
+                    .push(format!("frame {n} out of order (expected {})", r.frames));
             }
             r.frames += 1;
             bytes += rec.body.len() as u64;
             if let (Some(ch), Some(seq)) = (rec.channel, rec.relay_seq) {
                 if ch as usize >= meta.channels.len() {
-                    r.problems.push(format!("frame {n} names unknown channel {ch}"));
+                    r.problems
+                        .push(format!("frame {n} names unknown channel {ch}"));
                 }
                 let want = next_seq.entry(ch).or_insert(0);
                 if seq != *want {
-                    r.problems.push(format!("channel {ch}: relay seq {seq} where {want} was due"));
+                    r.problems.push(format!(
+                        "channel {ch}: relay seq {seq} where {want} was due"
+                    ));
                 }
                 *want = seq + 1;
                 frame_at.insert((ch, seq), n);
@@ -87,15 +95,26 @@ impl Store {
             r.index_entries += 1;
             match frame_at.get(&(ch, seq)) {
                 Some(&n) if n == e.frame_no => {}
-                Some(&n) => r.problems.push(format!("index ({ch},{seq}) says frame {}, stored at {n}", e.frame_no)),
-                None => r.problems.push(format!("index ({ch},{seq}) names a missing frame")),
+                Some(&n) => r.problems.push(format!(
+                    "index ({ch},{seq}) says frame {}, stored at {n}",
+                    e.frame_no
+                )),
+                None => r
+                    .problems
+                    .push(format!("index ({ch},{seq}) names a missing frame")),
             }
         }
         if meta.frames != r.frames {
-            r.problems.push(format!("catalog counts {} frames, {} stored", meta.frames, r.frames));
+            r.problems.push(format!(
+                "catalog counts {} frames, {} stored",
+                meta.frames, r.frames
+            ));
         }
         if meta.bytes != bytes {
-            r.problems.push(format!("catalog counts {} bytes, {} stored", meta.bytes, bytes));
+            r.problems.push(format!(
+                "catalog counts {} bytes, {} stored",
+                meta.bytes, bytes
+            ));
         }
         Ok(r)
     }

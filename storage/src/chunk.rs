@@ -195,8 +195,26 @@ mod tests {
     #[test]
     fn chunk_round_trip() {
         let records = vec![
-            FrameRecord { dir: Direction::ModToRelay, conn: 0, time_ns: 5, channel: Some(2), mod_seq: Some(1), relay_seq: Some(0), json_ok: true, body: Bytes::from_static(b"{\"a\":1}") },
-            FrameRecord { dir: Direction::BridgeToRelay, conn: 3, time_ns: 6, channel: None, mod_seq: None, relay_seq: None, json_ok: false, body: Bytes::from_static(b"\xff\x00") },
+            FrameRecord {
+                dir: Direction::ModToRelay,
+                conn: 0,
+                time_ns: 5,
+                channel: Some(2),
+                mod_seq: Some(1),
+                relay_seq: Some(0),
+                json_ok: true,
+                body: Bytes::from_static(b"{\"a\":1}"),
+            },
+            FrameRecord {
+                dir: Direction::BridgeToRelay,
+                conn: 3,
+                time_ns: 6,
+                channel: None,
+                mod_seq: None,
+                relay_seq: None,
+                json_ok: false,
+                body: Bytes::from_static(b"\xff\x00"),
+            },
         ];
         let mut b = ChunkBuilder::default();
         for r in &records {
@@ -205,7 +223,10 @@ mod tests {
         assert_eq!(b.count(), 2);
         let bytes = b.finish();
         assert_eq!(decode(bytes.clone()).expect("decodes"), records);
-        assert!(decode(bytes.slice(..bytes.len() - 1)).is_err(), "truncation is detected");
+        assert!(
+            decode(bytes.slice(..bytes.len() - 1)).is_err(),
+            "truncation is detected"
+        );
         assert!(b.is_empty());
     }
 }

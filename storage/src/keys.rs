@@ -62,7 +62,11 @@ pub fn parse_index_key(k: &[u8]) -> Option<(SessionId, u32, u64)> {
     }
     let session = SessionId::from_slice(&k[..16]).ok()?;
     let channel = u32::from_be_bytes(k[16..20].try_into().ok()?);
-    Some((session, channel, u64::from_be_bytes(k[20..].try_into().ok()?)))
+    Some((
+        session,
+        channel,
+        u64::from_be_bytes(k[20..].try_into().ok()?),
+    ))
 }
 
 /// `catalog` key.
@@ -122,7 +126,10 @@ mod tests {
     fn layout_round_trips_and_sorts_numerically() {
         let s = SessionId::now_v7();
         assert_eq!(parse_frame_key(&frame_key(s, 258)), Some((s, 258)));
-        assert_eq!(parse_index_key(&index_key(s, 7, 1 << 40)), Some((s, 7, 1 << 40)));
+        assert_eq!(
+            parse_index_key(&index_key(s, 7, 1 << 40)),
+            Some((s, 7, 1 << 40))
+        );
         assert!(frame_key(s, 255) < frame_key(s, 256));
         assert!(index_key(s, 1, u64::MAX) < index_key(s, 2, 0));
         assert!(frame_key(s, u64::MAX).as_slice() < session_end(s).as_slice());
@@ -132,7 +139,11 @@ mod tests {
             frame_key(fixed, 0x1122),
             [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0, 0, 0x11, 0x22]
         );
-        let e = IndexEntry { frame_no: 9, chunk: 8, count: 3 };
+        let e = IndexEntry {
+            frame_no: 9,
+            chunk: 8,
+            count: 3,
+        };
         assert_eq!(IndexEntry::decode(&e.encode()), Some(e));
     }
 }

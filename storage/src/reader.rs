@@ -72,7 +72,10 @@ impl Store {
         // Start at the chunk holding `from`: the last chunk key at or before it.
         let target = keys::frame_key(session, from);
         let mut first = keys::frame_key(session, 0);
-        let mut rev = self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&target, ScanDirection::Reverse));
+        let mut rev = self.db.iterator_cf(
+            self.cf(CF_FRAMES),
+            IteratorMode::From(&target, ScanDirection::Reverse),
+        );
         if let Some(Ok((k, _))) = rev.next() {
             if let Some((s, n)) = keys::parse_frame_key(&k) {
                 if s == session {
@@ -80,8 +83,18 @@ impl Store {
                 }
             }
         }
-        let iter = self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&first, ScanDirection::Forward));
-        FrameIter { iter, session, chunk: Vec::new().into_iter(), next_no: 0, skip_before: from, done: false }
+        let iter = self.db.iterator_cf(
+            self.cf(CF_FRAMES),
+            IteratorMode::From(&first, ScanDirection::Forward),
+        );
+        FrameIter {
+            iter,
+            session,
+            chunk: Vec::new().into_iter(),
+            next_no: 0,
+            skip_before: from,
+            done: false,
+        }
     }
 
     /// Every frame of `session` in arrival order.
@@ -91,24 +104,37 @@ impl Store {
 
     /// The frame number where channel `channel`'s frames with relay seq `>= seq` begin, from
     /// the channel index; `None` if the channel has no such frames.
-    pub fn channel_start(&self, session: SessionId, channel: u32, seq: u64) -> Result<Option<u64>, StoreError> {
+    pub fn channel_start(
+        &self,
+        session: SessionId,
+        channel: u32,
+        seq: u64,
+    ) -> Result<Option<u64>, StoreError> {
         let key = keys::index_key(session, channel, seq);
-        let mut rev = self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&key, ScanDirection::Reverse));
+        let mut rev = self.db.iterator_cf(
+            self.cf(CF_CHAN_INDEX),
+            IteratorMode::From(&key, ScanDirection::Reverse),
+        );
         if let Some(item) = rev.next() {
             let (k, v) = item?;
             if let Some((s, c, _)) = keys::parse_index_key(&k) {
                 if s == session && c == channel {
-                    let e = IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
+                    let e = IndexEntry::decode(&v)
+                        .ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
                     return Ok(Some(e.chunk));
                 }
             }
         }
-        let mut fwd = self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&key, ScanDirection::Forward));
+        let mut fwd = self.db.iterator_cf(
+            self.cf(CF_CHAN_INDEX),
+            IteratorMode::From(&key, ScanDirection::Forward),
+        );
         if let Some(item) = fwd.next() {
             let (k, v) = item?;
             if let Some((s, c, _)) = keys::parse_index_key(&k) {
                 if s == session && c == channel {
-                    let e = IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
+                    let e = IndexEntry::decode(&v)
+                        .ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
                     return Ok(Some(e.chunk));
                 }
             }
@@ -132,15 +158,24 @@ impl Store {
     }
 
     /// Every index entry of a session, as (channel, first relay seq, entry).
-    pub fn index_entries(&self, session: SessionId) -> Result<Vec<(u32, u64, IndexEntry)>, StoreError> {
+    pub fn index_entries(
+        &self,
+        session: SessionId,
+    ) -> Result<Vec<(u32, u64, IndexEntry)>, StoreError> {
         let start = keys::index_key(session, 0, 0);
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&start, ScanDirection::Forward)) {
+        for item in self.db.iterator_cf(
+            self.cf(CF_CHAN_INDEX),
+            IteratorMode::From(&start, ScanDirection::Forward),
+        ) {
             let (k, v) = item?;
             match keys::parse_index_key(&k) {
-                Some((s, c, seq)) if s == session => {
-                    out.push((c, seq, IndexEntry::decode(&v).ok_or_else(|| StoreError::Corrupt("index entry".into()))?))
-                }
+                Some((s, c, seq)) if s == session => out.push((
+                    c,
+                    seq,
+                    IndexEntry::decode(&v)
+                        .ok_or_else(|| StoreError::Corrupt("index entry".into()))?,
+                )),
                 _ => break,
             }
         }
@@ -151,10 +186,15 @@ impl Store {
     pub fn chunk_keys(&self, session: SessionId) -> Result<Vec<(u64, usize)>, StoreError> {
         let start = keys::frame_key(session, 0);
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(CF_FRAMES), IteratorMode::From(&start, ScanDirection::Forward)) {
+        for item in self.db.iterator_cf(
+            self.cf(CF_FRAMES),
+            IteratorMode::From(&start, ScanDirection::Forward),
+        ) {
             let (k, v) = item?;
             match keys::parse_frame_key(&k) {
-                Some((s, n)) if s == session => out.push((n, chunk::decode(bytes::Bytes::from(v.into_vec()))?.len())),
+                Some((s, n)) if s == session => {
+                    out.push((n, chunk::decode(bytes::Bytes::from(v.into_vec()))?.len()))
+                }
                 _ => break,
             }
         }

@@ -54,7 +54,9 @@ impl std::str::FromStr for Compression {
             "none" => Ok(Compression::None),
             "lz4" => Ok(Compression::Lz4),
             "zstd" => Ok(Compression::Zstd),
-            _ => Err(format!("unknown compression {s:?}: expected none, lz4 or zstd")),
+            _ => Err(format!(
+                "unknown compression {s:?}: expected none, lz4 or zstd"
+            )),
         }
     }
 }
@@ -80,7 +82,10 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).field("opts", &self.opts).finish()
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("opts", &self.opts)
+            .finish()
     }
 }
 
@@ -106,7 +111,13 @@ fn cf_descriptors(opts: &StoreOptions) -> Vec<ColumnFamilyDescriptor> {
     vec![
         ColumnFamilyDescriptor::new(CF_FRAMES, frames),
         ColumnFamilyDescriptor::new(CF_CHAN_INDEX, db_options(opts)),
-        ColumnFamilyDescriptor::new(CF_CATALOG, db_options(&StoreOptions { compression: Compression::None, ..opts.clone() })),
+        ColumnFamilyDescriptor::new(
+            CF_CATALOG,
+            db_options(&StoreOptions {
+                compression: Compression::None,
+                ..opts.clone()
+            }),
+        ),
     ]
 }
 
@@ -118,24 +129,40 @@ fn is_lock_error(e: &rocksdb::Error) -> bool {
 impl Store {
     /// Opens (creating if needed) the data dir. A read-write open recovers crashed sessions.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
-        let open_err = |reason: String| StoreError::Open { path: path.display().to_string(), reason };
+        let open_err = |reason: String| StoreError::Open {
+            path: path.display().to_string(),
+            reason,
+        };
         let db = if opts.read_only {
             if !path.join("CURRENT").exists() {
-                return Err(open_err("no recordings here (the data dir does not exist or is empty)".into()));
+                return Err(open_err(
+                    "no recordings here (the data dir does not exist or is empty)".into(),
+                ));
             }
-            DB::open_cf_descriptors_read_only(&db_options(&opts), path, cf_descriptors(&opts), false)
-                .map_err(|e| open_err(e.to_string()))?
+            DB::open_cf_descriptors_read_only(
+                &db_options(&opts),
+                path,
+                cf_descriptors(&opts),
+                false,
+            )
+            .map_err(|e| open_err(e.to_string()))?
         } else {
             create_private_dir(path).map_err(|e| open_err(e.to_string()))?;
-            DB::open_cf_descriptors(&db_options(&opts), path, cf_descriptors(&opts)).map_err(|e| {
-                if is_lock_error(&e) {
-                    StoreError::Locked(path.display().to_string())
-                } else {
-                    open_err(e.to_string())
-                }
-            })?
+            DB::open_cf_descriptors(&db_options(&opts), path, cf_descriptors(&opts)).map_err(
+                |e| {
+                    if is_lock_error(&e) {
+                        StoreError::Locked(path.display().to_string())
+                    } else {
+                        open_err(e.to_string())
+                    }
+                },
+            )?
         };
-        let store = Store { db: Arc::new(db), opts, path: path.to_path_buf() };
+        let store = Store {
+            db: Arc::new(db),
+            opts,
+            path: path.to_path_buf(),
+        };
         if !store.opts.read_only {
             store.recover_crashed()?;
         }
@@ -145,7 +172,13 @@ impl Store {
     /// Opens read-write if possible, read-only if another process holds the data dir.
     pub fn open_for_reading(path: &Path) -> Result<Store, StoreError> {
         match Store::open(path, StoreOptions::default()) {
-            Err(StoreError::Locked(_)) => Store::open(path, StoreOptions { read_only: true, ..StoreOptions::default() }),
+            Err(StoreError::Locked(_)) => Store::open(
+                path,
+                StoreOptions {
+                    read_only: true,
+                    ..StoreOptions::default()
+                },
+            ),
             other => other,
         }
     }
@@ -156,13 +189,18 @@ impl Store {
     }
 
     pub(crate) fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(name).expect("column families are created at open")
+        self.db
+            .cf_handle(name)
+            .expect("column families are created at open")
     }
 
     /// Every session in the catalog, oldest first (ids are UUID v7).
     pub fn sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
         let mut out = Vec::new();
-        for item in self.db.iterator_cf(self.cf(CF_CATALOG), IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_CATALOG), IteratorMode::Start)
+        {
             let (_, v) = item?;
             out.push(decode_meta(&v)?);
         }
@@ -181,10 +219,15 @@ impl Store {
     pub fn resolve(&self, query: &str) -> Result<SessionMeta, StoreError> {
         let all = self.sessions()?;
         if query == "latest" || query == "last" {
-            return all.into_iter().last().ok_or_else(|| StoreError::NoSuchSession(query.into()));
+            return all
+                .into_iter()
+                .last()
+                .ok_or_else(|| StoreError::NoSuchSession(query.into()));
         }
         let q = query.to_ascii_lowercase();
-        let mut hits = all.into_iter().filter(|m| m.id.to_string().starts_with(&q) || m.id.simple().to_string().starts_with(&q));
+        let mut hits = all.into_iter().filter(|m| {
+            m.id.to_string().starts_with(&q) || m.id.simple().to_string().starts_with(&q)
+        });
         match (hits.next(), hits.next()) {
             (Some(m), None) if !q.is_empty() => Ok(m),
             (Some(_), Some(_)) => Err(StoreError::Ambiguous(query.into())),
@@ -196,7 +239,12 @@ impl Store {
     pub fn put_meta(&self, meta: &SessionMeta) -> Result<(), StoreError> {
         let mut wo = rocksdb::WriteOptions::default();
         wo.set_sync(self.opts.durability == Durability::Batch);
-        self.db.put_cf_opt(self.cf(CF_CATALOG), keys::catalog_key(meta.id), encode_meta(meta), &wo)?;
+        self.db.put_cf_opt(
+            self.cf(CF_CATALOG),
+            keys::catalog_key(meta.id),
+            encode_meta(meta),
+            &wo,
+        )?;
         Ok(())
     }
 
@@ -216,7 +264,12 @@ impl Store {
 
     /// Deletes ended sessions older than `max_age_ns` or beyond `max_bytes` in total (oldest
     /// first). Returns the ids deleted. Sessions still recording are never deleted.
-    pub fn apply_retention(&self, now_ns: u64, max_age_ns: Option<u64>, max_bytes: Option<u64>) -> Result<Vec<SessionId>, StoreError> {
+    pub fn apply_retention(
+        &self,
+        now_ns: u64,
+        max_age_ns: Option<u64>,
+        max_bytes: Option<u64>,
+    ) -> Result<Vec<SessionId>, StoreError> {
         let sessions = self.sessions()?;
         let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
         let mut deleted = Vec::new();
@@ -224,7 +277,8 @@ impl Store {
             if m.state != Some(SessionState::Ended) {
                 continue;
             }
-            let too_old = max_age_ns.is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
+            let too_old = max_age_ns
+                .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
             let too_big = max_bytes.is_some_and(|cap| total > cap);
             if too_old || too_big {
                 self.delete_session(m.id)?;
@@ -266,7 +320,10 @@ impl Store {
 fn create_private_dir(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     if !path.exists() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)?;
     }
     Ok(())
 }

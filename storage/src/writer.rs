@@ -44,14 +44,22 @@ pub struct SessionWriter {
 
 impl std::fmt::Debug for SessionWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionWriter").field("open", &self.open.len()).field("staged", &self.staged).finish()
+        f.debug_struct("SessionWriter")
+            .field("open", &self.open.len())
+            .field("staged", &self.staged)
+            .finish()
     }
 }
 
 impl SessionWriter {
     /// A writer over an open (read-write) store.
     pub fn new(store: Store) -> SessionWriter {
-        SessionWriter { store, open: HashMap::new(), batch: WriteBatch::default(), staged: 0 }
+        SessionWriter {
+            store,
+            open: HashMap::new(),
+            batch: WriteBatch::default(),
+            staged: 0,
+        }
     }
 
     /// The store written to.
@@ -63,7 +71,10 @@ impl SessionWriter {
     pub fn begin(&mut self, mut meta: SessionMeta) {
         meta.state = Some(SessionState::Recording);
         meta.last_ns = meta.last_ns.max(meta.started_ns);
-        let committed = SessionMeta { state: None, ..meta.clone() };
+        let committed = SessionMeta {
+            state: None,
+            ..meta.clone()
+        };
         self.open.insert(
             meta.id,
             Open {
@@ -180,7 +191,8 @@ impl SessionWriter {
                 seal(&self.store, &mut self.batch, *id, o);
             }
             if o.dirty {
-                self.batch.put_cf(catalog, keys::catalog_key(*id), encode_meta(&o.meta));
+                self.batch
+                    .put_cf(catalog, keys::catalog_key(*id), encode_meta(&o.meta));
             }
         }
         let mut wo = WriteOptions::default();
@@ -232,9 +244,21 @@ impl SessionWriter {
 
 fn seal(store: &Store, batch: &mut WriteBatch, session: SessionId, o: &mut Open) {
     let chunk = o.chunk.finish();
-    batch.put_cf(store.cf(CF_FRAMES), keys::frame_key(session, o.chunk_first), &chunk);
+    batch.put_cf(
+        store.cf(CF_FRAMES),
+        keys::frame_key(session, o.chunk_first),
+        &chunk,
+    );
     for (ch, seq, frame_no, count) in o.runs.drain(..) {
-        let entry = IndexEntry { frame_no, chunk: o.chunk_first, count };
-        batch.put_cf(store.cf(CF_CHAN_INDEX), keys::index_key(session, ch, seq), entry.encode());
+        let entry = IndexEntry {
+            frame_no,
+            chunk: o.chunk_first,
+            count,
+        };
+        batch.put_cf(
+            store.cf(CF_CHAN_INDEX),
+            keys::index_key(session, ch, seq),
+            entry.encode(),
+        );
     }
 }

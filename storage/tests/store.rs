@@ -2,7 +2,9 @@
 //! retention, locking.
 
 use bytes::Bytes;
-use gabp_storage::{Direction, EndReason, FrameRecord, SessionMeta, SessionWriter, Store, StoreOptions};
+use gabp_storage::{
+    Direction, EndReason, FrameRecord, SessionMeta, SessionWriter, Store, StoreOptions,
+};
 
 fn event(ch: u32, seq: u64, t: u64) -> FrameRecord {
     FrameRecord {
@@ -13,12 +15,19 @@ fn event(ch: u32, seq: u64, t: u64) -> FrameRecord {
         mod_seq: Some(seq + 1),
         relay_seq: Some(seq),
         json_ok: true,
-        body: Bytes::from(format!(r#"{{"v":"gabp/1","type":"event","channel":"c{ch}","seq":{seq},"payload":{{}}}}"#)),
+        body: Bytes::from(format!(
+            r#"{{"v":"gabp/1","type":"event","channel":"c{ch}","seq":{seq},"payload":{{}}}}"#
+        )),
     }
 }
 
 fn meta(route: &str) -> SessionMeta {
-    SessionMeta { id: uuid::Uuid::now_v7(), route: route.into(), started_ns: 1, ..SessionMeta::default() }
+    SessionMeta {
+        id: uuid::Uuid::now_v7(),
+        route: route.into(),
+        started_ns: 1,
+        ..SessionMeta::default()
+    }
 }
 
 #[test]
@@ -34,7 +43,13 @@ fn write_read_index_and_check() {
     let mut sent = Vec::new();
     let (mut sa, mut sb) = (0, 0);
     for i in 0..2000u64 {
-        let r = if i % 3 == 0 { sb += 1; event(1, sb - 1, i) } else { sa += 1; event(0, sa - 1, i) };
+        let r = if i % 3 == 0 {
+            sb += 1;
+            event(1, sb - 1, i)
+        } else {
+            sa += 1;
+            event(0, sa - 1, i)
+        };
         w.append(id, &r).expect("open session");
         sent.push(r);
         if i % 97 == 0 {
@@ -46,9 +61,16 @@ fn write_read_index_and_check() {
 
     let got: Vec<FrameRecord> = store.frames(id).map(|r| r.expect("frame").1).collect();
     assert_eq!(got, sent);
-    let from_b: Vec<u64> = store.channel_frames(id, 1, 100).expect("index").map(|r| r.expect("frame").1.relay_seq.expect("seq")).collect();
+    let from_b: Vec<u64> = store
+        .channel_frames(id, 1, 100)
+        .expect("index")
+        .map(|r| r.expect("frame").1.relay_seq.expect("seq"))
+        .collect();
     assert_eq!(from_b, (100..sb).collect::<Vec<_>>());
-    let tail: Vec<u64> = store.frames_from(id, 1990).map(|r| r.expect("frame").0).collect();
+    let tail: Vec<u64> = store
+        .frames_from(id, 1990)
+        .map(|r| r.expect("frame").0)
+        .collect();
     assert_eq!(tail, (1990..2000).collect::<Vec<_>>());
 
     let report = store.check_session(id).expect("check");
@@ -114,7 +136,10 @@ fn discarded_batch_leaves_no_hole() {
 fn retention_deletes_oldest_ended_sessions_and_lock_is_exclusive() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
-    assert!(matches!(Store::open(dir.path(), StoreOptions::default()), Err(gabp_storage::StoreError::Locked(_))));
+    assert!(matches!(
+        Store::open(dir.path(), StoreOptions::default()),
+        Err(gabp_storage::StoreError::Locked(_))
+    ));
     let ro = Store::open_for_reading(dir.path()).expect("read-only while locked");
     assert!(ro.sessions().expect("list").is_empty());
     let mut w = SessionWriter::new(store.clone());
@@ -131,10 +156,17 @@ fn retention_deletes_oldest_ended_sessions_and_lock_is_exclusive() {
         w.commit().expect("commit");
     }
     let per = store.session(ids[0]).expect("read").expect("present").bytes;
-    let deleted = store.apply_retention(1000, None, Some(per * 2)).expect("retention");
+    let deleted = store
+        .apply_retention(1000, None, Some(per * 2))
+        .expect("retention");
     assert_eq!(deleted, vec![ids[0]]);
     assert_eq!(store.frames(ids[0]).count(), 0);
-    let deleted = store.apply_retention(1000, Some(900), None).expect("retention");
+    let deleted = store
+        .apply_retention(1000, Some(900), None)
+        .expect("retention");
     assert_eq!(deleted, vec![ids[1]]);
-    assert_eq!(store.resolve(&ids[2].to_string()[..8]).expect("prefix").id, ids[2]);
+    assert_eq!(
+        store.resolve(&ids[2].to_string()[..8]).expect("prefix").id,
+        ids[2]
+    );
 }
