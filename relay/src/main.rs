@@ -47,10 +47,15 @@ enum Cmd {
 #[derive(Args, Debug, Clone)]
 struct DataDir {
     /// Where recordings live.
-    #[arg(long, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "GABP_RELAY_DATA_DIR",
+        default_value = "gabp-data"
+    )]
     data_dir: PathBuf,
     /// Print one JSON document instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
 }
 

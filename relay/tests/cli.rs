@@ -1,0 +1,258 @@
+//! The command-line contract, driven through the real `gabp-relay` binary as users run it:
+//! exit codes, printed tokens, signals, a locked data dir, and a `kill -9` mid-recording.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+
+fn relay() -> Command {
+    let mut c = Command::new(BIN);
+    c.env_remove("GABP_RELAY_TOKEN")
+        .env_remove("GABP_RELAY_DATA_DIR")
+        .kill_on_drop(true);
+    c
+}
+
+/// A running `serve` with what it printed at start.
+struct Serve {
+    child: Child,
+    addr: Addr,
+    token: Option<String>,
+}
+
+async fn serve(args: &[&str]) -> Serve {
+    let mut child = relay()
+        .arg("serve")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn gabp-relay");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut addr, mut token) = (None, None);
+    let read = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(rest) = line.split(" listening on ").nth(1) {
+                addr = Some(
+                    rest.split(' ')
+                        .next()
+                        .expect("address")
+                        .parse::<Addr>()
+                        .expect("valid address"),
+                );
+            }
+            if let Some(t) = line.split(" token ").nth(1) {
+                token = Some(t.trim().to_string());
+            }
+            if line.starts_with("recording") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("relay printed its start-up lines");
+    Serve {
+        child,
+        addr: addr.expect("listening line"),
+        token,
+    }
+}
+
+async fn output(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(Duration::from_secs(60), relay().args(args).output())
+        .await
+        .expect("command finished")
+        .expect("ran")
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().expect("running") as i32;
+    // kill(1), as an operator or a service manager would send it.
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+}
+
+fn start_mod(rate: Option<f64>) -> ModSim {
+    let cfg = ModSimConfig {
+        token: "modtok".into(),
+        rate,
+        payload_bytes: 256,
+        ..ModSimConfig::default()
+    };
+    ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
+}
+
+#[tokio::test]
+async fn usage_errors_exit_2_with_one_line() {
+    for args in [
+        &["serve"][..],
+        &["serve", "--upstream", "127.0.0.1:1"],
+        &["bogus"],
+        &["serve", "--upstream", "nowhere", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = output(args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.stderr.is_empty());
+    }
+    let out = output(&[
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "0.0.0.0:0",
+        "--no-record",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--allow-remote") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn serve_prints_a_token_records_and_stops_on_sigterm() {
+    let sim = start_mod(Some(2000.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8 path");
+    let mut s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        "modtok",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    let token = s.token.clone().expect("generated token printed");
+    assert_eq!(token.len(), 32);
+    let (mut c, _) = Client::connect_hello(&s.addr, &token)
+        .await
+        .expect("hello with printed token");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    for _ in 0..50 {
+        c.next_event().await.expect("event");
+    }
+    // A second relay on the same data dir is refused clearly.
+    let out = output(&[
+        "serve",
+        "--upstream",
+        &sim.addr().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use by another process"));
+    // Reading while it records works (read-only).
+    let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+    assert!(out.status.success());
+    sigterm(&s.child);
+    let status = tokio::time::timeout(Duration::from_secs(15), s.child.wait())
+        .await
+        .expect("exits within the bound")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+    let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let sessions = v["sessions"].as_array().expect("list");
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["end"], "relay_shutdown");
+    assert!(sessions[0]["events"].as_u64().expect("events") >= 50);
+    let out = output(&["stats", "latest", "--data-dir", data, "--json"]).await;
+    assert!(out.status.success());
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(stats["channels"]
+        .as_array()
+        .expect("channels")
+        .iter()
+        .any(|c| c["channel"] == "world/tick"));
+    let out = output(&[
+        "export",
+        "latest",
+        "--data-dir",
+        data,
+        "--channel",
+        "world/tick",
+    ])
+    .await;
+    assert!(out.status.success());
+    let lines: Vec<&[u8]> = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert!(lines.len() >= 50);
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_slice(l).expect("every line is JSON");
+        assert_eq!(v["channel"], "world/tick");
+    }
+    let out = output(&["sessions", "check", "--data-dir", data]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    sim.stop();
+}
+
+#[tokio::test]
+async fn kill_9_mid_recording_leaves_a_clean_prefix() {
+    let sim = start_mod(None); // as fast as possible
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8 path");
+    let mut s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        "modtok",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data,
+        "--token",
+        "tok",
+    ])
+    .await;
+    assert_eq!(s.token, None, "a given token is not printed");
+    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    c.subscribe(&["world/tick", "player/move"])
+        .await
+        .expect("subscribe");
+    for _ in 0..20_000 {
+        c.next_event().await.expect("event");
+    }
+    s.child.start_kill().expect("kill -9");
+    s.child.wait().await.expect("reaped");
+    let out = output(&["sessions", "check", "--data-dir", data, "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(out.status.success());
+    let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let s0 = &v["sessions"][0];
+    assert_eq!(s0["end"], "crash");
+    assert!(
+        s0["events"].as_u64().expect("events") > 1000,
+        "synced batches survived: {s0}"
+    );
+    sim.stop();
+}
