@@ -227,7 +227,8 @@ mod tests {
 
     #[test]
     fn rejects_bad_lengths_as_framing_errors() {
-        let cases: [(&[u8], fn(&FrameError) -> bool); 7] = [
+        type Check = fn(&FrameError) -> bool;
+        let cases: [(&[u8], Check); 7] = [
             (b"Content-Type: application/json\r\n\r\n{}", |e| {
                 matches!(e, FrameError::MissingLength)
             }),

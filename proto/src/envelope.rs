@@ -221,7 +221,7 @@ fn check_whole_tape(
 ) -> Result<(), EnvelopeError> {
     for (i, node) in tape.iter().enumerate() {
         match node {
-            Node::Static(StaticNode::F64(f)) if !f64::from(*f).is_finite() => {
+            Node::Static(StaticNode::F64(f)) if !f.is_finite() => {
                 return Err(EnvelopeError::NonFiniteNumber)
             }
             Node::Object { len, .. } if *len > 1 => check_duplicates(tape, i, keys)?,
@@ -541,7 +541,7 @@ mod tests {
                 EnvelopeError::InvalidField("params"),
             ),
             (
-                format!(r#"{{"v":"gabp/1","id":"not-a-uuid","type":"request","method":"a/b"}}"#),
+                r#"{"v":"gabp/1","id":"not-a-uuid","type":"request","method":"a/b"}"#.to_string(),
                 EnvelopeError::InvalidField("id"),
             ),
             (

@@ -460,15 +460,6 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         }
     }
     let f = file.as_ref().map(|(f, _)| f);
-    let parse_in_file = |v: &Option<String>, field: &str| -> Result<Option<String>> {
-        Ok(v.clone()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .map(|s| {
-                let _ = field;
-                s
-            }))
-    };
     let durability = match (a.durability, f.and_then(|f| f.durability.clone())) {
         (Some(d), _) => d,
         (None, Some(s)) => s
@@ -490,10 +481,7 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
             .map_err(|e: String| anyhow!("config on_record_error: {e}"))?,
         _ => OnRecordError::Stall,
     };
-    let retain = match (
-        a.retain,
-        parse_in_file(&f.and_then(|f| f.retain.clone()), "retain")?,
-    ) {
+    let retain = match (a.retain, f.and_then(|f| f.retain.clone())) {
         (Some(r), _) => r,
         (None, Some(s)) => s
             .parse()

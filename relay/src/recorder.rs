@@ -72,7 +72,10 @@ pub const QUEUE: usize = 1024;
 /// Body bytes the queue may hold, in KiB: the recorder's memory bound whatever frames arrive.
 pub const BUDGET_KIB: usize = 256 * 1024;
 /// Batches applied per commit at most.
-const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 512;
+/// How long the recorder gathers before a commit: one WAL sync per tick instead of one per
+/// arriving batch. A crash loses at most this much of what was received; nothing before it.
+pub const COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 /// A batch of messages and the byte budget it holds until committed.
 #[derive(Debug)]
@@ -197,13 +200,28 @@ fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordE
     let mut flushes = Vec::new();
     // Batches are kept until their commit so their byte budget is released only then.
     let mut held = Vec::with_capacity(MAX_BATCH);
+    let mut last_commit = Instant::now();
     while let Some(first) = rx.blocking_recv() {
         held.push(first);
-        while held.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(b) => held.push(b),
-                Err(_) => break,
+        // Gather until the tick is over (or the batch is large), then commit once.
+        loop {
+            while held.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(b) => held.push(b),
+                    Err(_) => break,
+                }
             }
+            let flush_asked = held.iter().any(|b| {
+                b.msgs
+                    .iter()
+                    .any(|m| matches!(m, RecMsg::Flush(_) | RecMsg::End { .. }))
+            });
+            let due = last_commit + COMMIT_INTERVAL;
+            let now = Instant::now();
+            if held.len() >= MAX_BATCH || flush_asked || now >= due {
+                break;
+            }
+            std::thread::sleep((due - now).min(Duration::from_millis(2)));
         }
         for b in held.iter_mut() {
             for msg in b.msgs.drain(..) {
@@ -243,6 +261,7 @@ fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordE
             }
         }
         held.clear();
+        last_commit = Instant::now();
         for done in flushes.drain(..) {
             let _ = done.send(());
         }

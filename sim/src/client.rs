@@ -177,6 +177,12 @@ impl Client {
         }
     }
 
+    /// Gives up the client: the framed reader (with anything it buffered), the writer, and
+    /// events already read while waiting for responses.
+    pub fn into_parts(self) -> (FramedRead<BoxRead, GabpCodec>, BoxWrite, VecDeque<Value>) {
+        (self.reader, self.writer, self.events)
+    }
+
     /// Closes the write side.
     pub async fn close(mut self) -> Result<()> {
         self.writer.shutdown().await?;

@@ -74,9 +74,10 @@ pub fn catalog_key(session: SessionId) -> [u8; 16] {
     *session.as_bytes()
 }
 
-/// The first key after every key with this session prefix (for range deletes and scans).
-pub fn session_end(session: SessionId) -> [u8; 17] {
-    let mut k = [0xffu8; 17];
+/// A key above every key with this session prefix (for range deletes): the prefix followed by
+/// more 0xff bytes than any key of ours has after it (keys are at most 28 bytes).
+pub fn session_end(session: SessionId) -> [u8; 29] {
+    let mut k = [0xffu8; 29];
     k[..16].copy_from_slice(session.as_bytes());
     k
 }
@@ -133,6 +134,7 @@ mod tests {
         assert!(frame_key(s, 255) < frame_key(s, 256));
         assert!(index_key(s, 1, u64::MAX) < index_key(s, 2, 0));
         assert!(frame_key(s, u64::MAX).as_slice() < session_end(s).as_slice());
+        assert!(index_key(s, u32::MAX, u64::MAX).as_slice() < session_end(s).as_slice());
         // Pin the byte layout itself: changing it breaks every recorded data dir.
         let fixed = SessionId::from_u128(0x0102030405060708090a0b0c0d0e0f10);
         assert_eq!(

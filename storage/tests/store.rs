@@ -162,7 +162,7 @@ fn retention_deletes_oldest_ended_sessions_and_lock_is_exclusive() {
     assert_eq!(deleted, vec![ids[0]]);
     assert_eq!(store.frames(ids[0]).count(), 0);
     let deleted = store
-        .apply_retention(1000, Some(900), None)
+        .apply_retention(1000, Some(800), None)
         .expect("retention");
     assert_eq!(deleted, vec![ids[1]]);
     assert_eq!(

@@ -209,7 +209,7 @@ async fn a_mod_that_dies_with_calls_in_flight_leaves_outcomes_unknown() {
     // Wait until the relay has forwarded it, then kill the mod's connection.
     let route = &h.relay().routes[0];
     tokio::time::timeout(Duration::from_secs(5), async {
-        while route.pending.len() < 1 {
+        while route.pending.is_empty() {
             tokio::task::yield_now().await;
         }
     })

@@ -1,0 +1,195 @@
+//! Results: one measurement's figures, the JSON document scripts read, and the human table.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::actors::caller::CallResult;
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Percentiles {
+    /// Samples.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// From a histogram of nanoseconds.
+    pub fn of(h: &Histogram<u64>) -> Percentiles {
+        if h.is_empty() {
+            return Percentiles::default();
+        }
+        let us = |v: u64| v as f64 / 1e3;
+        Percentiles {
+            count: h.len(),
+            p50: us(h.value_at_quantile(0.5)),
+            p90: us(h.value_at_quantile(0.9)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        }
+    }
+}
+
+/// What one target did in the measurement window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    /// `gabp-relay`, `baseline`, or the command measured.
+    pub target: String,
+    /// Window length in seconds.
+    pub duration_s: f64,
+    /// Events the mod published in the window.
+    pub published: u64,
+    /// Events the bridges received in the window (all bridges).
+    pub delivered: u64,
+    /// Published events per second.
+    pub published_eps: f64,
+    /// Delivered events per second (the headline figure).
+    pub delivered_eps: f64,
+    /// Event latency from scheduled send time, µs.
+    pub latency_us: Percentiles,
+    /// Seq gaps nobody announced (must be 0).
+    pub unannounced_gaps: u64,
+    /// Events announced as dropped.
+    pub dropped: u64,
+    /// Bridges disconnected by the target.
+    pub disconnects: u64,
+    /// tools/call answered in the window.
+    pub calls: u64,
+    /// tools/call errors.
+    pub call_errors: u64,
+    /// tools/call never answered.
+    pub calls_unanswered: u64,
+    /// tools/call latency from scheduled send time, µs.
+    pub call_latency_us: Percentiles,
+    /// Target CPU over the window, percent of one core.
+    pub cpu_percent: f64,
+    /// Target peak resident memory, MiB.
+    pub peak_rss_mib: f64,
+    /// Target resident memory at the end of the window, MiB.
+    pub end_rss_mib: f64,
+    /// Target open file descriptors at the end of the window.
+    pub fds: u64,
+    /// Problems met while running.
+    pub errors: Vec<String>,
+}
+
+impl Measurement {
+    /// An empty measurement of `target` over `duration_s`.
+    pub fn new(target: &str, duration_s: f64) -> Measurement {
+        Measurement {
+            target: target.into(),
+            duration_s,
+            published: 0,
+            delivered: 0,
+            published_eps: 0.0,
+            delivered_eps: 0.0,
+            latency_us: Percentiles::default(),
+            unannounced_gaps: 0,
+            dropped: 0,
+            disconnects: 0,
+            calls: 0,
+            call_errors: 0,
+            calls_unanswered: 0,
+            call_latency_us: Percentiles::default(),
+            cpu_percent: 0.0,
+            peak_rss_mib: 0.0,
+            end_rss_mib: 0.0,
+            fds: 0,
+            errors: Vec::new(),
+        }
+    }
+
+    /// Sets event latency and the per-second rates.
+    pub fn set_latency(&mut self, h: &Histogram<u64>) {
+        self.latency_us = Percentiles::of(h);
+        self.published_eps = self.published as f64 / self.duration_s;
+        self.delivered_eps = self.delivered as f64 / self.duration_s;
+    }
+
+    /// Sets the tool-call figures.
+    pub fn set_calls(&mut self, r: &CallResult) {
+        self.calls = r.calls;
+        self.call_errors = r.errors;
+        self.calls_unanswered = r.unanswered;
+        self.call_latency_us = Percentiles::of(&r.latency);
+    }
+}
+
+/// The JSON document of a run.
+pub fn document(
+    scenario: &crate::scenario::Scenario,
+    relay: Option<&Measurement>,
+    baseline: Option<&Measurement>,
+) -> Value {
+    let ratio = match (relay, baseline) {
+        (Some(r), Some(b)) if b.delivered_eps > 0.0 => Some(r.delivered_eps / b.delivered_eps),
+        _ => None,
+    };
+    json!({
+        "tool": "gabp-loadgen",
+        "version": env!("CARGO_PKG_VERSION"),
+        "machine": crate::procstat::machine(),
+        "scenario": scenario,
+        "relay": relay,
+        "baseline": baseline,
+        "ratio": ratio,
+    })
+}
+
+/// The human table of a run.
+pub fn table(relay: Option<&Measurement>, baseline: Option<&Measurement>) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>6} {:>8}",
+        "TARGET",
+        "PUBLISHED/S",
+        "DELIVERED/S",
+        "P50 µs",
+        "P90 µs",
+        "P99 µs",
+        "P99.9 µs",
+        "MAX µs",
+        "DROPS",
+        "GAPS",
+        "CPU%",
+        "RSS MiB"
+    );
+    for m in [relay, baseline].into_iter().flatten() {
+        let l = &m.latency_us;
+        let _ = writeln!(
+            o,
+            "{:<12} {:>12.0} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>6} {:>6.0} {:>8.1}",
+            m.target, m.published_eps, m.delivered_eps, l.p50, l.p90, l.p99, l.p999, l.max, m.dropped, m.unannounced_gaps, m.cpu_percent, m.peak_rss_mib
+        );
+        if m.calls > 0 {
+            let c = &m.call_latency_us;
+            let _ = writeln!(o, "{:<12} tools/call: {} answered, {} errors, {} unanswered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", "", m.calls, m.call_errors, m.calls_unanswered, c.p50, c.p99, c.max);
+        }
+        for e in &m.errors {
+            let _ = writeln!(o, "{:<12} error: {e}", "");
+        }
+    }
+    if let (Some(r), Some(b)) = (relay, baseline) {
+        if b.delivered_eps > 0.0 {
+            let _ = writeln!(
+                o,
+                "ratio (relay delivered / baseline delivered): {:.3}",
+                r.delivered_eps / b.delivered_eps
+            );
+        }
+    }
+    o
+}

@@ -1,0 +1,147 @@
+//! One measurement: a fresh simulated mod, the target, the bridges; warm up, measure, stop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use gabp_sim::{Addr, ModSim, ModSimConfig};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::actors::{bridge, caller, latency_histogram, Window};
+use crate::procstat;
+use crate::report::Measurement;
+use crate::scenario::Scenario;
+use crate::target::{RelayCommand, Target};
+
+/// Which system a measurement drives.
+#[derive(Debug, Clone)]
+pub enum Which {
+    /// The relay under test.
+    Relay(RelayCommand),
+    /// The raw forwarder.
+    Baseline,
+}
+
+const MOD_TOKEN: &str = "loadgen-mod-token";
+
+/// Runs the scenario against one target; `progress` is told what happens.
+pub async fn measure(sc: &Scenario, which: &Which, progress: &dyn Fn(&str)) -> Result<Measurement> {
+    let cfg = ModSimConfig {
+        token: MOD_TOKEN.into(),
+        channels: sc.channels.clone(),
+        rate: sc.mod_rate(),
+        payload_bytes: sc.payload_bytes,
+        seed: sc.seed,
+        ..ModSimConfig::default()
+    };
+    let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal"), cfg)?;
+    let data = tempfile::tempdir()?;
+    let result = measure_with(sc, which, &sim, data.path(), progress).await;
+    sim.stop();
+    result
+}
+
+async fn measure_with(
+    sc: &Scenario,
+    which: &Which,
+    sim: &ModSim,
+    data_dir: &std::path::Path,
+    progress: &dyn Fn(&str),
+) -> Result<Measurement> {
+    let target = match which {
+        Which::Relay(cmd) => Target::relay(cmd, sim.addr(), MOD_TOKEN, sc, data_dir).await?,
+        Which::Baseline => Target::baseline(sim.addr(), MOD_TOKEN).await?,
+    };
+    let name = target.name.clone();
+    progress(&format!(
+        "{name}: connecting {} bridges",
+        sc.bridges + sc.stalled
+    ));
+    let window = Arc::new(Window::default());
+    let stop = CancellationToken::new();
+    let mut readers = Vec::new();
+    let mut errors = Vec::new();
+    for _ in 0..sc.bridges {
+        match bridge::connect(&target.addr, &target.token, &sc.channels).await {
+            Ok(c) => readers.push(tokio::spawn(bridge::read(
+                c,
+                sc.read_rate,
+                window.clone(),
+                stop.clone(),
+            ))),
+            Err(e) => errors.push(format!("bridge: {e}")),
+        }
+    }
+    let mut stalled = Vec::new();
+    for _ in 0..sc.stalled {
+        match bridge::connect(&target.addr, &target.token, &sc.channels).await {
+            Ok(c) => stalled.push(c),
+            Err(e) => errors.push(format!("stalled bridge: {e}")),
+        }
+    }
+    let caller = if sc.calls_per_s > 0.0 {
+        let (c, _) = gabp_sim::Client::connect_hello(&target.addr, &target.token).await?;
+        Some(tokio::spawn(caller::fixed_rate(
+            c,
+            "sim/echo".into(),
+            json!({"n": 1}),
+            sc.calls_per_s,
+            window.clone(),
+            stop.clone(),
+        )))
+    } else {
+        None
+    };
+    progress(&format!("{name}: warming up {:.1}s", sc.warmup_s));
+    tokio::time::sleep(sc.warmup()).await;
+    let pid = target.pid();
+    let before = pid.and_then(procstat::sample).unwrap_or_default();
+    let emitted_before = sim.emitted();
+    window.set(true);
+    let opened = Instant::now();
+    while opened.elapsed() < sc.duration() {
+        let left = sc.duration().saturating_sub(opened.elapsed());
+        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+        progress(&format!(
+            "{name}: measuring {:.1}/{:.1}s",
+            opened.elapsed().as_secs_f64().min(sc.duration_s),
+            sc.duration_s
+        ));
+    }
+    window.set(false);
+    let window_s = opened.elapsed().as_secs_f64();
+    let emitted = sim.emitted() - emitted_before;
+    let after = pid.and_then(procstat::sample).unwrap_or_default();
+    stop.cancel();
+    let mut m = Measurement::new(&name, window_s);
+    m.published = emitted;
+    let mut latency = latency_histogram();
+    for r in readers {
+        match r.await {
+            Ok(r) => {
+                m.delivered += r.events;
+                m.unannounced_gaps += r.unannounced_gaps;
+                m.dropped += r.dropped;
+                m.disconnects += u64::from(r.disconnected);
+                let _ = latency.add(&r.latency);
+            }
+            Err(e) => errors.push(format!("reader: {e}")),
+        }
+    }
+    m.set_latency(&latency);
+    if let Some(c) = caller {
+        if let Ok(r) = c.await {
+            m.set_calls(&r);
+        }
+    }
+    drop(stalled);
+    m.cpu_percent = (after.cpu_s - before.cpu_s) / window_s * 100.0;
+    m.peak_rss_mib = after.peak_rss as f64 / (1 << 20) as f64;
+    m.end_rss_mib = after.rss as f64 / (1 << 20) as f64;
+    m.fds = after.fds;
+    m.errors = errors;
+    progress(&format!("{name}: stopping"));
+    target.stop(Duration::from_secs(10)).await;
+    Ok(m)
+}

@@ -1,0 +1,118 @@
+//! Scenarios: what a run does, from a TOML file in `loadgen/scenarios/` and flags on top.
+//!
+//! A scenario fixes everything that decides the numbers: seed, rate, payload size, channels,
+//! bridge count and pace, stalled bridges, tool-call rate, the relay's policy and recording,
+//! warm-up and duration. The file is echoed into the report so a result can be rerun.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One benchmark scenario.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scenario {
+    /// Name, for reports.
+    pub name: String,
+    /// Seed of the simulated mod.
+    pub seed: u64,
+    /// Events per second published by the mod; 0 means as fast as possible.
+    pub rate: f64,
+    /// Event body size in bytes.
+    pub payload_bytes: usize,
+    /// Channels the mod publishes on (round-robin at random, seeded).
+    pub channels: Vec<String>,
+    /// Bridges subscribed to every channel and reading.
+    pub bridges: usize,
+    /// Events per second each reading bridge consumes; 0 means as fast as possible.
+    pub read_rate: f64,
+    /// Extra bridges that subscribe and never read.
+    pub stalled: usize,
+    /// tools/call requests per second from one extra bridge; 0 for none.
+    pub calls_per_s: f64,
+    /// The relay's slow-bridge policy.
+    pub policy: String,
+    /// Record the session.
+    pub record: bool,
+    /// Durability when recording: none or batch.
+    pub durability: String,
+    /// Seconds before measuring.
+    pub warmup_s: f64,
+    /// Seconds measured.
+    pub duration_s: f64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            name: "default".into(),
+            seed: 1,
+            rate: 0.0,
+            payload_bytes: 256,
+            channels: vec![
+                "world/tick".into(),
+                "player/move".into(),
+                "chat/message".into(),
+            ],
+            bridges: 8,
+            read_rate: 0.0,
+            stalled: 0,
+            calls_per_s: 0.0,
+            policy: "drop-oldest".into(),
+            record: true,
+            durability: "batch".into(),
+            warmup_s: 1.0,
+            duration_s: 10.0,
+        }
+    }
+}
+
+impl Scenario {
+    /// Loads a scenario file.
+    pub fn load(path: &Path) -> Result<Scenario> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow!("{}: {}", path.display(), e.message()))
+    }
+
+    /// Warm-up as a duration.
+    pub fn warmup(&self) -> Duration {
+        Duration::from_secs_f64(self.warmup_s.max(0.0))
+    }
+
+    /// Measurement window as a duration.
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s.max(0.1))
+    }
+
+    /// The mod's rate, `None` for as fast as possible.
+    pub fn mod_rate(&self) -> Option<f64> {
+        (self.rate > 0.0).then_some(self.rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).expect("scenarios dir") {
+            let p = e.expect("entry").path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e}"));
+                assert!(s.bridges > 0 || s.calls_per_s > 0.0, "{}", p.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 4);
+        assert!(
+            toml::from_str::<Scenario>("bogus = 1").is_err(),
+            "unknown keys are refused"
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! Starting the system under test as its own process: the built `gabp-relay`, any relay given
+//! as a command template, or the baseline forwarder. Every process started here is stopped
+//! (SIGTERM, then SIGKILL) when the run ends, whatever happened.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use gabp_sim::{Addr, Client};
+use tokio::process::{Child, Command};
+
+use crate::scenario::Scenario;
+
+/// A running target.
+#[derive(Debug)]
+pub struct Target {
+    /// `gabp-relay`, `baseline` or the command's program name.
+    pub name: String,
+    /// Where bridges connect.
+    pub addr: Addr,
+    /// The bridge token.
+    pub token: String,
+    child: Child,
+}
+
+/// How to start the relay under test.
+#[derive(Debug, Clone)]
+pub enum RelayCommand {
+    /// The built `gabp-relay` at this path.
+    Builtin(PathBuf),
+    /// A command template with `{upstream}`, `{upstream_token}`, `{listen}`, `{port}`,
+    /// `{token}` and `{data_dir}` placeholders.
+    Template(String),
+}
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The sibling binary `name` next to the running executable.
+pub fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+impl Target {
+    /// Starts the relay under test in front of the mod at `upstream`.
+    pub async fn relay(
+        cmd: &RelayCommand,
+        upstream: &Addr,
+        upstream_token: &str,
+        sc: &Scenario,
+        data_dir: &Path,
+    ) -> Result<Target> {
+        let port = free_port()?;
+        let listen = format!("127.0.0.1:{port}");
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let (name, mut command) = match cmd {
+            RelayCommand::Builtin(bin) => {
+                let mut c = Command::new(bin);
+                c.args([
+                    "serve",
+                    "--upstream",
+                    &upstream.to_string(),
+                    "--upstream-token",
+                    upstream_token,
+                    "--listen",
+                    &listen,
+                    "--token",
+                    &token,
+                ]);
+                c.args([
+                    "--data-dir",
+                    &data_dir.display().to_string(),
+                    "--on-slow",
+                    &sc.policy,
+                    "--durability",
+                    &sc.durability,
+                ]);
+                if !sc.record {
+                    c.arg("--no-record");
+                }
+                ("gabp-relay".to_string(), c)
+            }
+            RelayCommand::Template(t) => {
+                let filled = t
+                    .replace("{upstream}", &upstream.to_string())
+                    .replace("{upstream_token}", upstream_token)
+                    .replace("{listen}", &listen)
+                    .replace("{port}", &port.to_string())
+                    .replace("{token}", &token)
+                    .replace("{data_dir}", &data_dir.display().to_string());
+                let mut words = filled.split_whitespace();
+                let program = words
+                    .next()
+                    .ok_or_else(|| anyhow!("--relay-cmd is empty"))?
+                    .to_string();
+                let mut c = Command::new(&program);
+                c.args(words);
+                (program, c)
+            }
+        };
+        command.env("GABP_LOG", "warn");
+        Target::spawn(
+            name,
+            command,
+            listen.parse().map_err(|e: String| anyhow!(e))?,
+            token,
+        )
+        .await
+    }
+
+    /// Starts the baseline forwarder (this binary's hidden `forwarder` command).
+    pub async fn baseline(upstream: &Addr, upstream_token: &str) -> Result<Target> {
+        let port = free_port()?;
+        let listen = format!("127.0.0.1:{port}");
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let exe = std::env::current_exe().context("locating gabp-loadgen")?;
+        let mut c = Command::new(exe);
+        c.args([
+            "forwarder",
+            "--upstream",
+            &upstream.to_string(),
+            "--upstream-token",
+            upstream_token,
+            "--listen",
+            &listen,
+            "--token",
+            &token,
+        ]);
+        Target::spawn(
+            "baseline".into(),
+            c,
+            listen.parse().map_err(|e: String| anyhow!(e))?,
+            token,
+        )
+        .await
+    }
+
+    async fn spawn(
+        name: String,
+        mut command: Command,
+        addr: Addr,
+        token: String,
+    ) -> Result<Target> {
+        // Its own process group, so a wrapper (perf, taskset, a shell) and everything it
+        // starts are stopped together.
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .process_group(0);
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        // Ready when a bridge can complete a hello (the target is connected to the mod).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("{name} exited during start-up ({status})");
+            }
+            if let Ok(Ok(_)) =
+                tokio::time::timeout(Duration::from_secs(2), Client::connect_hello(&addr, &token))
+                    .await
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.start_kill();
+                bail!("{name} did not accept a bridge on {addr} within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Ok(Target {
+            name,
+            addr,
+            token,
+            child,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`. Returns whether it exited on its own.
+    pub async fn stop(mut self, grace: Duration) -> bool {
+        let group = self.child.id().map(|pid| format!("-{pid}"));
+        let signal = |sig: &str| {
+            if let Some(g) = &group {
+                let _ = std::process::Command::new("kill")
+                    .args([sig, "--", g])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        };
+        signal("-TERM");
+        let clean = tokio::time::timeout(grace, self.child.wait()).await.is_ok();
+        // Whatever is left in the group (a wrapper's child) goes too.
+        signal("-KILL");
+        if !clean {
+            let _ = self.child.wait().await;
+        }
+        clean
+    }
+}
