@@ -1,1 +1,12 @@
-fn main() {}
+//! Criterion benches: `cargo bench -p gabp-bench` (numbers and commands in BENCHMARKS.md).
+
+mod codec;
+mod fanout;
+mod storage;
+
+criterion::criterion_main!(
+    codec::benches,
+    codec::parts_group,
+    fanout::benches,
+    storage::benches
+);

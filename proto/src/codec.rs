@@ -60,9 +60,13 @@ impl GabpCodec {
     }
 }
 
+/// The searcher for the blank line ending a header section, built once per process.
+static HEADER_END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\r\n\r\n"));
+
 /// Position just past the `\r\n\r\n` ending the header section, if present.
 fn header_end(src: &[u8]) -> Option<usize> {
-    memchr::memmem::find(src, b"\r\n\r\n").map(|i| i + 4)
+    HEADER_END.find(src).map(|i| i + 4)
 }
 
 /// Reads the body length from a header section (blank line excluded).

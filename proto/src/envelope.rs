@@ -170,16 +170,6 @@ pub fn is_method_name(s: &str) -> bool {
     segments >= 2
 }
 
-/// Which top-level fields a message type allows in strict mode.
-fn allowed(kind: MsgType, key: &str) -> bool {
-    matches!(key, "v" | "id" | "type")
-        || match kind {
-            MsgType::Request => matches!(key, "method" | "params"),
-            MsgType::Response => matches!(key, "result" | "error"),
-            MsgType::Event => matches!(key, "channel" | "seq" | "payload"),
-        }
-}
-
 impl Parser {
     /// A parser with empty buffers.
     pub fn new() -> Self {
@@ -192,26 +182,424 @@ impl Parser {
         body: &'a [u8],
         mode: Mode,
     ) -> Result<EnvelopeView<'a>, EnvelopeError> {
-        if std::str::from_utf8(body).is_err() {
-            return Err(EnvelopeError::InvalidUtf8);
-        }
-        self.scratch.clear();
-        self.scratch.extend_from_slice(body);
-        let buffers = self
-            .buffers
-            .get_or_insert_with(|| simd_json::Buffers::new(body.len()));
-        let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
-        let filled = simd_json::fill_tape(&mut self.scratch, buffers, &mut tape);
-        let result = match filled {
-            Ok(()) => {
-                self.members.clear();
-                read_view(body, &tape.0, mode, &mut self.members, &mut self.keys)
+        // Checked once here; every string below is a slice of this `str` at ASCII quote
+        // boundaries, so slicing it never re-validates.
+        let text = std::str::from_utf8(body).map_err(|_| EnvelopeError::InvalidUtf8)?;
+        self.members.clear();
+        match mode {
+            Mode::Tolerant => {
+                scan::members(body, &mut self.members)
+                    .ok_or_else(|| not_object_or_invalid(body))?;
+                let mut known = Known::default();
+                for m in &self.members {
+                    let raw = &body[m.key.clone()];
+                    let decoded;
+                    let key: &[u8] = if raw.contains(&b'\\') {
+                        decoded = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+                        decoded.as_bytes()
+                    } else {
+                        raw
+                    };
+                    // Extra fields are the mod's business; only routing fields are read.
+                    if let Some(slot) = known.slot(key) {
+                        if slot.replace(Field::from_raw(text, m)?).is_some() {
+                            return Err(EnvelopeError::DuplicateKey(truncate_key(
+                                &String::from_utf8_lossy(key),
+                            )));
+                        }
+                    }
+                }
+                build_view(body, &known, mode)
             }
-            Err(_) => Err(EnvelopeError::InvalidJson),
-        };
-        self.tape = recycle(tape.0);
-        result
+            Mode::Strict => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(body);
+                let buffers = self
+                    .buffers
+                    .get_or_insert_with(|| simd_json::Buffers::new(body.len()));
+                let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
+                let result = match simd_json::fill_tape(&mut self.scratch, buffers, &mut tape) {
+                    Ok(()) => strict_view(body, &tape.0, &mut self.members, &mut self.keys),
+                    Err(_) => Err(EnvelopeError::InvalidJson),
+                };
+                self.tape = recycle(tape.0);
+                result
+            }
+        }
     }
+}
+
+/// Tells "valid JSON, but not an object" apart from "not JSON".
+fn not_object_or_invalid(body: &[u8]) -> EnvelopeError {
+    if scan::is_valid_json(body) {
+        EnvelopeError::NotAnObject
+    } else {
+        EnvelopeError::InvalidJson
+    }
+}
+
+/// A top-level value as routing sees it.
+#[derive(Debug, Clone, PartialEq)]
+enum Val<'a> {
+    Str(Cow<'a, str>),
+    UInt(u64),
+    Int(i64),
+    Null,
+    Object,
+    Other,
+}
+
+/// One top-level member: decoded key, typed value, raw span, and (strict) its tape index.
+#[derive(Debug)]
+struct Field<'a> {
+    key: Cow<'a, str>,
+    val: Val<'a>,
+    span: Range<usize>,
+    node: Option<usize>,
+}
+
+/// The envelope fields routing reads, each at most once.
+#[derive(Debug, Default)]
+struct Known<'a> {
+    v: Option<Field<'a>>,
+    id: Option<Field<'a>>,
+    ty: Option<Field<'a>>,
+    method: Option<Field<'a>>,
+    channel: Option<Field<'a>>,
+    seq: Option<Field<'a>>,
+    params: Option<Field<'a>>,
+    payload: Option<Field<'a>>,
+    result: Option<Field<'a>>,
+    error: Option<Field<'a>>,
+    /// The first field that is not an envelope field (strict mode rejects it).
+    unknown: Option<String>,
+}
+
+impl<'a> Known<'a> {
+    fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Field<'a>>> {
+        Some(match key {
+            b"v" => &mut self.v,
+            b"id" => &mut self.id,
+            b"type" => &mut self.ty,
+            b"method" => &mut self.method,
+            b"channel" => &mut self.channel,
+            b"seq" => &mut self.seq,
+            b"params" => &mut self.params,
+            b"payload" => &mut self.payload,
+            b"result" => &mut self.result,
+            b"error" => &mut self.error,
+            _ => return None,
+        })
+    }
+}
+
+/// Decodes a raw JSON string (quotes included), borrowing when it has no escapes.
+fn decode_str<'a>(text: &'a str, span: &Range<usize>) -> Result<Cow<'a, str>, EnvelopeError> {
+    let inner = text
+        .get(span.start + 1..span.end - 1)
+        .ok_or(EnvelopeError::InvalidJson)?;
+    if !inner.as_bytes().contains(&b'\\') {
+        return Ok(Cow::Borrowed(inner));
+    }
+    serde_json::from_str::<String>(&text[span.clone()])
+        .map(Cow::Owned)
+        .map_err(|_| EnvelopeError::InvalidJson)
+}
+
+impl<'a> Field<'a> {
+    fn from_raw(text: &'a str, m: &Member) -> Result<Field<'a>, EnvelopeError> {
+        let key = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+        let raw = text
+            .as_bytes()
+            .get(m.value.clone())
+            .ok_or(EnvelopeError::InvalidJson)?;
+        let parse = |raw: &[u8]| {
+            std::str::from_utf8(raw)
+                .ok()
+                .and_then(|s| s.parse::<i128>().ok())
+        };
+        let val = match raw[0] {
+            b'"' => Val::Str(decode_str(text, &m.value)?),
+            b'{' => Val::Object,
+            b'n' => Val::Null,
+            b'0'..=b'9' | b'-' if raw[1..].iter().all(u8::is_ascii_digit) => match parse(raw) {
+                Some(n) if n >= 0 => u64::try_from(n).map_or(Val::Other, Val::UInt),
+                Some(n) => i64::try_from(n).map_or(Val::Other, Val::Int),
+                None => Val::Other,
+            },
+            _ => Val::Other,
+        };
+        Ok(Field {
+            key,
+            val,
+            span: m.value.clone(),
+            node: None,
+        })
+    }
+}
+
+/// Strict mode: the tape validates everything (duplicates at every level, finite numbers,
+/// parameter schemas); the scanner supplies the spans.
+fn strict_view<'a>(
+    body: &'a [u8],
+    tape: &[Node<'_>],
+    members: &mut Vec<Member>,
+    keys: &mut Vec<(usize, usize)>,
+) -> Result<EnvelopeView<'a>, EnvelopeError> {
+    if !matches!(tape.first(), Some(Node::Object { .. })) {
+        return Err(EnvelopeError::NotAnObject);
+    }
+    check_whole_tape(tape, keys)?;
+    scan::members(body, members).ok_or(EnvelopeError::InvalidJson)?;
+    let mut known = Known::default();
+    let mut count = 0;
+    for ((key, node), m) in object_members(tape, 0).zip(members.iter()) {
+        count += 1;
+        let span = m.value.clone();
+        let val = match tape[node] {
+            Node::String(s) => Val::Str(borrow_or_own(body, &span, s)),
+            Node::Object { .. } => Val::Object,
+            Node::Static(StaticNode::Null) => Val::Null,
+            Node::Static(StaticNode::U64(n)) => Val::UInt(n),
+            Node::Static(StaticNode::I64(n)) if n >= 0 => Val::UInt(n as u64),
+            Node::Static(StaticNode::I64(n)) => Val::Int(n),
+            _ => Val::Other,
+        };
+        let raw_key = &body[m.key.clone()];
+        let key = if raw_key == key.as_bytes() {
+            Cow::Borrowed(std::str::from_utf8(raw_key).expect("checked UTF-8"))
+        } else {
+            Cow::Owned(key.to_string())
+        };
+        let field = Field {
+            key,
+            val,
+            span,
+            node: Some(node),
+        };
+        match known.slot(field.key.as_bytes()) {
+            Some(slot) => *slot = Some(field), // duplicates were refused on the tape
+            None => {
+                known.unknown.get_or_insert_with(|| field.key.to_string());
+            }
+        }
+    }
+    if count != members.len() {
+        return Err(EnvelopeError::InvalidJson);
+    }
+    let view = build_view(body, &known, Mode::Strict)?;
+    // Schema checks of the enforced methods and of attention events, on the tape.
+    let node_of = |f: &Option<Field<'_>>| f.as_ref().and_then(|f| f.node);
+    match view.kind {
+        MsgType::Request => {
+            let m = view.method.as_deref().expect("requests have a method");
+            match node_of(&known.params) {
+                Some(i) => params::check_request(m, tape, i)?,
+                None => params::check_request_without_params(m)?,
+            }
+        }
+        MsgType::Event => {
+            if let (Some(c), Some(i)) = (view.channel.as_deref(), node_of(&known.payload)) {
+                params::check_event_payload(c, tape, i)?;
+            }
+        }
+        MsgType::Response => {
+            if let Some(i) = node_of(&known.error) {
+                check_error_object(tape, i)?;
+            }
+        }
+    }
+    Ok(view)
+}
+
+/// Strict: an error object has an integer code, a non-empty message, optional data, nothing else.
+fn check_error_object(tape: &[Node<'_>], at: usize) -> Result<(), EnvelopeError> {
+    let mut has_code = false;
+    let mut has_message = false;
+    for (key, value) in object_members(tape, at) {
+        match key {
+            "code" => {
+                has_code = matches!(
+                    tape[value],
+                    Node::Static(StaticNode::I64(_) | StaticNode::U64(_))
+                )
+            }
+            "message" => has_message = matches!(tape[value], Node::String(m) if !m.is_empty()),
+            "data" => {}
+            _ => return Err(EnvelopeError::InvalidField("error")),
+        }
+    }
+    if has_code && has_message {
+        Ok(())
+    } else {
+        Err(EnvelopeError::InvalidField("error"))
+    }
+}
+
+/// Reads the error code of a response's error object from its raw span.
+fn error_code(body: &[u8], span: &Range<usize>) -> Option<i64> {
+    let obj = &body[span.clone()];
+    let mut inner = Vec::new();
+    scan::members(obj, &mut inner)?;
+    let m = inner.iter().find(|m| &obj[m.key.clone()] == b"code")?;
+    std::str::from_utf8(&obj[m.value.clone()])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Builds the view from typed fields; shared by both modes.
+fn build_view<'a>(
+    body: &'a [u8],
+    k: &Known<'a>,
+    mode: Mode,
+) -> Result<EnvelopeView<'a>, EnvelopeError> {
+    match &k.v.as_ref().ok_or(EnvelopeError::MissingField("v"))?.val {
+        Val::Str(v) if v == PROTOCOL_VERSION => {}
+        _ => return Err(EnvelopeError::WrongVersion),
+    }
+    let kind = match &k
+        .ty
+        .as_ref()
+        .ok_or(EnvelopeError::MissingField("type"))?
+        .val
+    {
+        Val::Str(t) if t == "request" => MsgType::Request,
+        Val::Str(t) if t == "response" => MsgType::Response,
+        Val::Str(t) if t == "event" => MsgType::Event,
+        _ => return Err(EnvelopeError::InvalidType),
+    };
+    if mode == Mode::Strict {
+        if let Some(u) = &k.unknown {
+            return Err(EnvelopeError::UnknownField(truncate_key(u)));
+        }
+        // Fields that belong to another message type.
+        let foreign: &[(&Option<Field<'a>>, &str)] = match kind {
+            MsgType::Request => &[
+                (&k.channel, "channel"),
+                (&k.seq, "seq"),
+                (&k.payload, "payload"),
+                (&k.result, "result"),
+                (&k.error, "error"),
+            ],
+            MsgType::Response => &[
+                (&k.method, "method"),
+                (&k.params, "params"),
+                (&k.channel, "channel"),
+                (&k.seq, "seq"),
+                (&k.payload, "payload"),
+            ],
+            MsgType::Event => &[
+                (&k.method, "method"),
+                (&k.params, "params"),
+                (&k.result, "result"),
+                (&k.error, "error"),
+            ],
+        };
+        if let Some((_, name)) = foreign.iter().find(|(f, _)| f.is_some()) {
+            return Err(EnvelopeError::UnknownField(name.to_string()));
+        }
+    }
+    let mut view = EnvelopeView {
+        kind,
+        id: None,
+        id_span: None,
+        method: None,
+        channel: None,
+        seq: None,
+        seq_span: None,
+        params: None,
+        payload: None,
+        result: None,
+        error_code: None,
+    };
+    match &k.id {
+        Some(Field {
+            val: Val::Str(s),
+            span,
+            ..
+        }) => {
+            if mode == Mode::Strict && !is_uuid(s) {
+                return Err(EnvelopeError::InvalidField("id"));
+            }
+            view.id = Some(s.clone());
+            view.id_span = Some(span.clone());
+        }
+        Some(_) => return Err(EnvelopeError::InvalidField("id")),
+        None if mode == Mode::Strict || kind != MsgType::Event => {
+            return Err(EnvelopeError::MissingField("id"))
+        }
+        None => {}
+    }
+    match kind {
+        MsgType::Request => {
+            match &k
+                .method
+                .as_ref()
+                .ok_or(EnvelopeError::MissingField("method"))?
+                .val
+            {
+                Val::Str(m) if is_method_name(m) => view.method = Some(m.clone()),
+                _ => return Err(EnvelopeError::InvalidField("method")),
+            }
+            if let Some(p) = &k.params {
+                if p.val != Val::Object {
+                    return Err(EnvelopeError::InvalidField("params"));
+                }
+                view.params = Some(p.span.clone());
+            }
+        }
+        MsgType::Response => {
+            // A mod's explicit nulls mean "absent"; from a bridge a null is a value.
+            let is_present = |f: &&Field<'a>| mode == Mode::Strict || f.val != Val::Null;
+            match (
+                k.result.as_ref().filter(is_present),
+                k.error.as_ref().filter(is_present),
+            ) {
+                (Some(_), Some(_)) | (None, None) => return Err(EnvelopeError::ResultAndError),
+                (Some(r), None) => view.result = Some(r.span.clone()),
+                (None, Some(e)) => {
+                    if e.val != Val::Object {
+                        return Err(EnvelopeError::InvalidField("error"));
+                    }
+                    view.error_code = Some(
+                        error_code(body, &e.span).ok_or(EnvelopeError::InvalidField("error"))?,
+                    );
+                }
+            }
+        }
+        MsgType::Event => {
+            match &k
+                .channel
+                .as_ref()
+                .ok_or(EnvelopeError::MissingField("channel"))?
+                .val
+            {
+                Val::Str(c) if !c.is_empty() => view.channel = Some(c.clone()),
+                _ => return Err(EnvelopeError::InvalidField("channel")),
+            }
+            match &k.seq {
+                Some(f) => {
+                    match f.val {
+                        Val::UInt(n) => view.seq = Some(n),
+                        _ if mode == Mode::Strict => {
+                            return Err(EnvelopeError::InvalidField("seq"))
+                        }
+                        _ => {}
+                    }
+                    view.seq_span = Some(f.span.clone());
+                }
+                None if mode == Mode::Strict => return Err(EnvelopeError::MissingField("seq")),
+                None => {}
+            }
+            match &k.payload {
+                Some(f) => view.payload = Some(f.span.clone()),
+                None if mode == Mode::Strict => return Err(EnvelopeError::MissingField("payload")),
+                None => {}
+            }
+        }
+    }
+    Ok(view)
 }
 
 /// Checks every object on the tape for duplicate keys, and every number for finiteness.
@@ -260,17 +648,6 @@ fn truncate_key(k: &str) -> String {
     k.chars().take(64).collect()
 }
 
-fn string_at<'t>(tape: &[Node<'t>], i: usize) -> Option<&'t str> {
-    match tape.get(i) {
-        Some(Node::String(s)) => Some(s),
-        _ => None,
-    }
-}
-
-fn is_null(tape: &[Node<'_>], i: usize) -> bool {
-    matches!(tape.get(i), Some(Node::Static(StaticNode::Null)))
-}
-
 /// The decoded string, borrowed from the body when it has no escapes.
 fn borrow_or_own<'a>(body: &'a [u8], span: &Range<usize>, decoded: &str) -> Cow<'a, str> {
     let inner = &body[span.start + 1..span.end - 1];
@@ -279,192 +656,6 @@ fn borrow_or_own<'a>(body: &'a [u8], span: &Range<usize>, decoded: &str) -> Cow<
     } else {
         Cow::Owned(decoded.to_owned())
     }
-}
-
-fn read_view<'a>(
-    body: &'a [u8],
-    tape: &[Node<'_>],
-    mode: Mode,
-    members: &mut Vec<Member>,
-    keys: &mut Vec<(usize, usize)>,
-) -> Result<EnvelopeView<'a>, EnvelopeError> {
-    if !matches!(tape.first(), Some(Node::Object { .. })) {
-        return Err(EnvelopeError::NotAnObject);
-    }
-    match mode {
-        Mode::Strict => check_whole_tape(tape, keys)?,
-        Mode::Tolerant => check_duplicates(tape, 0, keys)?,
-    }
-    scan::members(body, members).ok_or(EnvelopeError::InvalidJson)?;
-
-    let mut version = None;
-    let mut kind = None;
-    let (mut id, mut method, mut channel, mut seq) = (None, None, None, None);
-    let (mut params, mut payload, mut result, mut error) = (None, None, None, None);
-    let mut n_members = 0;
-    for ((key, value), raw) in object_members(tape, 0).zip(members.iter()) {
-        n_members += 1;
-        let span = raw.value.clone();
-        match key {
-            "v" => version = Some(string_at(tape, value).ok_or(EnvelopeError::WrongVersion)?),
-            "type" => {
-                kind = Some(match string_at(tape, value) {
-                    Some("request") => MsgType::Request,
-                    Some("response") => MsgType::Response,
-                    Some("event") => MsgType::Event,
-                    _ => return Err(EnvelopeError::InvalidType),
-                })
-            }
-            "id" => id = Some((value, span)),
-            "method" => method = Some((value, span)),
-            "channel" => channel = Some((value, span)),
-            "seq" => seq = Some((value, span)),
-            "params" => params = Some((value, span)),
-            "payload" => payload = Some((value, span)),
-            "result" => result = Some((value, span)),
-            "error" => error = Some((value, span)),
-            _ => {}
-        }
-    }
-    if n_members != members.len() {
-        return Err(EnvelopeError::InvalidJson);
-    }
-    if version.ok_or(EnvelopeError::MissingField("v"))? != PROTOCOL_VERSION {
-        return Err(EnvelopeError::WrongVersion);
-    }
-    let kind = kind.ok_or(EnvelopeError::MissingField("type"))?;
-    if mode == Mode::Strict {
-        if let Some((key, _)) = object_members(tape, 0).find(|(k, _)| !allowed(kind, k)) {
-            return Err(EnvelopeError::UnknownField(truncate_key(key)));
-        }
-    }
-    if mode == Mode::Tolerant {
-        // A mod's explicit nulls mean "absent".
-        result = result.filter(|(i, _)| !is_null(tape, *i));
-        error = error.filter(|(i, _)| !is_null(tape, *i));
-    }
-
-    let mut view = EnvelopeView {
-        kind,
-        id: None,
-        id_span: None,
-        method: None,
-        channel: None,
-        seq: None,
-        seq_span: None,
-        params: None,
-        payload: None,
-        result: None,
-        error_code: None,
-    };
-
-    match id {
-        Some((i, span)) => {
-            let s = string_at(tape, i).ok_or(EnvelopeError::InvalidField("id"))?;
-            if mode == Mode::Strict && !is_uuid(s) {
-                return Err(EnvelopeError::InvalidField("id"));
-            }
-            view.id = Some(borrow_or_own(body, &span, s));
-            view.id_span = Some(span);
-        }
-        None if mode == Mode::Strict || kind != MsgType::Event => {
-            return Err(EnvelopeError::MissingField("id"))
-        }
-        None => {}
-    }
-
-    match kind {
-        MsgType::Request => {
-            let (i, span) = method.ok_or(EnvelopeError::MissingField("method"))?;
-            let m = string_at(tape, i).ok_or(EnvelopeError::InvalidField("method"))?;
-            if !is_method_name(m) {
-                return Err(EnvelopeError::InvalidField("method"));
-            }
-            view.method = Some(borrow_or_own(body, &span, m));
-            if let Some((i, span)) = params {
-                if !matches!(tape[i], Node::Object { .. }) {
-                    return Err(EnvelopeError::InvalidField("params"));
-                }
-                if mode == Mode::Strict {
-                    params::check_request(m, tape, i)?;
-                }
-                view.params = Some(span);
-            } else if mode == Mode::Strict {
-                params::check_request_without_params(m)?;
-            }
-        }
-        MsgType::Response => {
-            match (&result, &error) {
-                (Some(_), Some(_)) | (None, None) => return Err(EnvelopeError::ResultAndError),
-                _ => {}
-            }
-            view.result = result.map(|(_, span)| span);
-            if let Some((i, _)) = error {
-                view.error_code = Some(read_error(tape, i, mode)?);
-            }
-        }
-        MsgType::Event => {
-            let (i, span) = channel.ok_or(EnvelopeError::MissingField("channel"))?;
-            let c = string_at(tape, i)
-                .filter(|c| !c.is_empty())
-                .ok_or(EnvelopeError::InvalidField("channel"))?;
-            view.channel = Some(borrow_or_own(body, &span, c));
-            match seq {
-                Some((i, span)) => {
-                    let n = match tape[i] {
-                        Node::Static(StaticNode::U64(n)) => Some(n),
-                        Node::Static(StaticNode::I64(n)) if n >= 0 => Some(n as u64),
-                        _ => None,
-                    };
-                    if n.is_none() && mode == Mode::Strict {
-                        return Err(EnvelopeError::InvalidField("seq"));
-                    }
-                    view.seq = n;
-                    view.seq_span = Some(span);
-                }
-                None if mode == Mode::Strict => return Err(EnvelopeError::MissingField("seq")),
-                None => {}
-            }
-            match payload {
-                Some((i, span)) => {
-                    if mode == Mode::Strict {
-                        params::check_event_payload(c, tape, i)?;
-                    }
-                    view.payload = Some(span);
-                }
-                None if mode == Mode::Strict => return Err(EnvelopeError::MissingField("payload")),
-                None => {}
-            }
-        }
-    }
-    Ok(view)
-}
-
-fn read_error(tape: &[Node<'_>], at: usize, mode: Mode) -> Result<i64, EnvelopeError> {
-    if !matches!(tape[at], Node::Object { .. }) {
-        return Err(EnvelopeError::InvalidField("error"));
-    }
-    let mut code = None;
-    let mut has_message = false;
-    for (key, value) in object_members(tape, at) {
-        match key {
-            "code" => {
-                code = match tape[value] {
-                    Node::Static(StaticNode::I64(n)) => Some(n),
-                    Node::Static(StaticNode::U64(n)) => i64::try_from(n).ok(),
-                    _ => None,
-                }
-            }
-            "message" => has_message = matches!(tape[value], Node::String(m) if !m.is_empty()),
-            "data" => {}
-            _ if mode == Mode::Strict => return Err(EnvelopeError::InvalidField("error")),
-            _ => {}
-        }
-    }
-    if mode == Mode::Strict && !has_message {
-        return Err(EnvelopeError::InvalidField("error"));
-    }
-    code.ok_or(EnvelopeError::InvalidField("error"))
 }
 
 #[cfg(test)]

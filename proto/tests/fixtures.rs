@@ -91,3 +91,13 @@ fn examples_are_accepted_from_a_mod() {
         }
     }
 }
+
+#[test]
+fn strict_and_tolerant_views_agree_on_valid_messages() {
+    let (mut strict, mut tolerant) = (Parser::new(), Parser::new());
+    for (path, body) in fixtures("CONFORMANCE/1.0/valid") {
+        let a = strict.parse(&body, Mode::Strict).expect("strict");
+        let b = tolerant.parse(&body, Mode::Tolerant).expect("tolerant");
+        assert_eq!(a, b, "{}", path.display());
+    }
+}

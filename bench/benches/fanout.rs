@@ -1,0 +1,61 @@
+//! The hub's fan-out: one published event offered to 8 and 32 outboxes, drained by writers.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
+use gabp_bench::event_body;
+use gabp_proto::{Mode, Parser};
+use gabp_relay::hub::Hub;
+use gabp_relay::outbox::{Batch, Outbox};
+use gabp_relay::OnSlow;
+
+const EVENTS: usize = 256;
+
+fn fanout(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fanout");
+    let body = event_body(256, 1);
+    let span = Parser::new()
+        .parse(&body, Mode::Tolerant)
+        .expect("valid")
+        .seq_span;
+    for subs in [8usize, 32] {
+        let hub = Hub::new();
+        let outboxes: Vec<Arc<Outbox>> = (0..subs)
+            .map(|_| Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 30)))
+            .collect();
+        for (i, o) in outboxes.iter().enumerate() {
+            hub.subscribe(i as u32, o, &["world/tick".to_string()]);
+        }
+        // Deliveries per iteration: EVENTS events to `subs` subscribers.
+        g.throughput(Throughput::Elements((EVENTS * subs) as u64));
+        g.bench_with_input(
+            BenchmarkId::new("publish+offer+drain", subs),
+            &subs,
+            |b, _| {
+                let mut batch = Batch::default();
+                b.iter(|| {
+                    for _ in 0..EVENTS {
+                        let p = hub.publish("world/tick", &body, span.clone());
+                        for (_, o) in p.subscribers.iter() {
+                            o.offer(&p.event);
+                        }
+                    }
+                    let mut bytes = 0usize;
+                    for o in &outboxes {
+                        o.take(&mut batch).expect("open");
+                        bytes += batch.events.iter().map(|e| e.wire.len()).sum::<usize>();
+                        batch.events.clear();
+                    }
+                    bytes
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(3)).warm_up_time(std::time::Duration::from_secs(1));
+    targets = fanout
+}
