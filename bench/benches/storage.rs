@@ -17,11 +17,28 @@ fn recorder(c: &mut Criterion) {
     let bodies: Vec<Bytes> = (0..TICK)
         .map(|i| Bytes::from(event_body(256, i as u64)))
         .collect();
-    for (name, compression, durability) in [
-        ("lz4_batch", Compression::Lz4, Durability::Batch),
-        ("lz4_none", Compression::Lz4, Durability::None),
-        ("zstd_batch", Compression::Zstd, Durability::Batch),
-        ("nocompress_batch", Compression::None, Durability::Batch),
+    for (name, compression, durability, wal_compression) in [
+        ("lz4_batch", Compression::Lz4, Durability::Batch, false),
+        (
+            "lz4_batch_walzstd",
+            Compression::Lz4,
+            Durability::Batch,
+            true,
+        ),
+        ("zstd_batch", Compression::Zstd, Durability::Batch, false),
+        (
+            "zstd_batch_walzstd",
+            Compression::Zstd,
+            Durability::Batch,
+            true,
+        ),
+        ("lz4_none", Compression::Lz4, Durability::None, false),
+        (
+            "nocompress_batch",
+            Compression::None,
+            Durability::Batch,
+            false,
+        ),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(
@@ -30,6 +47,7 @@ fn recorder(c: &mut Criterion) {
                 durability,
                 compression,
                 read_only: false,
+                wal_compression,
             },
         )
         .expect("open");

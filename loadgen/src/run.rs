@@ -74,7 +74,14 @@ async fn measure_with(
         }
     }
     let mut stalled = Vec::new();
-    for _ in 0..sc.stalled {
+    // The baseline is lossless and has no slow-consumer policy: a reader that never reads would
+    // stall it for everyone. It is measured with the healthy bridges only, as the ceiling.
+    let stalled_count = if matches!(which, Which::Baseline) {
+        0
+    } else {
+        sc.stalled
+    };
+    for _ in 0..stalled_count {
         match bridge::connect(&target.addr, &target.token, &sc.channels).await {
             Ok(c) => stalled.push(c),
             Err(e) => errors.push(format!("stalled bridge: {e}")),

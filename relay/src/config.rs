@@ -238,6 +238,8 @@ pub struct RelayConfig {
     pub durability: Durability,
     /// Frame compression.
     pub compression: Compression,
+    /// Compress the write-ahead log.
+    pub wal_compression: bool,
     /// Recorder failure policy.
     pub on_record_error: OnRecordError,
     /// Retention, applied at start and while serving.
@@ -269,6 +271,8 @@ pub struct FileConfig {
     pub durability: Option<String>,
     /// `none`, `lz4` or `zstd`.
     pub compression: Option<String>,
+    /// Compress the write-ahead log (default false).
+    pub wal_compression: Option<bool>,
     /// `stall` or `continue`.
     pub on_record_error: Option<String>,
     /// Retention, e.g. `"7d,10GiB"`.

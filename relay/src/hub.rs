@@ -93,6 +93,7 @@ impl Hub {
                 channel: name,
                 seq,
                 wire,
+                keep: false,
             }),
             channel_id,
             new_channel,

@@ -13,12 +13,16 @@
 //! - [`metrics`]: metric handles and the Prometheus endpoint.
 //! - [`server`]: starting and stopping a relay.
 //! - [`replay`], [`export`], [`stats`]: reading recordings back.
+//! - [`transport`]: the stdio upstream (a mod started as a child process).
+//! - [`discovery`]: the bridge discovery file.
+//! - [`wrap`]: running the relay invisibly between a launcher and a game.
 //! - [`demo`]: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub mod auth;
 pub mod bridge;
 pub mod config;
 pub mod demo;
+pub mod discovery;
 pub mod export;
 pub mod hub;
 pub mod metrics;
@@ -29,7 +33,9 @@ pub mod replay;
 pub mod route;
 pub mod server;
 pub mod stats;
+pub mod transport;
 pub mod upstream;
+pub mod wrap;
 
 pub use config::{OnSlow, RelayConfig, RouteConfig, Upstream};
 pub use server::Relay;

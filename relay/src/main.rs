@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Relay bridges to a mod and record every session.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a simulated mod, the relay and simulated bridges for a few seconds.
     Demo(DemoArgs),
     /// List, check or remove recorded sessions.
@@ -38,6 +38,8 @@ enum Cmd {
     Export(ExportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(ReplayArgs),
+    /// Run a game behind the relay where a launcher expects the game (GABP_SERVER_PORT, GABP_TOKEN).
+    Wrap(WrapArgs),
     /// Run the built-in simulated mod on its own.
     ModSim(ModSimArgs),
     /// Print a fresh 128-bit token.
@@ -61,9 +63,18 @@ struct DataDir {
 
 #[derive(Args, Debug)]
 struct ServeArgs {
-    /// The mod: HOST:PORT or unix:PATH.
+    /// The mod: HOST:PORT, unix:PATH, or `stdio` with the mod's command after `--`.
     #[arg(long)]
     upstream: Option<String>,
+    /// Write the bridge discovery file here (`{route}` is replaced by the route name).
+    #[arg(long)]
+    bridge_file: Option<PathBuf>,
+    /// Do not write a bridge discovery file.
+    #[arg(long)]
+    no_bridge_file: bool,
+    /// With `--upstream stdio`: the mod's command and arguments.
+    #[arg(last = true)]
+    command: Vec<String>,
     /// Token the relay presents to the mod.
     #[arg(
         long,
@@ -96,6 +107,9 @@ struct ServeArgs {
     /// Frame compression: none, lz4 or zstd.
     #[arg(long)]
     compression: Option<Compression>,
+    /// Compress the write-ahead log with zstd (smaller WAL, slower synced writes; see BENCHMARKS.md).
+    #[arg(long)]
+    wal_compression: bool,
     /// What a failed recording write does: stall or continue.
     #[arg(long)]
     on_record_error: Option<OnRecordError>,
@@ -245,10 +259,35 @@ struct ReplayArgs {
 }
 
 #[derive(Args, Debug)]
+struct WrapArgs {
+    /// Route name (default: GABS_GAME_ID, else `default`).
+    #[arg(long)]
+    route_name: Option<String>,
+    /// Where recordings go.
+    #[arg(long, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    data_dir: PathBuf,
+    /// Do not record.
+    #[arg(long)]
+    no_record: bool,
+    /// Slow-bridge policy.
+    #[arg(long, value_parser = parse_on_slow)]
+    on_slow: Option<OnSlow>,
+    /// WAL sync policy: none or batch.
+    #[arg(long)]
+    durability: Option<Durability>,
+    /// Serve Prometheus metrics at HOST:PORT.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
+    /// The game's command and arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
 struct ModSimArgs {
-    /// Where to listen (ignored with --stdio).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: String,
+    /// Where to listen (default: 127.0.0.1 on GABP_SERVER_PORT if set, else a free port).
+    #[arg(long)]
+    listen: Option<String>,
     /// Speak GABP over stdin/stdout instead.
     #[arg(long)]
     stdio: bool,
@@ -322,7 +361,7 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Serve(a) => serve(a).await,
+        Cmd::Serve(a) => serve(*a).await,
         Cmd::Demo(a) => {
             let opts = gabp_relay::demo::DemoOptions {
                 duration: a.duration,
@@ -380,6 +419,10 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Replay(a) => replay(a).await,
+        Cmd::Wrap(a) => {
+            let code = wrap(a).await?;
+            std::process::exit(code);
+        }
         Cmd::ModSim(a) => mod_sim(a).await,
         Cmd::Token => {
             println!("{}", gabp_relay::auth::generate_token());
@@ -394,11 +437,18 @@ fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
         (None, None) => return Ok(None),
         _ => return Err(usage("--upstream and --listen go together")),
     };
-    let upstream = Upstream::Addr(
-        upstream
-            .parse()
-            .map_err(|e: String| usage(format!("--upstream: {e}")))?,
-    );
+    let upstream = if upstream == "stdio" {
+        if a.command.is_empty() {
+            return Err(usage("--upstream stdio needs the mod's command after --"));
+        }
+        Upstream::Stdio(a.command.clone())
+    } else {
+        Upstream::Addr(
+            upstream
+                .parse()
+                .map_err(|e: String| usage(format!("--upstream: {e}")))?,
+        )
+    };
     let listen: Addr = listen
         .parse()
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
@@ -505,6 +555,7 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
             .unwrap_or_else(|| PathBuf::from("gabp-data")),
         durability,
         compression,
+        wal_compression: a.wal_compression || f.and_then(|f| f.wal_compression).unwrap_or(false),
         on_record_error,
         retain,
         metrics,
@@ -523,41 +574,152 @@ async fn shutdown_signal() {
     }
 }
 
-async fn serve(a: ServeArgs) -> Result<()> {
-    let cfg = relay_config(&a)?;
-    let relay = Relay::start(cfg.clone()).await?;
-    let mut out = std::io::stdout().lock();
+/// Writes each route's discovery file; returns the paths written (removed again at exit).
+fn write_bridge_files(
+    relay: &Relay,
+    flag: Option<&PathBuf>,
+    from_config: Option<&PathBuf>,
+) -> Vec<PathBuf> {
+    let mut written = Vec::new();
     for (i, r) in relay.routes.iter().enumerate() {
-        writeln!(
-            out,
-            "route {} listening on {} -> mod {}",
-            r.cfg.name, relay.addrs[i], r.cfg.upstream
-        )?;
-        if r.cfg.token_generated {
-            writeln!(out, "route {} token {}", r.cfg.name, r.cfg.token)?;
+        let path = match flag.or(from_config) {
+            Some(p) if relay.routes.len() > 1 && !p.to_string_lossy().contains("{route}") => {
+                let p = p.to_string_lossy();
+                PathBuf::from(p.replace(".json", &format!("-{}.json", r.cfg.name)))
+            }
+            Some(p) => PathBuf::from(p.to_string_lossy().replace("{route}", &r.cfg.name)),
+            None => match gabp_relay::discovery::default_path(&r.cfg.name) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        let body = gabp_relay::discovery::contents(
+            &r.cfg.name,
+            &relay.addrs[i],
+            &r.cfg.token,
+            &r.launch_id,
+        );
+        match gabp_relay::discovery::write(&path, &body) {
+            Ok(()) => written.push(path),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the bridge discovery file")
+            }
         }
     }
-    if cfg.records() {
-        writeln!(
-            out,
-            "recording to {} (durability {:?})",
-            cfg.data_dir.display(),
-            cfg.durability
-        )?;
+    written
+}
+
+async fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = relay_config(&a)?;
+    let relay = Relay::start_with(
+        cfg.clone(),
+        std::sync::Arc::new(gabp_relay::transport::AnyConnector::default()),
+    )
+    .await?;
+    let bridge_files = if a.no_bridge_file {
+        Vec::new()
     } else {
-        writeln!(out, "recording off")?;
+        write_bridge_files(&relay, a.bridge_file.as_ref(), cfg.bridge_file.as_ref())
+    };
+    // What the operator needs to connect, on stdout; best effort, so a closed stdout (a
+    // supervisor that stopped reading) never takes the relay down. The recording line comes last.
+    let mut text = String::new();
+    for (i, r) in relay.routes.iter().enumerate() {
+        text += &format!(
+            "route {} listening on {} -> mod {}\n",
+            r.cfg.name, relay.addrs[i], r.cfg.upstream
+        );
+        if r.cfg.token_generated {
+            text += &format!("route {} token {}\n", r.cfg.name, r.cfg.token);
+        }
     }
     if let Some(m) = relay.metrics_addr {
-        writeln!(out, "metrics on http://{m}/metrics")?;
+        text += &format!("metrics on http://{m}/metrics\n");
     }
-    out.flush()?;
+    for p in &bridge_files {
+        text += &format!("bridge file {}\n", p.display());
+    }
+    text += &if cfg.records() {
+        format!(
+            "recording to {} (durability {:?})\n",
+            cfg.data_dir.display(),
+            cfg.durability
+        )
+    } else {
+        "recording off\n".to_string()
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     drop(out);
     shutdown_signal().await;
     tracing::info!("shutting down");
-    if !relay.shutdown().await {
+    let clean = relay.shutdown().await;
+    for p in &bridge_files {
+        let _ = std::fs::remove_file(p);
+    }
+    if !clean {
         bail!("shutdown did not finish within {:?}", a.shutdown_timeout);
     }
     Ok(())
+}
+
+async fn wrap(a: WrapArgs) -> Result<i32> {
+    use gabp_relay::wrap::{free_port, spawn_game, LaunchEnv};
+    let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
+    let game_port = free_port()?;
+    let game_token = gabp_relay::auth::generate_token();
+    let name = a
+        .route_name
+        .or(env.game_id.clone())
+        .unwrap_or_else(|| "default".into());
+    let upstream = Upstream::Addr(
+        format!("127.0.0.1:{game_port}")
+            .parse()
+            .map_err(|e: String| anyhow!(e))?,
+    );
+    let listen: Addr = format!("127.0.0.1:{}", env.port)
+        .parse()
+        .map_err(|e: String| anyhow!(e))?;
+    let mut route = RouteConfig::new(&name, upstream, listen, env.token.clone());
+    route.upstream_token = game_token.clone();
+    if let Some(p) = a.on_slow {
+        route.on_slow = p;
+    }
+    route.record = !a.no_record;
+    let cfg = RelayConfig {
+        routes: vec![route],
+        data_dir: a.data_dir,
+        durability: a.durability.unwrap_or_default(),
+        compression: Compression::Lz4,
+        wal_compression: false,
+        on_record_error: OnRecordError::Stall,
+        retain: Retention::default(),
+        metrics: a.metrics,
+        allow_remote: false,
+        shutdown_timeout: Duration::from_secs(10),
+        bridge_file: None,
+    };
+    let relay = Relay::start(cfg).await?;
+    let mut game = spawn_game(&a.command, game_port, &game_token)?;
+    tracing::info!(route = %name, listen = %relay.addrs[0], game_port, "wrapping the game; launchers connect to the relay");
+    let status = tokio::select! {
+        s = game.wait() => s?,
+        _ = shutdown_signal() => {
+            // Forward the signal and let the game decide how to end.
+            if let Some(pid) = game.id() {
+                let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            }
+            match tokio::time::timeout(Duration::from_secs(10), game.wait()).await {
+                Ok(s) => s?,
+                Err(_) => {
+                    let _ = game.start_kill();
+                    game.wait().await?
+                }
+            }
+        }
+    };
+    relay.shutdown().await;
+    Ok(status.code().unwrap_or(1))
 }
 
 fn sessions(a: SessionsArgs) -> Result<()> {
@@ -751,8 +913,12 @@ async fn mod_sim(a: ModSimArgs) -> Result<()> {
         tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
         return Ok(());
     }
-    let listen: Addr = a
-        .listen
+    let listen = match (a.listen, std::env::var("GABP_SERVER_PORT").ok()) {
+        (Some(l), _) => l,
+        (None, Some(port)) => format!("127.0.0.1:{port}"),
+        (None, None) => "127.0.0.1:0".to_string(),
+    };
+    let listen: Addr = listen
         .parse()
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
     let sim = gabp_sim::ModSim::start(&listen, cfg)

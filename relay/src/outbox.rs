@@ -27,6 +27,8 @@ pub struct EventFrame {
     pub seq: u64,
     /// The complete wire frame (header and body).
     pub wire: Bytes,
+    /// Never dropped: relay notices that must keep their place in the event stream.
+    pub keep: bool,
 }
 
 /// A run of dropped events on one channel.
@@ -148,13 +150,23 @@ impl Outbox {
             }
             OnSlow::DropOldest => {
                 let mut n = 0;
+                let mut kept = Vec::new();
                 while !fits(&st) {
                     let Some(old) = st.events.pop_front() else {
                         break;
                     };
                     st.event_bytes -= old.wire.len();
+                    if old.keep {
+                        kept.push(old);
+                        continue;
+                    }
                     record_drop(&mut st.drops, &old);
                     n += 1;
+                }
+                // Kept notices go back in front, in order: they were the oldest.
+                for k in kept.into_iter().rev() {
+                    st.event_bytes += k.wire.len();
+                    st.events.push_front(k);
                 }
                 st.event_bytes += len;
                 st.events.push_back(ev.clone());
@@ -163,6 +175,20 @@ impl Outbox {
                 Offer::QueuedAfterDrop(n)
             }
         }
+    }
+
+    /// Queues a relay notice in the event stream, in order with events and past any bound (it is
+    /// never dropped). Returns false if the outbox is closed.
+    pub fn push_ordered(&self, ev: Arc<EventFrame>) -> bool {
+        let mut st = self.state.lock();
+        if st.closed {
+            return false;
+        }
+        st.event_bytes += ev.wire.len();
+        st.events.push_back(ev);
+        drop(st);
+        self.wake.notify_one();
+        true
     }
 
     /// Queues a control frame (a response or notice). Returns false if the outbox is closed.
@@ -281,7 +307,40 @@ mod tests {
             channel: ch.into(),
             seq,
             wire: Bytes::from(vec![b'x'; 10]),
+            keep: false,
         })
+    }
+
+    #[test]
+    fn ordered_notices_keep_their_place_and_are_never_dropped() {
+        let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
+        o.offer(&ev("a", 0));
+        let notice = EventFrame {
+            channel: "relay/session".into(),
+            seq: 0,
+            wire: Bytes::from_static(b"n"),
+            keep: true,
+        };
+        o.push_ordered(Arc::new(notice));
+        for s in 1..6 {
+            o.offer(&ev("a", s));
+        }
+        let mut b = Batch::default();
+        o.take(&mut b).expect("open");
+        let order: Vec<(&str, u64)> = b.events.iter().map(|e| (&*e.channel, e.seq)).collect();
+        assert_eq!(
+            order,
+            vec![("relay/session", 0), ("a", 3), ("a", 4), ("a", 5)]
+        );
+        assert_eq!(
+            b.drops,
+            vec![DropRun {
+                channel: "a".into(),
+                from: 0,
+                to: 2,
+                count: 3
+            }]
+        );
     }
 
     #[test]

@@ -88,6 +88,8 @@ pub struct Route {
     /// The launch id the relay presents to the mod.
     pub launch_id: String,
     next_conn: AtomicU32,
+    /// Seq of the route's `relay/session` channel.
+    session_notices: std::sync::atomic::AtomicU64,
 }
 
 impl Route {
@@ -112,6 +114,7 @@ impl Route {
             cancel,
             launch_id: Uuid::new_v4().to_string(),
             next_conn: AtomicU32::new(1),
+            session_notices: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -202,13 +205,21 @@ impl Route {
         }
     }
 
-    /// Sends a `relay/session` notice to every bridge that subscribes to anything.
+    /// Sends a `relay/session` notice to every bridge that subscribes to anything, in order with
+    /// the events around it (so "ended" follows the session's last event and "started" precedes
+    /// the next session's first).
     pub fn notify_bridges(&self, payload: Value) {
-        let body = message::event("relay/session", 0, payload);
-        let wire = frame_bytes(&body);
+        let seq = self.session_notices.fetch_add(1, Ordering::Relaxed);
+        let body = message::event("relay/session", seq, payload);
+        let notice = Arc::new(crate::outbox::EventFrame {
+            channel: Arc::from("relay/session"),
+            seq,
+            wire: frame_bytes(&body),
+            keep: true,
+        });
         for b in self.bridges.lock().values() {
             if !b.subs.lock().is_empty() {
-                b.outbox.push_control(wire.clone());
+                b.outbox.push_ordered(notice.clone());
             }
         }
     }

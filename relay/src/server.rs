@@ -85,6 +85,7 @@ impl Relay {
                     durability: cfg.durability,
                     compression: cfg.compression,
                     read_only: false,
+                    wal_compression: cfg.wal_compression,
                 },
             )?;
             let (rec, thread) = Recorder::start(store.clone(), cfg.on_record_error);

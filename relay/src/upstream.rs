@@ -32,6 +32,9 @@ use crate::route::{Route, SessionInfo, VERSION};
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Recorder messages batched before a send even if the socket still has data.
 const RECORD_BATCH: usize = 512;
+/// Frames processed before writers are woken even if the socket still has data: at full rate the
+/// socket never runs dry, and writers must drain outboxes long before they fill.
+const WAKE_EVERY: usize = 256;
 
 /// Connects, serves sessions and reconnects until the route is cancelled.
 pub async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
@@ -335,6 +338,7 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
         touched: Vec::new(),
         channel_counters: Vec::new(),
     };
+    let mut since_flush = 0usize;
     loop {
         let next = match frames.next().now_or_never() {
             Some(n) => n,
@@ -350,8 +354,10 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
         match next {
             Some(Ok(frame)) => {
                 r.on_frame(frame.body).await;
-                if r.records.len() >= RECORD_BATCH {
+                since_flush += 1;
+                if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
                     r.flush().await;
+                    since_flush = 0;
                 }
             }
             Some(Err(e)) => {

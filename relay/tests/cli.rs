@@ -256,3 +256,210 @@ async fn kill_9_mid_recording_leaves_a_clean_prefix() {
     );
     sim.stop();
 }
+
+/// Reads stdout lines until one contains `needle`; returns that line.
+async fn line_with(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    needle: &str,
+) -> String {
+    let find = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if line.contains(needle) {
+                return line;
+            }
+        }
+        panic!("stdout ended before {needle:?}");
+    };
+    tokio::time::timeout(Duration::from_secs(20), find)
+        .await
+        .expect("line in time")
+}
+
+#[tokio::test]
+async fn wrap_is_invisible_to_a_launcher_and_a_legacy_bridge() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let mut child = relay()
+        .args([
+            "wrap",
+            "--data-dir",
+            data,
+            "--",
+            BIN,
+            "mod-sim",
+            "--rate",
+            "100",
+        ])
+        .env("GABP_SERVER_PORT", port.to_string())
+        .env("GABP_TOKEN", "launcher-token")
+        .env("GABS_GAME_ID", "game-one")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn wrap");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // The game (mod-sim) prints where it listens: a fresh port, not the launcher's.
+    let game_line = line_with(&mut lines, "simulated mod listening on").await;
+    assert!(
+        !game_line.ends_with(&format!(":{port}")),
+        "the game got its own port"
+    );
+    // The launcher's bridge: only Content-Length headers, legacy `parameters`.
+    let addr: Addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let mut c = Client::connect(&addr)
+        .await
+        .expect("connect where the launcher expects the game");
+    c.length_only_headers = true;
+    let welcome = c
+        .hello("launcher-token")
+        .await
+        .expect("hello with the launcher's token");
+    assert_eq!(
+        welcome["capabilities"]["extensions"]["relay"]["route"],
+        "game-one"
+    );
+    let r = c
+        .call(
+            "tools/call",
+            serde_json::json!({"name": "sim/echo", "parameters": {"k": 7}}),
+        )
+        .await
+        .expect("call");
+    assert_eq!(r["echo"]["k"], 7);
+    drop(c);
+    sigterm(&child);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("wrap exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "wrap exits with the game's code");
+    let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["sessions"][0]["route"], "game-one");
+}
+
+#[tokio::test]
+async fn wrap_without_a_launcher_environment_is_a_usage_error() {
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        relay()
+            .args(["wrap", "--", "true"])
+            .env_remove("GABP_SERVER_PORT")
+            .output(),
+    )
+    .await
+    .expect("done")
+    .expect("ran");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GABP_SERVER_PORT"));
+}
+
+#[tokio::test]
+async fn stdio_upstream_unix_listener_discovery_file_and_metrics() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("relay.sock");
+    let bridge_file = dir.path().join("bridge.json");
+    let listen = format!("unix:{}", sock.display());
+    let data = dir.path().join("data");
+    let mut child = relay()
+        .args([
+            "serve",
+            "--upstream",
+            "stdio",
+            "--upstream-token",
+            "st",
+            "--listen",
+            &listen,
+            "--token",
+            "tok",
+            "--metrics",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--data-dir",
+            data.to_str().expect("utf8"),
+            "--bridge-file",
+            bridge_file.to_str().expect("utf8"),
+        ])
+        .args([
+            "--", BIN, "mod-sim", "--stdio", "--token", "st", "--rate", "500",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let metrics_line = line_with(&mut lines, "metrics on http://").await;
+    line_with(&mut lines, "recording to").await;
+    assert_eq!(
+        std::fs::metadata(&sock)
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(&bridge_file)
+            .expect("bridge file")
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let discovered: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&bridge_file).expect("read")).expect("json");
+    assert_eq!(discovered["token"], "tok");
+    assert_eq!(discovered["transport"]["type"], "unix");
+    let addr: Addr = discovered["transport"]["address"]
+        .as_str()
+        .expect("address")
+        .parse()
+        .expect("addr");
+    let (mut c, _) = Client::connect_hello(&addr, "tok")
+        .await
+        .expect("hello over the unix socket");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    for _ in 0..10 {
+        c.next_event().await.expect("events from the stdio mod");
+    }
+    // Metrics in Prometheus text format.
+    let maddr = metrics_line
+        .split("http://")
+        .nth(1)
+        .expect("url")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let mut s = tokio::net::TcpStream::connect(&maddr)
+        .await
+        .expect("metrics port");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("response");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for name in [
+        "gabp_frames_total",
+        "gabp_events_total",
+        "gabp_bridges_connected",
+    ] {
+        assert!(body.contains(name), "metrics lack {name}");
+    }
+    drop(c);
+    sigterm(&child);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+    assert!(!sock.exists(), "socket removed on exit");
+    assert!(!bridge_file.exists(), "bridge file removed on exit");
+}

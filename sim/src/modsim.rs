@@ -275,7 +275,9 @@ struct Session {
 }
 
 fn write_frames(out: &SharedWriter, wire: &[u8]) -> bool {
-    out.lock().expect("writer lock").write_all(wire).is_ok()
+    // Flush: on the stdio transport stdout is line-buffered and a body has no newline.
+    let mut w = out.lock().expect("writer lock");
+    w.write_all(wire).is_ok() && w.flush().is_ok()
 }
 
 fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: SharedWriter) {

@@ -70,6 +70,8 @@ pub struct StoreOptions {
     pub compression: Compression,
     /// Open without the lock and without writing.
     pub read_only: bool,
+    /// Compress the write-ahead log with zstd (every frame crosses the WAL before its table).
+    pub wal_compression: bool,
 }
 
 /// An open data dir.
@@ -97,6 +99,9 @@ fn db_options(opts: &StoreOptions) -> Options {
     o.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
     o.set_max_total_wal_size(256 << 20);
     o.set_keep_log_file_num(3);
+    if opts.wal_compression {
+        o.set_wal_compression_type(DBCompressionType::Zstd);
+    }
     o.set_compression_type(match opts.compression {
         Compression::None => DBCompressionType::None,
         Compression::Lz4 => DBCompressionType::Lz4,

@@ -37,6 +37,7 @@ pub fn relay_config(route: RouteConfig, dir: &std::path::Path) -> RelayConfig {
         data_dir: dir.to_path_buf(),
         durability: Default::default(),
         compression: Default::default(),
+        wal_compression: false,
         on_record_error: Default::default(),
         retain: Default::default(),
         metrics: None,
