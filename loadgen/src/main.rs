@@ -9,6 +9,7 @@ mod procstat;
 mod report;
 mod run;
 mod scenario;
+mod soak;
 mod target;
 
 use std::io::IsTerminal;
@@ -48,6 +49,9 @@ enum Cmd {
     Bridges(BridgesArgs),
     /// Drive tools/call at a fixed rate or concurrency against a relay or mod.
     Call(CallArgs),
+    /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
+    /// ordering and the recording afterwards.
+    Soak(SoakArgs),
     /// The baseline forwarder process (started by `run --baseline`).
     #[command(hide = true)]
     Forwarder(ForwarderArgs),
@@ -244,6 +248,34 @@ struct CallArgs {
 }
 
 #[derive(Args, Debug)]
+struct SoakArgs {
+    /// Seconds of churn.
+    #[arg(long, default_value_t = 180.0)]
+    duration: f64,
+    /// Concurrent churning bridges.
+    #[arg(long, default_value_t = 12)]
+    workers: usize,
+    /// Mod events per second.
+    #[arg(long, default_value_t = 5000.0)]
+    rate: f64,
+    /// Mean seconds between mod restarts.
+    #[arg(long, default_value_t = 15.0)]
+    restart_every: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The gabp-relay binary (default: next to this one).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Keep the recording in this data dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
 struct ForwarderArgs {
     #[arg(long)]
     upstream: String,
@@ -422,6 +454,29 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             }
             if r.calls == 0 {
                 bail!("no call was answered");
+            }
+            Ok(())
+        }
+        Cmd::Soak(a) => {
+            let opts = soak::SoakOptions {
+                duration: Duration::from_secs_f64(a.duration.max(1.0)),
+                workers: a.workers.max(1),
+                rate: a.rate.max(1.0),
+                restart_every: Duration::from_secs_f64(a.restart_every.max(0.5)),
+                seed: a.seed,
+                relay_bin: a.relay_bin.unwrap_or_else(|| target::sibling("gabp-relay")),
+                data_dir: a.data_dir,
+            };
+            let report = soak::run(opts).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for (k, v) in report.as_object().expect("object") {
+                    println!("{k:<20} {v}");
+                }
+            }
+            if report["ok"] != true {
+                bail!("the soak found problems (see the report)");
             }
             Ok(())
         }

@@ -215,6 +215,16 @@ impl BridgeReader {
                 )
                 .await;
         }
+        if method == "relay/status" {
+            // Answered before it is recorded, so the status stays visible even while a failing
+            // disk holds the recorder (policy `stall`).
+            route
+                .reply(&self.bridge, message::result_response(&id, route.status()))
+                .await;
+            return route
+                .record_current(Direction::BridgeToRelay, self.bridge.conn, body, true)
+                .await;
+        }
         route
             .record_current(
                 Direction::BridgeToRelay,
@@ -232,11 +242,6 @@ impl BridgeReader {
         match method.as_str() {
             "events/subscribe" => self.subscribe(&id, &params_value()).await,
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
-            "relay/status" => {
-                route
-                    .reply(&self.bridge, message::result_response(&id, route.status()))
-                    .await
-            }
             m if m.starts_with("relay/") => {
                 route
                     .reply_error(

@@ -67,8 +67,9 @@ pub enum RecMsg {
     Flush(oneshot::Sender<()>),
 }
 
-/// Queue capacity in batches.
-pub const QUEUE: usize = 1024;
+/// Queue capacity in batches: deep enough to ride out a slow fsync or a RocksDB write stall of
+/// a second or more at low rates, where batches are small; memory is bounded by `BUDGET_KIB`.
+pub const QUEUE: usize = 16 * 1024;
 /// Body bytes the queue may hold, in KiB: the recorder's memory bound whatever frames arrive.
 pub const BUDGET_KIB: usize = 256 * 1024;
 /// Batches applied per commit at most.

@@ -78,6 +78,26 @@ impl Relay {
         }
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
+        // Metrics first: everything started below registers its handles with this recorder.
+        let metrics_addr = match cfg.metrics {
+            Some(addr) => {
+                let listener =
+                    crate::metrics::bind(addr)
+                        .await
+                        .map_err(|source| StartError::Bind {
+                            addr: addr.to_string(),
+                            source,
+                        })?;
+                let bound = listener.local_addr().ok();
+                if let Some(handle) = crate::metrics::install() {
+                    tracker.spawn(crate::metrics::serve(listener, handle, cancel.clone()));
+                } else {
+                    tracing::warn!("a metrics recorder is already installed in this process; /metrics not served");
+                }
+                bound
+            }
+            None => None,
+        };
         let (store, recorder, recorder_thread) = if cfg.records() {
             let store = Store::open(
                 &cfg.data_dir,
@@ -106,25 +126,6 @@ impl Relay {
                 });
             }
         }
-        let metrics_addr = match cfg.metrics {
-            Some(addr) => {
-                let listener =
-                    crate::metrics::bind(addr)
-                        .await
-                        .map_err(|source| StartError::Bind {
-                            addr: addr.to_string(),
-                            source,
-                        })?;
-                let bound = listener.local_addr().ok();
-                if let Some(handle) = crate::metrics::install() {
-                    tracker.spawn(crate::metrics::serve(listener, handle, cancel.clone()));
-                } else {
-                    tracing::warn!("a metrics recorder is already installed in this process; /metrics not served");
-                }
-                bound
-            }
-            None => None,
-        };
         let mut routes = Vec::new();
         let mut addrs = Vec::new();
         for rc in cfg.routes.clone() {

@@ -32,6 +32,9 @@ use crate::route::{Route, SessionInfo, VERSION};
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Recorder messages batched before a send even if the socket still has data.
 const RECORD_BATCH: usize = 512;
+/// How long recorder messages may wait in the reader before they are sent: at low rates this
+/// turns many tiny batches into few larger ones.
+const RECORD_LINGER: Duration = Duration::from_millis(2);
 /// Frames processed before writers are woken even if the socket still has data: at full rate the
 /// socket never runs dry, and writers must drain outboxes long before they fill.
 const WAKE_EVERY: usize = 256;
@@ -327,6 +330,7 @@ struct Reader<'a> {
     records: Vec<RecMsg>,
     touched: Vec<Arc<Outbox>>,
     channel_counters: Vec<metrics::Counter>,
+    last_record_send: std::time::Instant,
 }
 
 async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frames) -> EndReason {
@@ -337,17 +341,25 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
         records: Vec::with_capacity(RECORD_BATCH),
         touched: Vec::new(),
         channel_counters: Vec::new(),
+        last_record_send: std::time::Instant::now(),
     };
     let mut since_flush = 0usize;
     loop {
         let next = match frames.next().now_or_never() {
             Some(n) => n,
             None => {
-                r.flush().await;
-                tokio::select! {
-                    biased;
-                    _ = route.cancel.cancelled() => return EndReason::RelayShutdown,
-                    n = frames.next() => n,
+                r.flush(false).await;
+                // Wait for the socket; lingering recorder messages go out after RECORD_LINGER.
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = route.cancel.cancelled() => {
+                            r.flush(true).await;
+                            return EndReason::RelayShutdown;
+                        }
+                        n = frames.next() => break n,
+                        _ = tokio::time::sleep(RECORD_LINGER), if !r.records.is_empty() => r.flush(true).await,
+                    }
                 }
             }
         };
@@ -356,17 +368,17 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
                 r.on_frame(frame.body).await;
                 since_flush += 1;
                 if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
-                    r.flush().await;
+                    r.flush(false).await;
                     since_flush = 0;
                 }
             }
             Some(Err(e)) => {
-                r.flush().await;
+                r.flush(true).await;
                 tracing::warn!(route = %route.cfg.name, error = %e, "mod connection broken");
                 return EndReason::ModGone;
             }
             None => {
-                r.flush().await;
+                r.flush(true).await;
                 return EndReason::Clean;
             }
         }
@@ -374,12 +386,18 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
 }
 
 impl Reader<'_> {
-    async fn flush(&mut self) {
+    /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
+    /// once they have lingered long enough.
+    async fn flush(&mut self, force: bool) {
         for o in self.touched.drain(..) {
             o.wake();
         }
+        let due = force
+            || self.records.len() >= RECORD_BATCH
+            || self.last_record_send.elapsed() >= RECORD_LINGER;
         if let Some(rec) = &self.route.recorder {
-            if !self.records.is_empty() {
+            if !self.records.is_empty() && due {
+                self.last_record_send = std::time::Instant::now();
                 rec.send_batch(std::mem::replace(
                     &mut self.records,
                     Vec::with_capacity(RECORD_BATCH),

@@ -98,6 +98,11 @@ fn db_options(opts: &StoreOptions) -> Options {
     o.set_max_background_jobs(2);
     o.set_wal_recovery_mode(rocksdb::DBRecoveryMode::PointInTime);
     o.set_max_total_wal_size(256 << 20);
+    // A recorder must not be throttled by compaction debt on a busy 2-core machine: let L0 grow
+    // further before RocksDB slows or stops writes (reads of recordings tolerate the extra L0).
+    o.set_max_write_buffer_number(4);
+    o.set_level_zero_slowdown_writes_trigger(40);
+    o.set_level_zero_stop_writes_trigger(64);
     o.set_keep_log_file_num(3);
     if opts.wal_compression {
         o.set_wal_compression_type(DBCompressionType::Zstd);
