@@ -11,6 +11,8 @@ pub struct ProcSample {
     pub rss: u64,
     /// Open file descriptors.
     pub fds: u64,
+    /// Open sockets (the descriptors a connection leak would grow).
+    pub sockets: u64,
 }
 
 /// Reads `/proc/<pid>`; `None` once the process is gone.
@@ -31,14 +33,21 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
             .unwrap_or(0)
             * 1024
     };
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count() as u64)
-        .unwrap_or(0);
+    let links: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|p| p.display().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let sockets = links.iter().filter(|l| l.starts_with("socket:")).count() as u64;
     Some(ProcSample {
         cpu_s: (utime + stime) / ticks,
         peak_rss: kib("VmHWM:"),
         rss: kib("VmRSS:"),
-        fds,
+        fds: links.len() as u64,
+        sockets,
     })
 }
 

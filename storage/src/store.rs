@@ -101,6 +101,8 @@ fn db_options(opts: &StoreOptions) -> Options {
     // A recorder must not be throttled by compaction debt on a busy 2-core machine: let L0 grow
     // further before RocksDB slows or stops writes (reads of recordings tolerate the extra L0).
     o.set_max_write_buffer_number(4);
+    // Bounded descriptors: table files beyond this are opened on demand.
+    o.set_max_open_files(256);
     o.set_level_zero_slowdown_writes_trigger(40);
     o.set_level_zero_stop_writes_trigger(64);
     o.set_keep_log_file_num(3);

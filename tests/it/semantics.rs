@@ -454,3 +454,79 @@ async fn relay_status_reports_route_session_and_bridges() {
     let _ = MOD_TOKEN;
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routes_in_one_process_stay_apart_and_are_recorded_by_name() {
+    use gabp_relay::{Relay, RouteConfig, Upstream};
+    use gabp_sim::ModSim;
+    let a = ModSim::start(
+        &crate::harness::loopback(),
+        ModSimConfig {
+            app_name: "GameA".into(),
+            ..quiet_mod()
+        },
+    )
+    .expect("mod a");
+    let b = ModSim::start(
+        &crate::harness::loopback(),
+        ModSimConfig {
+            app_name: "GameB".into(),
+            ..quiet_mod()
+        },
+    )
+    .expect("mod b");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let route = |name: &str, sim: &ModSim| {
+        let mut r = RouteConfig::new(
+            name,
+            Upstream::Addr(sim.addr().clone()),
+            crate::harness::loopback(),
+            format!("tok-{name}"),
+        );
+        r.upstream_token = MOD_TOKEN.into();
+        r
+    };
+    let mut cfg = crate::harness::relay_config(route("alpha", &a), dir.path());
+    cfg.routes.push(route("beta", &b));
+    let relay = Relay::start(cfg).await.expect("two routes");
+    let (mut ca, wa) = Client::connect_hello(&relay.addrs[0], "tok-alpha")
+        .await
+        .expect("alpha");
+    let (mut cb, wb) = Client::connect_hello(&relay.addrs[1], "tok-beta")
+        .await
+        .expect("beta");
+    assert_eq!(
+        (wa["app"]["name"].as_str(), wb["app"]["name"].as_str()),
+        (Some("GameA"), Some("GameB"))
+    );
+    assert_eq!(error_code(&Client::connect(&relay.addrs[1]).await.expect("c").request("session/hello", json!({"token": "tok-alpha", "bridgeVersion": "x", "platform": "linux", "launchId": "l"})).await.expect("answer")), -31000, "tokens are per route");
+    ca.subscribe(&["a"]).await.expect("subscribe");
+    cb.subscribe(&["a"]).await.expect("subscribe");
+    emit(&mut ca, "a", 3).await;
+    for want in 0..3u64 {
+        assert_eq!(ca.next_event().await.expect("alpha event")["seq"], want);
+    }
+    cb.set_wait(Duration::from_millis(300));
+    assert!(
+        cb.next_event().await.is_err(),
+        "beta sees nothing of alpha's mod"
+    );
+    assert_eq!(
+        cb.call("relay/status", json!({})).await.expect("status")["route"],
+        "beta"
+    );
+    drop((ca, cb));
+    assert!(relay.shutdown().await);
+    a.stop();
+    b.stop();
+    let store =
+        gabp_storage::Store::open(dir.path(), gabp_storage::StoreOptions::default()).expect("open");
+    let mut routes: Vec<String> = store
+        .sessions()
+        .expect("list")
+        .into_iter()
+        .map(|m| m.route)
+        .collect();
+    routes.sort();
+    assert_eq!(routes, vec!["alpha", "beta"]);
+}
