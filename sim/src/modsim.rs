@@ -7,7 +7,8 @@
 //!
 //! Methods: `session/hello` (token checked, -31000 on mismatch, -31001 for anything before it),
 //! `tools/list`, `tools/call` (`sim/echo` returns its arguments or legacy `parameters`,
-//! `sim/fail` errors, `sim/emit` emits `count` events on `channel` as fast as possible),
+//! `sim/fail` errors, `sim/emit` emits `count` events on `channel` as fast as possible;
+//! `sim/twice` answers twice and `sim/stray` also answers an id nobody sent, for fault tests),
 //! `events/subscribe`, `events/unsubscribe`, `state/get`. Emission starts with the first
 //! subscription when `autostart` is set; otherwise only `sim/emit` produces events.
 
@@ -357,7 +358,22 @@ fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: Shared
                     reply(&out, &cfg, Some(&id), answer);
                 });
             } else {
+                // Misbehaviour on request, for fault tests: a response to an id nobody sent,
+                // and a second answer to the same request.
+                let tool = params["name"].as_str().unwrap_or_default();
+                if method == "tools/call" && tool == "sim/stray" {
+                    reply(
+                        &out,
+                        &shared.cfg,
+                        Some(&uuid::Uuid::new_v4().to_string()),
+                        Ok(json!({"stray": true})),
+                    );
+                }
+                let twice = (method == "tools/call" && tool == "sim/twice").then(|| answer.clone());
                 reply(&out, &shared.cfg, Some(&id), answer);
+                if let Some(again) = twice {
+                    reply(&out, &shared.cfg, Some(&id), again);
+                }
             }
             if method == "events/subscribe"
                 && shared.cfg.autostart
@@ -445,7 +461,7 @@ fn handle(
                 &params["parameters"]
             };
             match params["name"].as_str() {
-                Some("sim/echo") => Ok(json!({"echo": args})),
+                Some("sim/echo" | "sim/twice" | "sim/stray") => Ok(json!({"echo": args})),
                 Some("sim/fail") => Err((-32000, "tool failed on purpose".into())),
                 Some("sim/emit") => {
                     let count = args["count"].as_u64().unwrap_or(1);

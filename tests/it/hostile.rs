@@ -203,3 +203,129 @@ async fn bridge_cap_and_subscription_cap() {
     assert_eq!(error_code(&r), -32002);
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mod_that_answers_twice_or_to_unknown_ids_is_contained() {
+    let h = Harness::start(quiet_mod()).await;
+    let mut c = h.bridge().await;
+    let r = c
+        .call(
+            "tools/call",
+            json!({"name": "sim/twice", "arguments": {"n": 1}}),
+        )
+        .await
+        .expect("first answer");
+    assert_eq!(r["echo"]["n"], 1);
+    let r = c
+        .call(
+            "tools/call",
+            json!({"name": "sim/stray", "arguments": {"n": 2}}),
+        )
+        .await
+        .expect("real answer");
+    assert_eq!(r["echo"]["n"], 2);
+    // Neither the duplicate nor the stray reached the bridge: the next exchange is clean.
+    let id = gabp_sim::client::new_id();
+    c.send_body(&gabp_proto::message::request(
+        &id,
+        "tools/call",
+        json!({"name": "sim/echo", "arguments": {"n": 3}}),
+    ))
+    .await
+    .expect("send");
+    let next = c.next_message().await.expect("frame").expect("open");
+    assert_eq!(
+        next["id"],
+        id.as_str(),
+        "the next frame is this request's answer, nothing stale"
+    );
+    drop(c);
+    let dir = h.shutdown().await;
+    let store =
+        gabp_storage::Store::open(dir.path(), gabp_storage::StoreOptions::default()).expect("open");
+    let meta = store.resolve("latest").expect("session");
+    assert_eq!(
+        meta.anomalies, 2,
+        "the duplicate and the stray are recorded as anomalies"
+    );
+    assert!(store.check_session(meta.id).expect("check").ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_that_vanishes_mid_request_costs_nobody() {
+    let cfg = gabp_sim::ModSimConfig {
+        tool_latency: Duration::from_millis(300),
+        ..quiet_mod()
+    };
+    let h = Harness::start(cfg).await;
+    let mut gone = h.bridge().await;
+    let id = gabp_sim::client::new_id();
+    gone.send_body(&gabp_proto::message::request(
+        &id,
+        "tools/call",
+        json!({"name": "sim/echo", "arguments": {}}),
+    ))
+    .await
+    .expect("send");
+    let route = &h.relay().routes[0];
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while route.pending.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("forwarded");
+    drop(gone); // vanish with the request in flight
+    let mut stays = h.bridge().await;
+    let r = stays
+        .call(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": {"ok": true}}),
+        )
+        .await
+        .expect("others unaffected");
+    assert_eq!(r["echo"]["ok"], true);
+    // The orphaned answer was consumed (matched, then discarded), not left pending.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !route.pending.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("nothing left pending");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_requests_per_bridge_are_capped() {
+    let cfg = gabp_sim::ModSimConfig {
+        tool_latency: Duration::from_millis(500),
+        ..quiet_mod()
+    };
+    let h = Harness::start_with(cfg, |c| c.routes[0].max_pending = 2).await;
+    let mut c = h.bridge().await;
+    let ids: Vec<String> = (0..3).map(|_| gabp_sim::client::new_id()).collect();
+    for id in &ids {
+        c.send_body(&gabp_proto::message::request(
+            id,
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": {}}),
+        ))
+        .await
+        .expect("send");
+    }
+    let third = c.response_to(&ids[2]).await.expect("answer");
+    assert_eq!(error_code(&third), -32002, "the third in flight is refused");
+    // The first two complete, in whichever order the mod answers them.
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let m = c.next_message().await.expect("frame").expect("open");
+        assert!(m.get("result").is_some(), "{m}");
+        answered.push(m["id"].as_str().expect("id").to_string());
+    }
+    answered.sort();
+    let mut want = ids[..2].to_vec();
+    want.sort();
+    assert_eq!(answered, want);
+    h.shutdown().await;
+}
