@@ -606,10 +606,9 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>, mut write: BoxW
         }
         buf.clear();
         route.metrics.bridge_out.increment(n);
+        // A writer never waits on the recorder: under `stall` that would freeze this bridge.
         for body in notices {
-            route
-                .record_current(Direction::RelayToBridge, bridge.conn, body, true)
-                .await;
+            route.record_current_detached(Direction::RelayToBridge, bridge.conn, body);
         }
     }
     // A write failure means the bridge is gone: stop queueing for it.

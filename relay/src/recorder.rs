@@ -153,6 +153,32 @@ impl Recorder {
         }
     }
 
+    /// Sends without ever waiting: for tasks that must not stall (bridge writers). When the
+    /// queue is full the message is handed to a task that waits, so it is still recorded.
+    pub fn send_detached(&self, msg: RecMsg) {
+        let bytes = if let RecMsg::Frame { rec, .. } = &msg {
+            rec.body.len()
+        } else {
+            0
+        };
+        let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
+        let msg = match self.budget.clone().try_acquire_many_owned(kib) {
+            Ok(permit) => match self.tx.try_send(RecBatch {
+                msgs: vec![msg],
+                _budget: Some(permit),
+            }) {
+                Ok(()) => return,
+                Err(
+                    mpsc::error::TrySendError::Full(mut b)
+                    | mpsc::error::TrySendError::Closed(mut b),
+                ) => b.msgs.pop().expect("the batch holds the message"),
+            },
+            Err(_) => msg,
+        };
+        let me = self.clone();
+        tokio::spawn(async move { me.send(msg).await });
+    }
+
     /// Waits until everything sent so far is committed.
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -193,7 +219,21 @@ fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<oneshot::Sender<(
     }
 }
 
+/// Lowers this thread's CPU priority (nice 10): fanning out and answering bridges come first;
+/// the recorder keeps up anyway, and if it ever falls behind its queue slows the mod, losing
+/// nothing.
+fn lower_own_priority() {
+    // SAFETY: setpriority(2) on the calling thread (who = 0 names the caller's TID on Linux);
+    // it takes no pointers and touches no memory.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 10) };
+    if rc != 0 {
+        tracing::debug!("could not lower the recorder thread's priority");
+    }
+}
+
 fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordError) {
+    lower_own_priority();
     let frames = metrics::counter!("gabp_recorded_frames_total");
     let commits = metrics::histogram!("gabp_record_commit_seconds");
     let errors = metrics::counter!("gabp_record_errors_total");

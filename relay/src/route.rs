@@ -152,6 +152,24 @@ impl Route {
         }
     }
 
+    /// Records a frame in the current session without ever waiting (see
+    /// [`Recorder::send_detached`]).
+    pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
+        if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
+            let rec = FrameRecord {
+                dir,
+                conn,
+                time_ns: gabp_sim::clock::now_ns(),
+                channel: None,
+                mod_seq: None,
+                relay_seq: None,
+                json_ok: true,
+                body,
+            };
+            r.send_detached(RecMsg::Frame { session: s.id, rec });
+        }
+    }
+
     /// Sends a reply the relay wrote itself to a bridge, and records it.
     pub async fn reply(&self, bridge: &BridgeState, body: Bytes) {
         bridge.outbox.push_control(frame_bytes(&body));

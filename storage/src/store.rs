@@ -109,6 +109,16 @@ fn db_options(opts: &StoreOptions) -> Options {
     if opts.wal_compression {
         o.set_wal_compression_type(DBCompressionType::Zstd);
     }
+    if !opts.read_only {
+        // Flushes and compactions yield to the relay's latency-critical threads; the recorder
+        // is lossless with backpressure, so slower background work costs no data.
+        if let Ok(mut env) = rocksdb::Env::new() {
+            env.lower_thread_pool_cpu_priority();
+            env.lower_high_priority_thread_pool_cpu_priority();
+            env.lower_thread_pool_io_priority();
+            o.set_env(&env);
+        }
+    }
     o.set_compression_type(match opts.compression {
         Compression::None => DBCompressionType::None,
         Compression::Lz4 => DBCompressionType::Lz4,
