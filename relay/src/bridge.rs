@@ -547,16 +547,13 @@ impl BridgeReader {
         route
             .record(
                 session.id,
-                gabp_storage::FrameRecord {
-                    dir: Direction::RelayToMod,
-                    conn: self.bridge.conn,
-                    time_ns: now_ns(),
-                    channel: None,
-                    mod_seq: None,
-                    relay_seq: None,
-                    json_ok: true,
-                    body: out,
-                },
+                gabp_storage::FrameRecord::message(
+                    Direction::RelayToMod,
+                    self.bridge.conn,
+                    now_ns(),
+                    true,
+                    out,
+                ),
             )
             .await;
     }

@@ -255,6 +255,24 @@ pub struct RelayConfig {
 }
 
 impl RelayConfig {
+    /// A config serving `routes`, recording to `data_dir`, with every other setting at its
+    /// default (durability batch, LZ4, stall on record errors, keep everything, no metrics).
+    pub fn new(routes: Vec<RouteConfig>, data_dir: PathBuf) -> RelayConfig {
+        RelayConfig {
+            routes,
+            data_dir,
+            durability: Durability::Batch,
+            compression: Compression::Lz4,
+            wal_compression: false,
+            on_record_error: OnRecordError::Stall,
+            retain: Retention::default(),
+            metrics: None,
+            allow_remote: false,
+            shutdown_timeout: Duration::from_secs(10),
+            bridge_file: None,
+        }
+    }
+
     /// Whether any route records.
     pub fn records(&self) -> bool {
         self.routes.iter().any(|r| r.record)

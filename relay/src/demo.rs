@@ -81,19 +81,7 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     );
     route.upstream_token = token;
     route.record = opts.record;
-    let cfg = RelayConfig {
-        routes: vec![route],
-        data_dir: opts.data_dir.clone(),
-        durability: Default::default(),
-        compression: Default::default(),
-        wal_compression: false,
-        on_record_error: Default::default(),
-        retain: Default::default(),
-        metrics: None,
-        allow_remote: false,
-        shutdown_timeout: Duration::from_secs(10),
-        bridge_file: None,
-    };
+    let cfg = RelayConfig::new(vec![route], opts.data_dir.clone());
     let relay = Relay::start(cfg).await.map_err(err("starting the relay"))?;
     let addr = relay.addrs[0].clone();
     let _ = writeln!(out, "relay           {addr}  token {bridge_token}");

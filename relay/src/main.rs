@@ -463,6 +463,24 @@ fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
     Ok(Some(r))
 }
 
+/// A setting from its flag, else from the config file (a parse error names the field), else
+/// its default.
+fn setting<T: std::str::FromStr>(
+    flag: Option<T>,
+    file: Option<&String>,
+    field: &str,
+    default: T,
+) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    match (flag, file) {
+        (Some(v), _) => Ok(v),
+        (None, Some(s)) => s.parse().map_err(|e| anyhow!("config {field}: {e}")),
+        (None, None) => Ok(default),
+    }
+}
+
 fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
     let file = match &a.config {
         Some(p) => Some((FileConfig::load(p)?, p.display().to_string())),
@@ -510,41 +528,38 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         }
     }
     let f = file.as_ref().map(|(f, _)| f);
-    let durability = match (a.durability, f.and_then(|f| f.durability.clone())) {
-        (Some(d), _) => d,
-        (None, Some(s)) => s
-            .parse()
-            .map_err(|e: String| anyhow!("config durability: {e}"))?,
-        _ => Durability::Batch,
-    };
-    let compression = match (a.compression, f.and_then(|f| f.compression.clone())) {
-        (Some(c), _) => c,
-        (None, Some(s)) => s
-            .parse()
-            .map_err(|e: String| anyhow!("config compression: {e}"))?,
-        _ => Compression::Lz4,
-    };
-    let on_record_error = match (a.on_record_error, f.and_then(|f| f.on_record_error.clone())) {
-        (Some(p), _) => p,
-        (None, Some(s)) => s
-            .parse()
-            .map_err(|e: String| anyhow!("config on_record_error: {e}"))?,
-        _ => OnRecordError::Stall,
-    };
-    let retain = match (a.retain, f.and_then(|f| f.retain.clone())) {
-        (Some(r), _) => r,
-        (None, Some(s)) => s
-            .parse()
-            .map_err(|e: String| anyhow!("config retain: {e}"))?,
-        _ => Retention::default(),
-    };
-    let metrics = match (a.metrics, f.and_then(|f| f.metrics.clone())) {
+    let file_str = |get: fn(&FileConfig) -> &Option<String>| f.and_then(|f| get(f).as_ref());
+    let durability = setting(
+        a.durability,
+        file_str(|f| &f.durability),
+        "durability",
+        Durability::Batch,
+    )?;
+    let compression = setting(
+        a.compression,
+        file_str(|f| &f.compression),
+        "compression",
+        Compression::Lz4,
+    )?;
+    let on_record_error = setting(
+        a.on_record_error,
+        file_str(|f| &f.on_record_error),
+        "on_record_error",
+        OnRecordError::Stall,
+    )?;
+    let retain = setting(
+        a.retain,
+        file_str(|f| &f.retain),
+        "retain",
+        Retention::default(),
+    )?;
+    let metrics = match (a.metrics, file_str(|f| &f.metrics)) {
         (Some(m), _) => Some(m),
         (None, Some(s)) => Some(
             s.parse()
                 .map_err(|_| anyhow!("config metrics: invalid address {s:?}"))?,
         ),
-        _ => None,
+        (None, None) => None,
     };
     Ok(RelayConfig {
         routes,
@@ -686,19 +701,9 @@ async fn wrap(a: WrapArgs) -> Result<i32> {
         route.on_slow = p;
     }
     route.record = !a.no_record;
-    let cfg = RelayConfig {
-        routes: vec![route],
-        data_dir: a.data_dir,
-        durability: a.durability.unwrap_or_default(),
-        compression: Compression::Lz4,
-        wal_compression: false,
-        on_record_error: OnRecordError::Stall,
-        retain: Retention::default(),
-        metrics: a.metrics,
-        allow_remote: false,
-        shutdown_timeout: Duration::from_secs(10),
-        bridge_file: None,
-    };
+    let mut cfg = RelayConfig::new(vec![route], a.data_dir);
+    cfg.durability = a.durability.unwrap_or_default();
+    cfg.metrics = a.metrics;
     let relay = Relay::start(cfg).await?;
     let mut game = spawn_game(&a.command, game_port, &game_token)?;
     tracing::info!(route = %name, listen = %relay.addrs[0], game_port, "wrapping the game; launchers connect to the relay");

@@ -138,16 +138,7 @@ impl Route {
     /// Records a frame in the current session, if any.
     pub async fn record_current(&self, dir: Direction, conn: u32, body: Bytes, json_ok: bool) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord {
-                dir,
-                conn,
-                time_ns: gabp_sim::clock::now_ns(),
-                channel: None,
-                mod_seq: None,
-                relay_seq: None,
-                json_ok,
-                body,
-            };
+            let rec = FrameRecord::message(dir, conn, gabp_sim::clock::now_ns(), json_ok, body);
             r.send(RecMsg::Frame { session: s.id, rec }).await;
         }
     }
@@ -156,16 +147,7 @@ impl Route {
     /// [`Recorder::send_detached`]).
     pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord {
-                dir,
-                conn,
-                time_ns: gabp_sim::clock::now_ns(),
-                channel: None,
-                mod_seq: None,
-                relay_seq: None,
-                json_ok: true,
-                body,
-            };
+            let rec = FrameRecord::message(dir, conn, gabp_sim::clock::now_ns(), true, body);
             r.send_detached(RecMsg::Frame { session: s.id, rec });
         }
     }
@@ -208,16 +190,13 @@ impl Route {
         if session.upstream.send(body.clone()).await.is_ok() {
             self.record(
                 session.id,
-                FrameRecord {
-                    dir: Direction::RelayToMod,
-                    conn: 0,
-                    time_ns: gabp_sim::clock::now_ns(),
-                    channel: None,
-                    mod_seq: None,
-                    relay_seq: None,
-                    json_ok: true,
+                FrameRecord::message(
+                    Direction::RelayToMod,
+                    0,
+                    gabp_sim::clock::now_ns(),
+                    true,
                     body,
-                },
+                ),
             )
             .await;
         }

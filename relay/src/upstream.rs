@@ -223,16 +223,7 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
         };
         let rec = |dir, body| RecMsg::Frame {
             session: id,
-            rec: FrameRecord {
-                dir,
-                conn: 0,
-                time_ns: started_ns,
-                channel: None,
-                mod_seq: None,
-                relay_seq: None,
-                json_ok: true,
-                body,
-            },
+            rec: FrameRecord::message(dir, 0, started_ns, true, body),
         };
         r.send_batch(vec![
             RecMsg::Begin(Box::new(meta)),
@@ -426,16 +417,13 @@ impl Reader<'_> {
                 session: self.session.id,
             });
         }
-        self.record(FrameRecord {
-            dir: Direction::ModToRelay,
-            conn: 0,
-            time_ns: now_ns(),
-            channel: None,
-            mod_seq: None,
-            relay_seq: None,
+        self.record(FrameRecord::message(
+            Direction::ModToRelay,
+            0,
+            now_ns(),
             json_ok,
             body,
-        });
+        ));
     }
 
     async fn on_frame(&mut self, body: Bytes) {
@@ -518,31 +506,25 @@ impl Reader<'_> {
                         );
                         outbox.push_control(wire);
                         let conn = *conn;
-                        self.record(FrameRecord {
-                            dir: Direction::ModToRelay,
+                        self.record(FrameRecord::message(
+                            Direction::ModToRelay,
                             conn,
-                            time_ns: now_ns(),
-                            channel: None,
-                            mod_seq: None,
-                            relay_seq: None,
-                            json_ok: true,
+                            now_ns(),
+                            true,
                             body,
-                        });
+                        ));
                     }
                     Origin::Relay => {
                         if view.is_error() {
                             tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
                         }
-                        self.record(FrameRecord {
-                            dir: Direction::ModToRelay,
-                            conn: 0,
-                            time_ns: now_ns(),
-                            channel: None,
-                            mod_seq: None,
-                            relay_seq: None,
-                            json_ok: true,
+                        self.record(FrameRecord::message(
+                            Direction::ModToRelay,
+                            0,
+                            now_ns(),
+                            true,
                             body,
-                        });
+                        ));
                     }
                 }
             }

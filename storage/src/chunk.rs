@@ -72,6 +72,28 @@ pub struct FrameRecord {
     pub body: Bytes,
 }
 
+impl FrameRecord {
+    /// A frame that is not an event (request, response, handshake, notice), stamped now.
+    pub fn message(
+        dir: Direction,
+        conn: u32,
+        time_ns: u64,
+        json_ok: bool,
+        body: Bytes,
+    ) -> FrameRecord {
+        FrameRecord {
+            dir,
+            conn,
+            time_ns,
+            channel: None,
+            mod_seq: None,
+            relay_seq: None,
+            json_ok,
+            body,
+        }
+    }
+}
+
 /// Builds one chunk.
 #[derive(Debug, Default)]
 pub struct ChunkBuilder {

@@ -32,19 +32,7 @@ pub fn quiet_mod() -> ModSimConfig {
 }
 
 pub fn relay_config(route: RouteConfig, dir: &std::path::Path) -> RelayConfig {
-    RelayConfig {
-        routes: vec![route],
-        data_dir: dir.to_path_buf(),
-        durability: Default::default(),
-        compression: Default::default(),
-        wal_compression: false,
-        on_record_error: Default::default(),
-        retain: Default::default(),
-        metrics: None,
-        allow_remote: false,
-        shutdown_timeout: Duration::from_secs(10),
-        bridge_file: None,
-    }
+    RelayConfig::new(vec![route], dir.to_path_buf())
 }
 
 impl Harness {
