@@ -463,3 +463,76 @@ async fn stdio_upstream_unix_listener_discovery_file_and_metrics() {
     assert!(!sock.exists(), "socket removed on exit");
     assert!(!bridge_file.exists(), "bridge file removed on exit");
 }
+
+#[tokio::test]
+async fn tokens_never_reach_logs_or_recordings() {
+    let sim = start_mod(Some(1000.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let bridge_token = "b1d9e7secret0token0value0aa55";
+    let mut child = relay()
+        .args([
+            "serve",
+            "--upstream",
+            &sim.addr().to_string(),
+            "--upstream-token",
+            "modtok",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            bridge_token,
+            "--data-dir",
+            data,
+            "--no-bridge-file",
+        ])
+        .env("GABP_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr: Addr = line_with(&mut lines, " listening on ")
+        .await
+        .split(" listening on ")
+        .nth(1)
+        .expect("addr")
+        .split(' ')
+        .next()
+        .expect("addr")
+        .parse()
+        .expect("addr");
+    // Wrong tokens (logged as security events) and a right one.
+    let mut c = Client::connect(&addr).await.expect("connect");
+    for guess in ["nope", "b1d9e7secret0token0value0aa56"] {
+        let r = c.request("session/hello", serde_json::json!({"token": guess, "bridgeVersion": "x", "platform": "linux", "launchId": "l"})).await.expect("answer");
+        assert_eq!(r["error"]["code"], -31000);
+    }
+    c.hello(bridge_token).await.expect("hello");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    c.next_event().await.expect("event");
+    drop(c);
+    sigterm(&child);
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("exits")
+        .expect("output");
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        logs.contains("security: rejected session/hello"),
+        "failed hellos are logged"
+    );
+    for secret in [bridge_token, "modtok", "b1d9e7secret0token0value0aa56"] {
+        assert!(!logs.contains(secret), "a token reached the logs");
+    }
+    let export = output(&["export", "latest", "--data-dir", data]).await;
+    assert!(export.status.success());
+    let recorded = String::from_utf8_lossy(&export.stdout);
+    assert!(
+        recorded.contains("[redacted]"),
+        "hellos are recorded with the token redacted"
+    );
+    for secret in [bridge_token, "modtok"] {
+        assert!(!recorded.contains(secret), "a token reached the recording");
+    }
+    sim.stop();
+}
