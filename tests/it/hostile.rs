@@ -153,16 +153,36 @@ async fn a_trickled_header_is_closed_in_bounded_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_wrong_tokens_never_succeed_and_do_not_slow_others() {
+    // 1,000 wrong tokens: 100 connections, 10 guesses each, all answered -31000 after the
+    // growing per-source delay (capped at 2 s), while an honest bridge is served at once.
     let h = Harness::start(quiet_mod()).await;
-    let addr = h.addr.clone();
-    let attacker = tokio::spawn(async move {
-        let mut c = Client::connect(&addr).await.expect("connect");
-        for i in 0..30 {
-            let r = c.request("session/hello", json!({"token": format!("guess{i}"), "bridgeVersion": "x", "platform": "linux", "launchId": "x"})).await.expect("answer");
-            assert_eq!(error_code(&r), -31000);
-        }
-    });
-    // While the attacker is throttled, an honest bridge connects at once.
+    let (progress, mut seen) = tokio::sync::watch::channel(0u64);
+    let progress = std::sync::Arc::new(progress);
+    let mut attackers = Vec::new();
+    for conn in 0..100 {
+        let (addr, progress) = (h.addr.clone(), progress.clone());
+        attackers.push(tokio::spawn(async move {
+            // Unauthenticated connections are closed after the frame timeout; reconnect then.
+            let mut c = Client::connect(&addr).await.expect("connect");
+            let mut i = 0;
+            while i < 10 {
+                let guess = json!({"token": format!("guess-{conn}-{i}"), "bridgeVersion": "x", "platform": "linux", "launchId": "x"});
+                match c.request("session/hello", guess).await {
+                    Ok(r) => {
+                        assert_eq!(error_code(&r), -31000, "a wrong token never succeeds");
+                        progress.send_modify(|n| *n += 1);
+                        i += 1;
+                    }
+                    Err(_) => c = Client::connect(&addr).await.expect("reconnect"),
+                }
+            }
+        }));
+    }
+    // Once the attack is well under way (throttled), an honest bridge connects at once.
+    tokio::time::timeout(Duration::from_secs(30), seen.wait_for(|n| *n >= 100))
+        .await
+        .expect("attack progresses")
+        .expect("watch");
     let started = std::time::Instant::now();
     let mut honest = h.bridge().await;
     assert!(honest.call("tools/list", json!({})).await.is_ok());
@@ -171,7 +191,14 @@ async fn many_wrong_tokens_never_succeed_and_do_not_slow_others() {
         "honest bridge delayed {:?}",
         started.elapsed()
     );
-    attacker.abort();
+    for a in attackers {
+        a.await.expect("attacker finished");
+    }
+    assert_eq!(
+        *seen.borrow(),
+        1000,
+        "all 1,000 attempts were answered and refused"
+    );
     h.shutdown().await;
 }
 
