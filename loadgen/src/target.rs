@@ -34,11 +34,17 @@ pub enum RelayCommand {
     Template(String),
 }
 
-/// A free loopback port (bound, read, released).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+/// Where a target listens and the token it wants: a free loopback port (bound, read,
+/// released), its address, and a fresh token.
+fn endpoint() -> Result<(u16, String, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
-        .port())
+        .port();
+    Ok((
+        port,
+        format!("127.0.0.1:{port}"),
+        uuid::Uuid::new_v4().simple().to_string(),
+    ))
 }
 
 /// The sibling binary `name` next to the running executable.
@@ -58,9 +64,7 @@ impl Target {
         sc: &Scenario,
         data_dir: &Path,
     ) -> Result<Target> {
-        let port = free_port()?;
-        let listen = format!("127.0.0.1:{port}");
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let (port, listen, token) = endpoint()?;
         let (name, mut command) = match cmd {
             RelayCommand::Builtin(bin) => {
                 let mut c = Command::new(bin);
@@ -118,9 +122,7 @@ impl Target {
 
     /// Starts the baseline forwarder (this binary's hidden `forwarder` command).
     pub async fn baseline(upstream: &Addr, upstream_token: &str) -> Result<Target> {
-        let port = free_port()?;
-        let listen = format!("127.0.0.1:{port}");
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let (_, listen, token) = endpoint()?;
         let exe = std::env::current_exe().context("locating gabp-loadgen")?;
         let mut c = Command::new(exe);
         c.args([

@@ -94,7 +94,6 @@ pub struct Parser {
     buffers: Option<simd_json::Buffers>,
     tape: Vec<Node<'static>>,
     members: Vec<Member>,
-    keys: Vec<(usize, usize)>,
 }
 
 impl std::fmt::Debug for Parser {
@@ -219,7 +218,7 @@ impl Parser {
                     .get_or_insert_with(|| simd_json::Buffers::new(body.len()));
                 let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
                 let result = match simd_json::fill_tape(&mut self.scratch, buffers, &mut tape) {
-                    Ok(()) => strict_view(body, &tape.0, &mut self.members, &mut self.keys),
+                    Ok(()) => strict_view(body, &tape.0, &mut self.members),
                     Err(_) => Err(EnvelopeError::InvalidJson),
                 };
                 self.tape = recycle(tape.0);
@@ -344,12 +343,11 @@ fn strict_view<'a>(
     body: &'a [u8],
     tape: &[Node<'_>],
     members: &mut Vec<Member>,
-    keys: &mut Vec<(usize, usize)>,
 ) -> Result<EnvelopeView<'a>, EnvelopeError> {
     if !matches!(tape.first(), Some(Node::Object { .. })) {
         return Err(EnvelopeError::NotAnObject);
     }
-    check_whole_tape(tape, keys)?;
+    check_whole_tape(tape)?;
     scan::members(body, members).ok_or(EnvelopeError::InvalidJson)?;
     let mut known = Known::default();
     let mut count = 0;
@@ -603,29 +601,21 @@ fn build_view<'a>(
 }
 
 /// Checks every object on the tape for duplicate keys, and every number for finiteness.
-fn check_whole_tape(
-    tape: &[Node<'_>],
-    keys: &mut Vec<(usize, usize)>,
-) -> Result<(), EnvelopeError> {
+fn check_whole_tape(tape: &[Node<'_>]) -> Result<(), EnvelopeError> {
     for (i, node) in tape.iter().enumerate() {
         match node {
             Node::Static(StaticNode::F64(f)) if !f.is_finite() => {
                 return Err(EnvelopeError::NonFiniteNumber)
             }
-            Node::Object { len, .. } if *len > 1 => check_duplicates(tape, i, keys)?,
+            Node::Object { len, .. } if *len > 1 => check_duplicates(tape, i)?,
             _ => {}
         }
     }
     Ok(())
 }
 
-fn check_duplicates(
-    tape: &[Node<'_>],
-    at: usize,
-    keys: &mut Vec<(usize, usize)>,
-) -> Result<(), EnvelopeError> {
+fn check_duplicates(tape: &[Node<'_>], at: usize) -> Result<(), EnvelopeError> {
     let names: Vec<&str> = object_members(tape, at).map(|(k, _)| k).collect();
-    keys.clear();
     if names.len() <= 16 {
         for (i, a) in names.iter().enumerate() {
             if names[..i].contains(a) {

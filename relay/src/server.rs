@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{RelayConfig, RouteConfig};
+use crate::config::RelayConfig;
 use crate::pending::Origin;
 use crate::recorder::{Recorder, RecorderThread};
 use crate::route::Route;
@@ -53,7 +53,6 @@ pub struct Relay {
     cancel: CancellationToken,
     tracker: TaskTracker,
     recorder_thread: Option<RecorderThread>,
-    store: Option<Store>,
     shutdown_timeout: Duration,
 }
 
@@ -153,24 +152,8 @@ impl Relay {
             cancel,
             tracker,
             recorder_thread,
-            store,
             shutdown_timeout: cfg.shutdown_timeout,
         })
-    }
-
-    /// The token of route `i`.
-    pub fn token(&self, i: usize) -> &str {
-        &self.routes[i].cfg.token
-    }
-
-    /// The route configs.
-    pub fn route_configs(&self) -> Vec<RouteConfig> {
-        self.routes.iter().map(|r| r.cfg.clone()).collect()
-    }
-
-    /// The data dir store, if recording.
-    pub fn store(&self) -> Option<&Store> {
-        self.store.as_ref()
     }
 
     /// Shuts down within the configured bound; returns whether everything finished in time.

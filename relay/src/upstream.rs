@@ -3,8 +3,9 @@
 //! Each connection epoch is a session. The reader is the only publisher of events, so per
 //! channel order is the mod's order. It never waits for a bridge (unless a bridge's policy is
 //! `block`); it does wait for the recorder, which is what makes recording lossless. Outbox
-//! wake-ups and recorder sends are batched and flushed whenever the socket has nothing more
-//! buffered, so a burst of events costs one wake per bridge and one recorder send.
+//! wake-ups are batched: touched writers are woken once the socket has nothing more buffered,
+//! or every 256 frames at full rate. Recorder messages go out in batches of up to 512, or after
+//! lingering at most 2 ms, so a slow trickle of frames does not become many tiny batches.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -110,29 +110,17 @@ impl Store {
         channel: u32,
         seq: u64,
     ) -> Result<Option<u64>, StoreError> {
+        // The chunk holding `seq` is the last index key at or before it; a seq older than the
+        // channel's first entry starts at the first entry.
         let key = keys::index_key(session, channel, seq);
-        let mut rev = self.db.iterator_cf(
-            self.cf(CF_CHAN_INDEX),
-            IteratorMode::From(&key, ScanDirection::Reverse),
-        );
-        if let Some(item) = rev.next() {
-            let (k, v) = item?;
-            if let Some((s, c, _)) = keys::parse_index_key(&k) {
-                if s == session && c == channel {
-                    let e = IndexEntry::decode(&v)
-                        .ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
-                    return Ok(Some(e.chunk));
-                }
-            }
-        }
-        let mut fwd = self.db.iterator_cf(
-            self.cf(CF_CHAN_INDEX),
-            IteratorMode::From(&key, ScanDirection::Forward),
-        );
-        if let Some(item) = fwd.next() {
-            let (k, v) = item?;
-            if let Some((s, c, _)) = keys::parse_index_key(&k) {
-                if s == session && c == channel {
+        for direction in [ScanDirection::Reverse, ScanDirection::Forward] {
+            let mut it = self
+                .db
+                .iterator_cf(self.cf(CF_CHAN_INDEX), IteratorMode::From(&key, direction));
+            if let Some(item) = it.next() {
+                let (k, v) = item?;
+                if matches!(keys::parse_index_key(&k), Some((s, c, _)) if s == session && c == channel)
+                {
                     let e = IndexEntry::decode(&v)
                         .ok_or_else(|| StoreError::Corrupt("index entry".into()))?;
                     return Ok(Some(e.chunk));

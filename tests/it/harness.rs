@@ -131,3 +131,16 @@ pub fn error_code(resp: &Value) -> i64 {
         .as_i64()
         .unwrap_or_else(|| panic!("expected an error response, got {resp}"))
 }
+
+/// Waits (bounded) until the relay's pending-request table is or is not empty. The table has
+/// no change notification, so this yields between checks rather than sleeping.
+pub async fn wait_pending(h: &Harness, empty: bool, what: &str) {
+    let route = &h.relay().routes[0];
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while route.pending.is_empty() != empty {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within 5 s"));
+}

@@ -294,14 +294,7 @@ async fn a_bridge_that_vanishes_mid_request_costs_nobody() {
     ))
     .await
     .expect("send");
-    let route = &h.relay().routes[0];
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while route.pending.is_empty() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("forwarded");
+    crate::harness::wait_pending(&h, false, "forwarded").await;
     drop(gone); // vanish with the request in flight
     let mut stays = h.bridge().await;
     let r = stays
@@ -313,13 +306,7 @@ async fn a_bridge_that_vanishes_mid_request_costs_nobody() {
         .expect("others unaffected");
     assert_eq!(r["echo"]["ok"], true);
     // The orphaned answer was consumed (matched, then discarded), not left pending.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !route.pending.is_empty() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("nothing left pending");
+    crate::harness::wait_pending(&h, true, "nothing left pending").await;
     h.shutdown().await;
 }
 

@@ -207,14 +207,7 @@ async fn a_mod_that_dies_with_calls_in_flight_leaves_outcomes_unknown() {
     .await
     .expect("send");
     // Wait until the relay has forwarded it, then kill the mod's connection.
-    let route = &h.relay().routes[0];
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while route.pending.is_empty() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("request forwarded");
+    crate::harness::wait_pending(&h, false, "request forwarded").await;
     h.sim.kill_connections();
     let r = c.response_to(&id).await.expect("answer");
     assert_eq!(error_code(&r), -32001);
