@@ -101,6 +101,10 @@ struct ScenarioArgs {
     /// Seed.
     #[arg(long)]
     seed: Option<u64>,
+    /// At max rate, events the publisher may run ahead of the slowest reader (closed loop,
+    /// lossless); 0 = open loop.
+    #[arg(long)]
+    window: Option<u64>,
 }
 
 impl ScenarioArgs {
@@ -158,6 +162,9 @@ impl ScenarioArgs {
         if let Some(v) = self.seed {
             s.seed = v;
         }
+        if let Some(v) = self.window {
+            s.window = v;
+        }
         if s.channels.is_empty() {
             bail!("a scenario needs at least one channel");
         }
@@ -172,6 +179,10 @@ struct RunArgs {
     /// Also measure the raw forwarder in the same invocation and report the ratio.
     #[arg(long)]
     baseline: bool,
+    /// Also measure these pub/sub servers (redis, nats; comma separated) with the same
+    /// publisher schedule and readers, and report the relay's ratio to each.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<actors::broker::Broker>,
     /// The gabp-relay binary (default: next to this one).
     #[arg(long)]
     relay_bin: Option<PathBuf>,
@@ -366,7 +377,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 readers.push(tokio::spawn(actors::bridge::read(
                     c,
                     sc.read_rate,
-                    window.clone(),
+                    actors::tally::Tally::new(window.clone(), None),
                     stop.clone(),
                 )));
             }
@@ -400,7 +411,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                     )?
                 );
             } else {
-                print!("{}", report::table(Some(&m), None));
+                print!("{}", report::table(Some(&m), None, &[]));
             }
             Ok(())
         }
@@ -512,6 +523,10 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
     } else {
         None
     };
+    let mut peers = Vec::new();
+    for p in &a.peers {
+        peers.push(run::measure(&sc, &Which::Peer(*p), &say).await?);
+    }
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -521,16 +536,21 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
             serde_json::to_string_pretty(&report::document(
                 &sc,
                 relay.as_ref(),
-                baseline.as_ref()
+                baseline.as_ref(),
+                &peers
             ))?
         );
     } else {
         println!("scenario {}: {} bridges (+{} stalled), {} B events, rate {}, record {}, {:.0}s measured", sc.name, sc.bridges, sc.stalled, sc.payload_bytes, if sc.rate > 0.0 { format!("{}/s", sc.rate) } else { "max".into() }, sc.record, sc.duration_s);
-        print!("{}", report::table(relay.as_ref(), baseline.as_ref()));
+        print!(
+            "{}",
+            report::table(relay.as_ref(), baseline.as_ref(), &peers)
+        );
     }
     let failed: Vec<&String> = relay
         .iter()
         .chain(baseline.iter())
+        .chain(peers.iter())
         .flat_map(|m| m.errors.iter())
         .collect();
     if !failed.is_empty() {
@@ -546,6 +566,7 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
     if relay
         .iter()
         .chain(baseline.iter())
+        .chain(peers.iter())
         .any(|m| m.delivered == 0 && sc.bridges > 0)
     {
         bail!("no event was delivered");

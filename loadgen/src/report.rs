@@ -131,11 +131,21 @@ pub fn document(
     scenario: &crate::scenario::Scenario,
     relay: Option<&Measurement>,
     baseline: Option<&Measurement>,
+    peers: &[Measurement],
 ) -> Value {
     let ratio = match (relay, baseline) {
         (Some(r), Some(b)) if b.delivered_eps > 0.0 => Some(r.delivered_eps / b.delivered_eps),
         _ => None,
     };
+    // relay delivered/s over each peer's, measured in the same run.
+    let peer_ratios: serde_json::Map<String, Value> = peers
+        .iter()
+        .filter_map(|p| {
+            let r = relay?;
+            (p.delivered_eps > 0.0)
+                .then(|| (p.target.clone(), json!(r.delivered_eps / p.delivered_eps)))
+        })
+        .collect();
     json!({
         "tool": "gabp-loadgen",
         "version": env!("CARGO_PKG_VERSION"),
@@ -144,16 +154,22 @@ pub fn document(
         "relay": relay,
         "baseline": baseline,
         "ratio": ratio,
+        "peers": peers,
+        "peer_ratios": peer_ratios,
     })
 }
 
 /// The human table of a run.
-pub fn table(relay: Option<&Measurement>, baseline: Option<&Measurement>) -> String {
+pub fn table(
+    relay: Option<&Measurement>,
+    baseline: Option<&Measurement>,
+    peers: &[Measurement],
+) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<12} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>6} {:>8}",
+        "{:<13} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>6} {:>8}",
         "TARGET",
         "PUBLISHED/S",
         "DELIVERED/S",
@@ -167,11 +183,11 @@ pub fn table(relay: Option<&Measurement>, baseline: Option<&Measurement>) -> Str
         "CPU%",
         "RSS MiB"
     );
-    for m in [relay, baseline].into_iter().flatten() {
+    for m in [relay, baseline].into_iter().flatten().chain(peers) {
         let l = &m.latency_us;
         let _ = writeln!(
             o,
-            "{:<12} {:>12.0} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>6} {:>6.0} {:>8.1}",
+            "{:<13} {:>12.0} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>6} {:>6.0} {:>8.1}",
             m.target, m.published_eps, m.delivered_eps, l.p50, l.p90, l.p99, l.p999, l.max, m.dropped, m.unannounced_gaps, m.cpu_percent, m.peak_rss_mib
         );
         if m.calls > 0 {
@@ -188,6 +204,16 @@ pub fn table(relay: Option<&Measurement>, baseline: Option<&Measurement>) -> Str
                 o,
                 "ratio (relay delivered / baseline delivered): {:.3}",
                 r.delivered_eps / b.delivered_eps
+            );
+        }
+    }
+    for p in peers {
+        if let Some(r) = relay.filter(|_| p.delivered_eps > 0.0) {
+            let _ = writeln!(
+                o,
+                "ratio (relay delivered / {} delivered): {:.3}",
+                p.target,
+                r.delivered_eps / p.delivered_eps
             );
         }
     }

@@ -1,13 +1,17 @@
-//! One measurement: a fresh simulated mod, the target, the bridges; warm up, measure, stop.
+//! One measurement: a fresh event source (the simulated mod, or a publisher for a peer
+//! server), the target, the readers; warm up, measure, stop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use gabp_sim::events::Pace;
 use gabp_sim::{Addr, ModSim, ModSimConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::actors::broker::{self, Broker, PublishConfig, Publisher};
+use crate::actors::tally::Tally;
 use crate::actors::{bridge, caller, latency_histogram, Window};
 use crate::procstat;
 use crate::report::Measurement;
@@ -21,38 +25,75 @@ pub enum Which {
     Relay(RelayCommand),
     /// The raw forwarder.
     Baseline,
+    /// A pub/sub server measured as a peer, with the same readers and publisher schedule.
+    Peer(Broker),
 }
 
 const MOD_TOKEN: &str = "loadgen-mod-token";
 
+/// Where events come from: the simulated mod (in front of the relay or forwarder) or a
+/// publisher thread (to a peer server).
+enum Source {
+    Mod(ModSim),
+    Publisher(Option<Publisher>),
+}
+
+impl Source {
+    fn emitted(&self) -> u64 {
+        match self {
+            Source::Mod(m) => m.emitted(),
+            Source::Publisher(p) => p.as_ref().map_or(0, Publisher::emitted),
+        }
+    }
+}
+
 /// Runs the scenario against one target; `progress` is told what happens.
 pub async fn measure(sc: &Scenario, which: &Which, progress: &dyn Fn(&str)) -> Result<Measurement> {
-    let cfg = ModSimConfig {
-        token: MOD_TOKEN.into(),
-        channels: sc.channels.clone(),
-        rate: sc.mod_rate(),
-        payload_bytes: sc.payload_bytes,
-        seed: sc.seed,
-        ..ModSimConfig::default()
-    };
-    let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal"), cfg)?;
+    let pace = sc.pace_window().map(|w| Pace::new(sc.bridges, w));
     let data = tempfile::tempdir()?;
-    let result = measure_with(sc, which, &sim, data.path(), progress).await;
-    sim.stop();
+    let (target, mut source) = match which {
+        Which::Peer(kind) => (Target::broker(*kind).await?, Source::Publisher(None)),
+        Which::Relay(_) | Which::Baseline => {
+            let cfg = ModSimConfig {
+                token: MOD_TOKEN.into(),
+                channels: sc.channels.clone(),
+                rate: sc.mod_rate(),
+                payload_bytes: sc.payload_bytes,
+                seed: sc.seed,
+                pace: pace.clone(),
+                ..ModSimConfig::default()
+            };
+            let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal"), cfg)?;
+            let target = match which {
+                Which::Relay(cmd) => {
+                    Target::relay(cmd, sim.addr(), MOD_TOKEN, sc, data.path()).await
+                }
+                _ => Target::baseline(sim.addr(), MOD_TOKEN).await,
+            };
+            match target {
+                Ok(t) => (t, Source::Mod(sim)),
+                Err(e) => {
+                    sim.stop();
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let result = measure_with(sc, which, target, &mut source, pace, progress).await;
+    if let Source::Mod(sim) = source {
+        sim.stop();
+    }
     result
 }
 
 async fn measure_with(
     sc: &Scenario,
     which: &Which,
-    sim: &ModSim,
-    data_dir: &std::path::Path,
+    target: Target,
+    source: &mut Source,
+    pace: Option<Arc<Pace>>,
     progress: &dyn Fn(&str),
 ) -> Result<Measurement> {
-    let target = match which {
-        Which::Relay(cmd) => Target::relay(cmd, sim.addr(), MOD_TOKEN, sc, data_dir).await?,
-        Which::Baseline => Target::baseline(sim.addr(), MOD_TOKEN).await?,
-    };
     let name = target.name.clone();
     progress(&format!(
         "{name}: connecting {} bridges",
@@ -62,24 +103,34 @@ async fn measure_with(
     let stop = CancellationToken::new();
     let mut readers = Vec::new();
     let mut errors = Vec::new();
+    let tally = || Tally::new(window.clone(), pace.as_ref().and_then(Pace::join));
     for _ in 0..sc.bridges {
-        match bridge::connect(&target.addr, &target.token, &sc.channels).await {
-            Ok(c) => readers.push(tokio::spawn(bridge::read(
-                c,
-                sc.read_rate,
-                window.clone(),
-                stop.clone(),
-            ))),
-            Err(e) => errors.push(format!("bridge: {e}")),
+        match which {
+            Which::Peer(kind) => {
+                match broker::subscribe(*kind, target.socket_addr()?, &sc.channels).await {
+                    Ok(s) => readers.push(tokio::spawn(s.read(tally(), stop.clone()))),
+                    Err(e) => errors.push(format!("subscriber: {e:#}")),
+                }
+            }
+            _ => match bridge::connect(&target.addr, &target.token, &sc.channels).await {
+                Ok(c) => readers.push(tokio::spawn(bridge::read(
+                    c,
+                    sc.read_rate,
+                    tally(),
+                    stop.clone(),
+                ))),
+                Err(e) => errors.push(format!("bridge: {e}")),
+            },
         }
     }
     let mut stalled = Vec::new();
-    // The baseline is lossless and has no slow-consumer policy: a reader that never reads would
-    // stall it for everyone. It is measured with the healthy bridges only, as the ceiling.
-    let stalled_count = if matches!(which, Which::Baseline) {
-        0
-    } else {
+    // The baseline and the peers are lossless and have no slow-consumer policy of this kind: a
+    // reader that never reads would stall them for everyone (or be cut off). They are measured
+    // with the healthy readers only, as the ceiling.
+    let stalled_count = if matches!(which, Which::Relay(_)) {
         sc.stalled
+    } else {
+        0
     };
     for _ in 0..stalled_count {
         match bridge::connect(&target.addr, &target.token, &sc.channels).await {
@@ -87,7 +138,20 @@ async fn measure_with(
             Err(e) => errors.push(format!("stalled bridge: {e}")),
         }
     }
-    let caller = if sc.calls_per_s > 0.0 {
+    if let (Which::Peer(kind), Source::Publisher(p)) = (which, &mut *source) {
+        *p = Some(Publisher::start(
+            *kind,
+            target.socket_addr()?,
+            PublishConfig {
+                channels: sc.channels.clone(),
+                payload_bytes: sc.payload_bytes,
+                seed: sc.seed,
+                rate: sc.mod_rate(),
+                pace: pace.clone(),
+            },
+        )?);
+    }
+    let caller = if sc.calls_per_s > 0.0 && !matches!(which, Which::Peer(_)) {
         let (c, _) = gabp_sim::Client::connect_hello(&target.addr, &target.token).await?;
         Some(tokio::spawn(caller::fixed_rate(
             c,
@@ -104,7 +168,7 @@ async fn measure_with(
     tokio::time::sleep(sc.warmup()).await;
     let pid = target.pid();
     let before = pid.and_then(procstat::sample).unwrap_or_default();
-    let emitted_before = sim.emitted();
+    let emitted_before = source.emitted();
     window.set(true);
     let opened = Instant::now();
     while opened.elapsed() < sc.duration() {
@@ -118,9 +182,15 @@ async fn measure_with(
     }
     window.set(false);
     let window_s = opened.elapsed().as_secs_f64();
-    let emitted = sim.emitted() - emitted_before;
+    let emitted = source.emitted() - emitted_before;
     let after = pid.and_then(procstat::sample).unwrap_or_default();
     stop.cancel();
+    // The publisher stops before its server does, or it would see the server go.
+    if let Source::Publisher(p) = source {
+        if let Some(Err(e)) = p.take().map(Publisher::stop) {
+            errors.push(format!("publisher: {e:#}"));
+        }
+    }
     let mut m = Measurement::new(&name, window_s);
     m.published = emitted;
     let mut latency = latency_histogram();

@@ -10,6 +10,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use serde::{Deserialize, Serialize};
 
+/// The smallest pacing window: a publisher batch (256) plus what readers report late (32).
+const MIN_WINDOW: u64 = 512;
+
 /// One benchmark scenario.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,6 +45,10 @@ pub struct Scenario {
     pub warmup_s: f64,
     /// Seconds measured.
     pub duration_s: f64,
+    /// At max rate, how many events the publisher may run ahead of the slowest reading bridge
+    /// (closed loop: lossless, the same pace for every target); 0 = open loop, where the mod
+    /// writes as fast as the target reads and slow bridges see drops.
+    pub window: u64,
 }
 
 impl Default for Scenario {
@@ -65,6 +72,7 @@ impl Default for Scenario {
             durability: "batch".into(),
             warmup_s: 1.0,
             duration_s: 10.0,
+            window: 8192,
         }
     }
 }
@@ -85,6 +93,12 @@ impl Scenario {
     /// Measurement window as a duration.
     pub fn duration(&self) -> Duration {
         Duration::from_secs_f64(self.duration_s.max(0.1))
+    }
+
+    /// The closed-loop window, if this run is paced (max rate, window > 0, readers present).
+    pub fn pace_window(&self) -> Option<u64> {
+        (self.rate <= 0.0 && self.window > 0 && self.bridges > 0)
+            .then_some(self.window.max(MIN_WINDOW))
     }
 
     /// The mod's rate, `None` for as fast as possible.

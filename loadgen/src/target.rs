@@ -1,5 +1,5 @@
 //! Starting the system under test as its own process: the built `gabp-relay`, any relay given
-//! as a command template, or the baseline forwarder. Every process started here is stopped
+//! as a command template, the baseline forwarder, or a pub/sub server measured as a peer. Every process started here is stopped
 //! (SIGTERM, then SIGKILL) when the run ends, whatever happened.
 
 use std::path::{Path, PathBuf};
@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use gabp_sim::{Addr, Client};
 use tokio::process::{Child, Command};
 
+use crate::actors::broker::Broker;
 use crate::scenario::Scenario;
 
 /// A running target.
@@ -22,6 +23,15 @@ pub struct Target {
     /// The bridge token.
     pub token: String,
     child: Child,
+}
+
+/// How a started target shows it is ready.
+#[derive(Debug, Clone, Copy)]
+enum Probe {
+    /// A bridge completes `session/hello` (the target is connected to the mod).
+    Hello,
+    /// It accepts a connection.
+    Listening,
 }
 
 /// How to start the relay under test.
@@ -145,18 +155,48 @@ impl Target {
         .await
     }
 
-    async fn spawn(
+    /// Starts a pub/sub server (`redis-server`, `nats-server`) on a free loopback port.
+    pub async fn broker(kind: Broker) -> Result<Target> {
+        let (port, listen, _) = endpoint()?;
+        let mut c = Command::new(kind.program_path());
+        c.args(kind.args(port));
+        Target::spawn_probed(
+            kind.label(),
+            c,
+            listen.parse().map_err(|e: String| anyhow!(e))?,
+            String::new(),
+            Probe::Listening,
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "is {} installed? (scripts/setup installs it)",
+                kind.program()
+            )
+        })
+    }
+
+    async fn spawn(name: String, command: Command, addr: Addr, token: String) -> Result<Target> {
+        Target::spawn_probed(name, command, addr, token, Probe::Hello).await
+    }
+
+    async fn spawn_probed(
         name: String,
         mut command: Command,
         addr: Addr,
         token: String,
+        probe: Probe,
     ) -> Result<Target> {
         // Its own process group, so a wrapper (perf, taskset, a shell) and everything it
         // starts are stopped together.
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            // A peer server's start-up banner is noise; the relay's own warnings are not.
+            .stderr(match probe {
+                Probe::Hello => Stdio::inherit(),
+                Probe::Listening => Stdio::null(),
+            })
             .kill_on_drop(true)
             .process_group(0);
         let mut child = command
@@ -168,10 +208,21 @@ impl Target {
             if let Some(status) = child.try_wait()? {
                 bail!("{name} exited during start-up ({status})");
             }
-            if let Ok(Ok(_)) =
-                tokio::time::timeout(Duration::from_secs(2), Client::connect_hello(&addr, &token))
-                    .await
-            {
+            let ready = match probe {
+                Probe::Hello => matches!(
+                    tokio::time::timeout(
+                        Duration::from_secs(2),
+                        Client::connect_hello(&addr, &token)
+                    )
+                    .await,
+                    Ok(Ok(_))
+                ),
+                Probe::Listening => match &addr {
+                    Addr::Tcp(a) => tokio::net::TcpStream::connect(a).await.is_ok(),
+                    Addr::Unix(p) => tokio::net::UnixStream::connect(p).await.is_ok(),
+                },
+            };
+            if ready {
                 break;
             }
             if Instant::now() > deadline {
@@ -186,6 +237,14 @@ impl Target {
             token,
             child,
         })
+    }
+
+    /// The TCP address (peers listen on TCP only).
+    pub fn socket_addr(&self) -> Result<std::net::SocketAddr> {
+        match &self.addr {
+            Addr::Tcp(a) => Ok(*a),
+            Addr::Unix(p) => bail!("{} listens on {}, not TCP", self.name, p.display()),
+        }
     }
 
     /// The process id.

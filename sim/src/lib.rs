@@ -2,6 +2,8 @@
 //!
 //! - [`net`]: addresses (`127.0.0.1:PORT`, `unix:PATH`), listeners and boxed byte streams.
 //! - [`clock`]: wall-clock nanoseconds, the one time base shared across processes.
+//! - [`events`]: event bodies, the emission schedule and closed-loop pacing, shared with the
+//!   load generator's broker publishers.
 //! - [`modsim`]: a seeded simulated mod: channels, event rate and sizes, tool calls with latency,
 //!   and the quirks of real mod libraries (seq from 1, `"error": null`, an event `timestamp`).
 //! - [`client`]: a bridge-side GABP client for tests, the demo and the load generator.
@@ -11,6 +13,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod events;
 pub mod modsim;
 pub mod net;
 

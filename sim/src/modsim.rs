@@ -19,15 +19,15 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use gabp_proto::{encode_frame, message, GabpCodec, Mode, Parser};
-use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio_util::codec::Decoder;
 
 use crate::clock::now_ns;
+use crate::events::{EventTemplate, Pace, Schedule};
 use crate::net::Addr;
 
 /// How the simulated mod behaves.
@@ -55,6 +55,8 @@ pub struct ModSimConfig {
     pub max_events: Option<u64>,
     /// `app.name` in the welcome.
     pub app_name: String,
+    /// At max rate, stay within a window of the slowest reader (see [`crate::events`]).
+    pub pace: Option<Arc<Pace>>,
 }
 
 impl Default for ModSimConfig {
@@ -75,6 +77,7 @@ impl Default for ModSimConfig {
             autostart: true,
             max_events: None,
             app_name: "SimGame".into(),
+            pace: None,
         }
     }
 }
@@ -467,11 +470,16 @@ fn handle(
                     let count = args["count"].as_u64().unwrap_or(1);
                     let channel = args["channel"].as_str().unwrap_or("world/tick").to_string();
                     let idx = shared.cfg.channels.iter().position(|c| *c == channel);
-                    let mut template = EventTemplate::new(&shared.cfg, shared.cfg.seed);
+                    let mut template = EventTemplate::new(
+                        std::slice::from_ref(&channel),
+                        shared.cfg.payload_bytes,
+                        shared.cfg.seed,
+                        shared.cfg.quirks,
+                    );
                     let mut wire = BytesMut::with_capacity(256 * 1024);
                     for _ in 0..count {
                         let seq = idx.map_or(0, |i| seqs[i].fetch_add(1, Ordering::Relaxed));
-                        template.write(&channel, seq, now_ns(), &mut wire);
+                        template.write_frame(0, seq, now_ns(), &mut wire);
                         if wire.len() > 192 * 1024 {
                             if !write_frames(out, &wire) {
                                 break;
@@ -510,98 +518,36 @@ fn handle(
     }
 }
 
-/// Prebuilt event bytes: only the id, seq and time change per event.
-struct EventTemplate {
-    quirks: bool,
-    pad: String,
-    counter: u64,
-    id_prefix: u32,
-}
-
-impl EventTemplate {
-    fn new(cfg: &ModSimConfig, seed: u64) -> EventTemplate {
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-        // Fixed envelope overhead is about 150 bytes; the padding brings the body to size.
-        let overhead = 150 + if cfg.quirks { 30 } else { 0 };
-        let pad_len = cfg.payload_bytes.saturating_sub(overhead);
-        let pad = (0..pad_len)
-            .map(|_| char::from(b'a' + rng.gen_range(0..26u8)))
-            .collect();
-        EventTemplate {
-            quirks: cfg.quirks,
-            pad,
-            counter: 0,
-            id_prefix: rng.gen(),
-        }
-    }
-
-    fn write(&mut self, channel: &str, seq: u64, t_ns: u64, wire: &mut BytesMut) {
-        use std::fmt::Write as _;
-        self.counter += 1;
-        let mut body = String::with_capacity(self.pad.len() + 200);
-        let _ = write!(
-            body,
-            r#"{{"v":"gabp/1","id":"{:08x}-0000-4000-8000-{:012x}","type":"event","channel":"{}","seq":{},"payload":{{"t":{},"pad":"{}"}}"#,
-            self.id_prefix, self.counter, channel, seq, t_ns, self.pad
-        );
-        if self.quirks {
-            let _ = write!(body, r#","timestamp":{}"#, t_ns / 1_000_000);
-        }
-        body.push('}');
-        encode_frame(body.as_bytes(), wire);
-    }
-}
-
 fn stream_events(shared: &Shared, session: &Session, seqs: &[AtomicU64], out: &SharedWriter) {
     let cfg = &shared.cfg;
     if cfg.channels.is_empty() {
         return;
     }
-    let mut template = EventTemplate::new(cfg, cfg.seed);
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(cfg.seed ^ 0x9e37_79b9);
+    let mut template = EventTemplate::new(&cfg.channels, cfg.payload_bytes, cfg.seed, cfg.quirks);
+    let mut schedule = Schedule::new(
+        cfg.rate,
+        cfg.max_events.unwrap_or(u64::MAX),
+        cfg.pace.clone(),
+    );
     let mut wire = BytesMut::with_capacity(256 * 1024);
-    let start = Instant::now();
-    let start_ns = now_ns();
+    let stop = || session.closed.load(Ordering::Acquire) || shared.stopped.load(Ordering::Acquire);
     let mut emitted: u64 = 0;
-    let limit = cfg.max_events.unwrap_or(u64::MAX);
-    while !session.closed.load(Ordering::Acquire)
-        && !shared.stopped.load(Ordering::Acquire)
-        && emitted < limit
-    {
-        let (due, sched): (u64, Box<dyn Fn(u64) -> u64>) = match cfg.rate {
-            Some(rate) => {
-                let elapsed = start.elapsed().as_secs_f64();
-                let due = ((elapsed * rate) as u64).min(limit);
-                if due <= emitted {
-                    let next = Duration::from_secs_f64((emitted + 1) as f64 / rate);
-                    thread::sleep(
-                        next.saturating_sub(start.elapsed())
-                            .min(Duration::from_millis(5)),
-                    );
-                    continue;
-                }
-                (
-                    due.min(emitted + 1024),
-                    Box::new(move |i| start_ns + (i as f64 * 1e9 / rate) as u64),
-                )
-            }
-            None => ((emitted + 256).min(limit), Box::new(|_| now_ns())),
-        };
+    while let Some(due) = schedule.next(emitted, &stop) {
         wire.clear();
         let subs = session
             .subscribed
             .lock()
             .expect("subscription lock")
             .clone();
-        for i in emitted..due {
-            let ch = rng.gen_range(0..cfg.channels.len());
+        let n = due.end - due.start;
+        for i in due {
+            let ch = template.next_channel();
             let seq = seqs[ch].fetch_add(1, Ordering::Relaxed);
             if subs.contains(&cfg.channels[ch]) {
-                template.write(&cfg.channels[ch], seq, sched(i), &mut wire);
+                template.write_frame(ch, seq, schedule.stamp(i), &mut wire);
             }
         }
-        let n = due - emitted;
-        emitted = due;
+        emitted += n;
         if !wire.is_empty() && !write_frames(out, &wire) {
             break;
         }

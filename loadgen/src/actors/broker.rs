@@ -1,0 +1,583 @@
+//! Peers measured by the same harness: a Redis pub/sub server and a NATS server, each as a
+//! process of its own, a publisher thread sending the simulated mod's event bodies on the same
+//! schedule (and pace) as the mod, and subscribers that count into the same [`Tally`] as the
+//! relay's bridges. So "the relay delivers N events/s, Redis M" is measured with one client
+//! code path, on the same machine, in one run.
+//!
+//! Both protocols are spoken directly (RESP2 `PUBLISH`/`SUBSCRIBE`; NATS `PUB`/`SUB`), with
+//! pipelined writes of one batch per call, as a tuned client would.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::{Buf, BytesMut};
+use gabp_sim::events::{EventTemplate, Pace, Schedule};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+use super::tally::{ReaderResult, Tally};
+
+/// A pub/sub server measured beside the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broker {
+    /// `redis-server` (RESP pub/sub).
+    Redis,
+    /// `nats-server` (core NATS, no JetStream).
+    Nats,
+}
+
+impl FromStr for Broker {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Broker> {
+        match s {
+            "redis" => Ok(Broker::Redis),
+            "nats" => Ok(Broker::Nats),
+            _ => bail!("unknown peer {s:?}: redis or nats"),
+        }
+    }
+}
+
+impl Broker {
+    /// The server program's name.
+    pub fn program(self) -> &'static str {
+        match self {
+            Broker::Redis => "redis-server",
+            Broker::Nats => "nats-server",
+        }
+    }
+
+    /// The server program: on `PATH`, or in an `sbin` directory that a non-root `PATH` lacks
+    /// (Debian installs `nats-server` in `/usr/sbin`).
+    pub fn program_path(self) -> std::path::PathBuf {
+        let name = self.program();
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .chain(["/usr/sbin", "/usr/local/sbin"].map(std::path::PathBuf::from))
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| name.into())
+    }
+
+    /// `redis-7.0.15`, `nats-2.9.10`: the name and the server's own version.
+    pub fn label(self) -> String {
+        let out = std::process::Command::new(self.program_path())
+            .arg("--version")
+            .output();
+        let text = out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        // "Redis server v=7.0.15 sha=…" / "nats-server: v2.9.10"
+        let version = text
+            .split_whitespace()
+            .find_map(|w| {
+                w.strip_prefix("v=")
+                    .or_else(|| w.strip_prefix('v'))
+                    .filter(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+            })
+            .unwrap_or("?");
+        let name = match self {
+            Broker::Redis => "redis",
+            Broker::Nats => "nats",
+        };
+        format!("{name}-{version}")
+    }
+
+    /// The server's arguments to listen on loopback `port`, with persistence off.
+    pub fn args(self, port: u16) -> Vec<String> {
+        let p = port.to_string();
+        let v: Vec<&str> = match self {
+            Broker::Redis => vec![
+                "--port",
+                &p,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            Broker::Nats => vec!["-a", "127.0.0.1", "-p", &p],
+        };
+        v.into_iter().map(String::from).collect()
+    }
+}
+
+/// What the publisher sends: the simulated mod's channels, sizes, seed, rate and pace.
+#[derive(Debug, Clone)]
+pub struct PublishConfig {
+    /// Channels (subjects).
+    pub channels: Vec<String>,
+    /// Event body size.
+    pub payload_bytes: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Events/s, `None` = max.
+    pub rate: Option<f64>,
+    /// Closed-loop pacing at max rate.
+    pub pace: Option<Arc<Pace>>,
+}
+
+/// A running publisher thread.
+#[derive(Debug)]
+pub struct Publisher {
+    stop: Arc<AtomicBool>,
+    emitted: Arc<AtomicU64>,
+    thread: Option<JoinHandle<Result<()>>>,
+}
+
+impl Publisher {
+    /// Connects to `addr` and starts publishing.
+    pub fn start(kind: Broker, addr: SocketAddr, cfg: PublishConfig) -> Result<Publisher> {
+        let mut conn = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        conn.set_nodelay(true)?;
+        if kind == Broker::Nats {
+            read_line_blocking(&mut conn).context("reading the NATS INFO line")?;
+            conn.write_all(NATS_CONNECT)?;
+        }
+        let writer = Arc::new(Mutex::new(conn.try_clone()?));
+        let failed = Arc::new(Mutex::new(None::<String>));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Replies must be drained (Redis answers every PUBLISH; NATS sends PING).
+        {
+            let (writer, failed, stop) = (writer.clone(), failed.clone(), stop.clone());
+            thread::Builder::new()
+                .name("publisher-replies".into())
+                .spawn(move || drain_replies(kind, conn, &writer, &failed, &stop))?;
+        }
+        let emitted = Arc::new(AtomicU64::new(0));
+        let (st, em) = (stop.clone(), emitted.clone());
+        let thread = thread::Builder::new()
+            .name("publisher".into())
+            .spawn(move || publish(kind, &cfg, &writer, &failed, &st, &em))?;
+        Ok(Publisher {
+            stop,
+            emitted,
+            thread: Some(thread),
+        })
+    }
+
+    /// Events published so far.
+    pub fn emitted(&self) -> u64 {
+        self.emitted.load(Ordering::Relaxed)
+    }
+
+    /// Stops publishing; returns the error that stopped it early, if any.
+    pub fn stop(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(anyhow!("the publisher thread panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+const NATS_CONNECT: &[u8] =
+    b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false,\"lang\":\"rust\",\"version\":\"gabp-loadgen\"}\r\n";
+
+fn publish(
+    kind: Broker,
+    cfg: &PublishConfig,
+    writer: &Mutex<TcpStream>,
+    failed: &Mutex<Option<String>>,
+    stop: &AtomicBool,
+    emitted_out: &AtomicU64,
+) -> Result<()> {
+    let mut template = EventTemplate::new(&cfg.channels, cfg.payload_bytes, cfg.seed, false);
+    let names = cfg.channels.clone();
+    let mut seqs = vec![0u64; names.len()];
+    let mut schedule = Schedule::new(cfg.rate, u64::MAX, cfg.pace.clone());
+    let mut wire = Vec::with_capacity(256 * 1024);
+    let halt = || stop.load(Ordering::Acquire) || failed.lock().is_ok_and(|f| f.is_some());
+    let mut emitted = 0u64;
+    while let Some(due) = schedule.next(emitted, &halt) {
+        wire.clear();
+        let n = due.end - due.start;
+        for i in due {
+            let ch = template.next_channel();
+            let seq = seqs[ch];
+            seqs[ch] += 1;
+            let stamp = schedule.stamp(i);
+            let body = template.body(ch, seq, stamp);
+            encode_publish(kind, &names[ch], body, &mut wire);
+        }
+        let mut w = writer.lock().map_err(|_| anyhow!("writer lock poisoned"))?;
+        if let Err(e) = w.write_all(&wire) {
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            return Err(e).context("publishing");
+        }
+        drop(w);
+        emitted += n;
+        emitted_out.store(emitted, Ordering::Relaxed);
+    }
+    match failed.lock().ok().and_then(|mut f| f.take()) {
+        Some(e) => bail!("{} refused a publish: {e}", kind.program()),
+        None => Ok(()),
+    }
+}
+
+/// Appends one publish command.
+fn encode_publish(kind: Broker, channel: &str, body: &[u8], wire: &mut Vec<u8>) {
+    // Writing into a Vec cannot fail.
+    let _ = match kind {
+        Broker::Redis => write!(
+            wire,
+            "*3\r\n$7\r\nPUBLISH\r\n${}\r\n{channel}\r\n${}\r\n",
+            channel.len(),
+            body.len()
+        ),
+        Broker::Nats => write!(wire, "PUB {channel} {}\r\n", body.len()),
+    };
+    wire.extend_from_slice(body);
+    wire.extend_from_slice(b"\r\n");
+}
+
+/// Reads and discards the server's replies to the publisher, noting the first error and
+/// answering NATS keep-alive pings.
+fn drain_replies(
+    kind: Broker,
+    mut conn: TcpStream,
+    writer: &Mutex<TcpStream>,
+    failed: &Mutex<Option<String>>,
+    stop: &AtomicBool,
+) {
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                continue;
+            }
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        // Neither protocol's success replies to a publisher contain '-': Redis answers
+        // `:N`, NATS sends `PING`, `+OK`, `PONG`, `INFO`. An error line starts with '-'.
+        if let Some(at) = memchr::memchr(b'-', chunk) {
+            let end = memchr::memchr(b'\n', &chunk[at..]).map_or(chunk.len(), |e| at + e);
+            let line = String::from_utf8_lossy(&chunk[at..end]).trim().to_string();
+            if let Ok(mut f) = failed.lock() {
+                f.get_or_insert(line);
+            }
+            break;
+        }
+        if kind == Broker::Nats && memchr::memmem::find(chunk, b"PING\r\n").is_some() {
+            if let Ok(mut w) = writer.lock() {
+                let _ = w.write_all(b"PONG\r\n");
+            }
+        }
+    }
+}
+
+fn read_line_blocking(conn: &mut TcpStream) -> Result<String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    while !line.ends_with(b"\r\n") {
+        if conn.read(&mut b)? == 0 {
+            bail!("connection closed");
+        }
+        line.push(b[0]);
+        if line.len() > 64 * 1024 {
+            bail!("line too long");
+        }
+    }
+    conn.set_read_timeout(None)?;
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// A connected, subscribed reader.
+#[derive(Debug)]
+pub struct Subscriber {
+    kind: Broker,
+    conn: tokio::net::TcpStream,
+    buf: BytesMut,
+}
+
+/// Connects to `addr` and subscribes to `channels`; returns once the server has confirmed.
+pub async fn subscribe(kind: Broker, addr: SocketAddr, channels: &[String]) -> Result<Subscriber> {
+    let conn = tokio::net::TcpStream::connect(addr).await?;
+    conn.set_nodelay(true)?;
+    let mut s = Subscriber {
+        kind,
+        conn,
+        buf: BytesMut::with_capacity(256 * 1024),
+    };
+    let confirm = async {
+        match kind {
+            Broker::Redis => {
+                let mut cmd = format!("*{}\r\n$9\r\nSUBSCRIBE\r\n", channels.len() + 1);
+                for c in channels {
+                    cmd.push_str(&format!("${}\r\n{c}\r\n", c.len()));
+                }
+                s.conn.write_all(cmd.as_bytes()).await?;
+                let mut confirmed = 0;
+                while confirmed < channels.len() {
+                    match parse_resp_push(&s.buf)? {
+                        Some((used, push)) => {
+                            if &s.buf[push.kind.clone()] != b"subscribe" {
+                                bail!("unexpected reply to SUBSCRIBE");
+                            }
+                            confirmed += 1;
+                            s.buf.advance(used);
+                        }
+                        None => s.fill().await?,
+                    }
+                }
+            }
+            Broker::Nats => {
+                s.read_line().await.context("reading the NATS INFO line")?;
+                let mut cmd = String::from_utf8_lossy(NATS_CONNECT).into_owned();
+                for (sid, c) in channels.iter().enumerate() {
+                    cmd.push_str(&format!("SUB {c} {}\r\n", sid + 1));
+                }
+                cmd.push_str("PING\r\n");
+                s.conn.write_all(cmd.as_bytes()).await?;
+                // PONG means the server has processed every SUB before the PING.
+                loop {
+                    let line = s.read_line().await?;
+                    if line.starts_with("PONG") {
+                        break;
+                    }
+                    if line.starts_with("-ERR") {
+                        bail!("nats-server: {}", line.trim());
+                    }
+                }
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(10), confirm)
+        .await
+        .map_err(|_| anyhow!("{} did not confirm the subscription", kind.program()))??;
+    Ok(s)
+}
+
+impl Subscriber {
+    async fn fill(&mut self) -> Result<()> {
+        self.buf.reserve(64 * 1024);
+        if self.conn.read_buf(&mut self.buf).await? == 0 {
+            bail!("connection closed");
+        }
+        Ok(())
+    }
+
+    async fn read_line(&mut self) -> Result<String> {
+        loop {
+            if let Some(end) = memchr::memmem::find(&self.buf, b"\r\n") {
+                let line = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+                self.buf.advance(end + 2);
+                return Ok(line);
+            }
+            if self.buf.len() > 64 * 1024 {
+                bail!("line too long");
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads messages until `stop`, counting their bodies into `tally`.
+    pub async fn read(mut self, mut tally: Tally, stop: CancellationToken) -> ReaderResult {
+        loop {
+            let used = match self.kind {
+                Broker::Redis => self.drain_redis(&mut tally),
+                Broker::Nats => self.drain_nats(&mut tally).await,
+            };
+            let Ok(used) = used else {
+                tally.disconnected();
+                break;
+            };
+            self.buf.advance(used);
+            tally.flush_pace();
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                r = self.fill() => if r.is_err() {
+                    if !stop.is_cancelled() {
+                        tally.disconnected();
+                    }
+                    break;
+                },
+            }
+        }
+        tally.finish()
+    }
+
+    /// Counts every complete Redis push in the buffer; returns the bytes used.
+    fn drain_redis(&mut self, tally: &mut Tally) -> Result<usize> {
+        let mut at = 0;
+        while let Some((used, push)) = parse_resp_push(&self.buf[at..])? {
+            if let Some(body) = push.data {
+                tally.event(&self.buf[at + body.start..at + body.end]);
+            }
+            at += used;
+        }
+        Ok(at)
+    }
+
+    /// Counts every complete NATS message in the buffer; returns the bytes used.
+    async fn drain_nats(&mut self, tally: &mut Tally) -> Result<usize> {
+        let mut at = 0;
+        let mut pong = false;
+        loop {
+            let rest = &self.buf[at..];
+            let Some(eol) = memchr::memmem::find(rest, b"\r\n") else {
+                break;
+            };
+            let line = &rest[..eol];
+            if let Some(args) = line.strip_prefix(b"MSG ") {
+                // MSG <subject> <sid> [reply-to] <#bytes>
+                let len = args
+                    .rsplit(|b| *b == b' ')
+                    .next()
+                    .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+                    .ok_or_else(|| anyhow!("bad MSG line"))?;
+                let start = eol + 2;
+                if rest.len() < start + len + 2 {
+                    break;
+                }
+                tally.event(&rest[start..start + len]);
+                at += start + len + 2;
+            } else {
+                if line == b"PING" {
+                    pong = true;
+                } else if line.starts_with(b"-ERR") {
+                    bail!("nats-server: {}", String::from_utf8_lossy(line));
+                }
+                at += eol + 2;
+            }
+        }
+        if pong {
+            self.conn.write_all(b"PONG\r\n").await?;
+        }
+        Ok(at)
+    }
+}
+
+/// One RESP2 push: its kind (`message`, `subscribe`, ...) and, for a message, its data.
+#[derive(Debug)]
+struct Push {
+    kind: std::ops::Range<usize>,
+    data: Option<std::ops::Range<usize>>,
+}
+
+/// Parses one `*3` push (`[kind, channel, data|count]`) at the start of `buf`; `None` if it
+/// is not complete yet.
+fn parse_resp_push(buf: &[u8]) -> Result<Option<(usize, Push)>> {
+    fn line(buf: &[u8], at: usize) -> Option<(usize, usize)> {
+        let end = memchr::memchr(b'\n', buf.get(at..)?)? + at;
+        (end > at && buf[end - 1] == b'\r').then_some((at, end - 1))
+    }
+    fn num(b: &[u8]) -> Result<usize> {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow!("bad RESP length"))
+    }
+    let Some((s, e)) = line(buf, 0) else {
+        return Ok(None);
+    };
+    if buf[s] == b'-' {
+        bail!("redis: {}", String::from_utf8_lossy(&buf[s + 1..e]));
+    }
+    if buf[s] != b'*' || num(&buf[s + 1..e])? != 3 {
+        bail!("unexpected RESP reply");
+    }
+    let mut at = e + 2;
+    let mut parts: [Option<std::ops::Range<usize>>; 3] = [None, None, None];
+    for part in &mut parts {
+        let Some((s, e)) = line(buf, at) else {
+            return Ok(None);
+        };
+        match buf[s] {
+            b'$' => {
+                let len = num(&buf[s + 1..e])?;
+                let start = e + 2;
+                if buf.len() < start + len + 2 {
+                    return Ok(None);
+                }
+                *part = Some(start..start + len);
+                at = start + len + 2;
+            }
+            b':' => at = e + 2,
+            _ => bail!("unexpected RESP element"),
+        }
+    }
+    let kind = parts[0]
+        .clone()
+        .ok_or_else(|| anyhow!("RESP push without a kind"))?;
+    let data = (&buf[kind.clone()] == b"message")
+        .then(|| parts[2].clone())
+        .flatten();
+    Ok(Some((at, Push { kind, data })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resp_pushes_parse_whole_or_not_at_all() {
+        let mut wire = Vec::new();
+        wire.extend_from_slice(b"*3\r\n$9\r\nsubscribe\r\n$3\r\na/b\r\n:1\r\n");
+        wire.extend_from_slice(b"*3\r\n$7\r\nmessage\r\n$3\r\na/b\r\n$5\r\nhe\r\no\r\n");
+        let (used, p) = parse_resp_push(&wire).expect("ok").expect("complete");
+        assert_eq!(&wire[p.kind], b"subscribe");
+        assert!(p.data.is_none());
+        let rest = &wire[used..];
+        let (used2, p) = parse_resp_push(rest).expect("ok").expect("complete");
+        assert_eq!(&rest[p.data.expect("data")], b"he\r\no", "binary-safe bulk");
+        assert_eq!(used + used2, wire.len());
+        for cut in 0..rest.len() {
+            assert!(
+                parse_resp_push(&rest[..cut]).expect("ok").is_none(),
+                "{cut}"
+            );
+        }
+        assert!(parse_resp_push(b"-ERR nope\r\n").is_err());
+    }
+
+    #[test]
+    fn publish_commands_are_well_formed() {
+        let mut w = Vec::new();
+        encode_publish(Broker::Redis, "a/b", b"{}", &mut w);
+        assert_eq!(w, b"*3\r\n$7\r\nPUBLISH\r\n$3\r\na/b\r\n$2\r\n{}\r\n");
+        w.clear();
+        encode_publish(Broker::Nats, "a/b", b"{}", &mut w);
+        assert_eq!(w, b"PUB a/b 2\r\n{}\r\n");
+    }
+
+    #[test]
+    fn peer_names() {
+        assert_eq!("redis".parse::<Broker>().expect("redis"), Broker::Redis);
+        assert!("kafka".parse::<Broker>().is_err());
+    }
+}
