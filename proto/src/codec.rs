@@ -54,6 +54,29 @@ impl GabpCodec {
         self
     }
 
+    /// The header length and body length of the frame at the start of `src`, once its header
+    /// is complete (the body may not be), with every limit checked. Readers that parse in
+    /// place use this instead of [`Decoder::decode`].
+    pub fn extent(&self, src: &[u8]) -> Result<Option<(usize, usize)>, FrameError> {
+        let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
+            if src.len() >= self.max_header {
+                return Err(FrameError::HeaderTooLarge {
+                    limit: self.max_header,
+                });
+            }
+            return Ok(None);
+        };
+        let len = content_length(&src[..head - 2])?;
+        if len > self.max_body as u64 {
+            return Err(FrameError::TooLarge {
+                len,
+                limit: self.max_body,
+            });
+        }
+        // Bounded by max_body above.
+        Ok(Some((head, len as usize)))
+    }
+
     /// The configured body limit.
     pub fn max_body(&self) -> usize {
         self.max_body
@@ -111,22 +134,9 @@ impl Decoder for GabpCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
-        let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
-            if src.len() >= self.max_header {
-                return Err(FrameError::HeaderTooLarge {
-                    limit: self.max_header,
-                });
-            }
+        let Some((head, len)) = self.extent(src)? else {
             return Ok(None);
         };
-        let len = content_length(&src[..head - 2])?;
-        if len > self.max_body as u64 {
-            return Err(FrameError::TooLarge {
-                len,
-                limit: self.max_body,
-            });
-        }
-        let len = len as usize; // bounded by max_body above
         if src.len() < head + len {
             src.reserve(head + len - src.len());
             return Ok(None);
