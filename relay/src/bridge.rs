@@ -6,6 +6,7 @@
 //! notices first (they describe gaps before what follows), then responses, then events, all
 //! coalesced into few write calls.
 
+use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use tokio_util::codec::FramedRead;
 use uuid::Uuid;
 
 use crate::auth;
-use crate::outbox::{Batch, Outbox};
+use crate::outbox::{Batch, EventFrame, Outbox};
 use crate::pending::{Entry, Origin};
 use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route, VERSION};
@@ -559,6 +560,25 @@ impl BridgeReader {
     }
 }
 
+/// Writes event frames straight from their shared buffers, many per system call (`writev`),
+/// so fan-out costs no copy in the relay beyond the kernel's own.
+async fn write_events(write: &mut BoxWrite, events: &[Arc<EventFrame>]) -> std::io::Result<()> {
+    // Linux takes at most 1024 buffers per call (IOV_MAX).
+    const MAX_IOV: usize = 512;
+    for group in events.chunks(MAX_IOV) {
+        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|e| IoSlice::new(&e.wire)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let n = write.write_vectored(rest).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut rest, n);
+        }
+    }
+    Ok(())
+}
+
 async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>, mut write: BoxWrite) {
     let mut batch = Batch::default();
     let mut buf = BytesMut::with_capacity(128 * 1024);
@@ -586,22 +606,15 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>, mut write: BoxW
             buf.extend_from_slice(&c);
         }
         let n = batch.events.len() as u64;
-        let mut failed = false;
-        for e in batch.events.drain(..) {
-            buf.extend_from_slice(&e.wire);
-            if buf.len() >= 256 * 1024 {
-                if write.write_all(&buf).await.is_err() {
-                    failed = true;
-                    break;
-                }
-                buf.clear();
-            }
-        }
-        batch.events.clear();
-        if failed || write.write_all(&buf).await.is_err() {
+        if !buf.is_empty() && write.write_all(&buf).await.is_err() {
             break;
         }
         buf.clear();
+        let sent = write_events(&mut write, &batch.events).await;
+        batch.events.clear();
+        if sent.is_err() {
+            break;
+        }
         route.metrics.bridge_out.increment(n);
         // A writer never waits on the recorder: under `stall` that would freeze this bridge.
         for body in notices {

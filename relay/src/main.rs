@@ -13,6 +13,12 @@ use gabp_relay::{OnSlow, Relay, RelayConfig, RouteConfig, Upstream};
 use gabp_sim::Addr;
 use gabp_storage::{Compression, Durability, Store};
 
+// mimalloc keeps freed memory for reuse: with glibc's allocator the relay's read buffers and
+// per-batch allocations were returned to the kernel and faulted back in (zeroed pages were
+// ~9% of the relay's CPU at max rate; BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "gabp-relay",
