@@ -6,28 +6,27 @@
 //! notices first (they describe gaps before what follows), then responses, then events, all
 //! coalesced into few write calls.
 
-use std::io::IoSlice;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use gabp_proto::{encode_frame, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
+use gabp_proto::{message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
 use gabp_sim::clock::now_ns;
-use gabp_sim::net::{BoxWrite, Conn};
+use gabp_sim::net::Conn;
 use gabp_storage::{BridgeInfo, Direction};
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::codec::FramedRead;
 use uuid::Uuid;
 
 use crate::auth;
-use crate::outbox::{Batch, EventFrame, Outbox};
+use crate::outbox::Outbox;
 use crate::pending::{Entry, Origin};
 use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route, VERSION};
+use crate::sink::{Sink, Staged};
 
 /// Serves one bridge until it leaves or the relay shuts down.
 pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit) {
@@ -47,7 +46,8 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit) 
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
-    let writer = tokio::spawn(write_loop(route.clone(), bridge.clone(), conn.write));
+    *outbox.sink_slot().lock() = Some(Sink::new(conn_id, conn.write));
+    let writer = tokio::spawn(write_loop(route.clone(), bridge.clone()));
     let mut reader = BridgeReader {
         route: route.clone(),
         bridge: bridge.clone(),
@@ -560,68 +560,67 @@ impl BridgeReader {
     }
 }
 
-/// Writes event frames straight from their shared buffers, many per system call (`writev`),
-/// so fan-out costs no copy in the relay beyond the kernel's own.
-async fn write_events(write: &mut BoxWrite, events: &[Arc<EventFrame>]) -> std::io::Result<()> {
-    // Linux takes at most 1024 buffers per call (IOV_MAX).
-    const MAX_IOV: usize = 512;
-    for group in events.chunks(MAX_IOV) {
-        let mut slices: Vec<IoSlice<'_>> = group.iter().map(|e| IoSlice::new(&e.wire)).collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = write.write_vectored(rest).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            IoSlice::advance_slices(&mut rest, n);
+/// The bridge's writer task: writes whatever the mod reader did not write directly (control
+/// frames, notices, bursts a full socket held back), waiting for the socket as needed.
+async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
+    let outbox = &bridge.outbox;
+    loop {
+        // The slot is empty only while this task holds the sink, so this always succeeds;
+        // the mod reader writes in place under the slot's lock and never takes it out.
+        let Some(mut sink) = outbox.sink_slot().lock().take() else {
+            outbox.ready().await;
+            continue;
+        };
+        let open = outbox.take(&mut sink.batch).is_some();
+        let staged = sink.stage();
+        let written = sink.flush().await.is_ok();
+        record_staged(&route, &sink, staged);
+        if !written || !open {
+            // A write failure means the bridge is gone: stop queueing for it.
+            outbox.close();
+            sink.shutdown().await;
+            return;
+        }
+        *outbox.sink_slot().lock() = Some(sink);
+        if !outbox.has_queued() {
+            outbox.ready().await;
         }
     }
-    Ok(())
 }
 
-async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>, mut write: BoxWrite) {
-    let mut batch = Batch::default();
-    let mut buf = BytesMut::with_capacity(128 * 1024);
-    let mut notice_seq = 0u64;
-    loop {
-        if bridge.outbox.take(&mut batch).is_none() {
-            break;
-        }
-        if batch.is_empty() {
-            bridge.outbox.ready().await;
-            continue;
-        }
-        let mut notices = Vec::new();
-        for d in batch.drops.drain(..) {
-            let body = message::event(
-                "relay/dropped",
-                notice_seq,
-                json!({"channel": &*d.channel, "fromSeq": d.from, "toSeq": d.to, "count": d.count, "policy": "drop-oldest"}),
-            );
-            notice_seq += 1;
-            encode_frame(&body, &mut buf);
-            notices.push(body);
-        }
-        for c in batch.control.drain(..) {
-            buf.extend_from_slice(&c);
-        }
-        let n = batch.events.len() as u64;
-        if !buf.is_empty() && write.write_all(&buf).await.is_err() {
-            break;
-        }
-        buf.clear();
-        let sent = write_events(&mut write, &batch.events).await;
-        batch.events.clear();
-        if sent.is_err() {
-            break;
-        }
-        route.metrics.bridge_out.increment(n);
-        // A writer never waits on the recorder: under `stall` that would freeze this bridge.
-        for body in notices {
-            route.record_current_detached(Direction::RelayToBridge, bridge.conn, body);
-        }
+/// The mod reader's write to one bridge after a burst of events: if the bridge's writer is
+/// idle, write what is queued right here without waiting (no wake-up, no context switch);
+/// otherwise, or if the socket takes only part of it, wake the writer to do the rest.
+pub fn write_from_reader(route: &Route, outbox: &Outbox) {
+    outbox.clear_wake_mark();
+    let Some(mut slot) = outbox.sink_slot().try_lock() else {
+        return outbox.wake();
+    };
+    let Some(sink) = slot.as_mut().filter(|s| s.is_idle()) else {
+        drop(slot);
+        return outbox.wake();
+    };
+    if outbox.take(&mut sink.batch).is_none() {
+        // Closed and drained: the writer shuts the socket.
+        drop(slot);
+        return outbox.wake();
     }
-    // A write failure means the bridge is gone: stop queueing for it.
-    bridge.outbox.close();
-    let _ = write.shutdown().await;
+    let staged = sink.stage();
+    let result = sink.write_now();
+    record_staged(route, sink, staged);
+    drop(slot);
+    match result {
+        Ok(true) => {}
+        Ok(false) => outbox.wake(),
+        Err(_) => outbox.close(),
+    }
+}
+
+/// Counts what was staged and records its `relay/dropped` notices. Never waits on the
+/// recorder: under `stall` that would freeze this bridge (and the mod reader).
+fn record_staged(route: &Route, sink: &Sink, staged: Staged) {
+    route.metrics.bridge_out.increment(staged.events);
+    for body in staged.notices {
+        route.record_current_detached(Direction::RelayToBridge, sink.conn, body);
+    }
 }

@@ -6,7 +6,9 @@
 //! - [`upstream`]: the mod connection (connect, hello, read, route, reconnect).
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
-//! - [`bridge`]: a bridge connection (strict reading, handshake, forwarding, writer).
+//! - [`sink`]: each bridge's socket and the frames on their way into it (written by the mod
+//!   reader directly when the bridge's writer is idle).
+//! - [`bridge`]: a bridge connection (strict reading, handshake, forwarding, writers).
 //! - [`pending`]: forwarded requests awaiting the mod's answer.
 //! - [`route`]: one route's shared state and status.
 //! - [`recorder`]: the recorder thread in front of `gabp-storage`.
@@ -32,6 +34,7 @@ pub mod recorder;
 pub mod replay;
 pub mod route;
 pub mod server;
+pub mod sink;
 pub mod stats;
 pub mod transport;
 pub mod upstream;

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::config::OnSlow;
+use crate::sink::Sink;
 
 /// One event as fanned out: built once, shared by every subscriber.
 #[derive(Debug)]
@@ -99,6 +100,8 @@ pub struct Outbox {
     wake_pending: AtomicBool,
     dropped: AtomicU64,
     delivered: AtomicU64,
+    /// The bridge's socket, while nobody is writing to it (see [`crate::sink`]).
+    sink: Mutex<Option<Sink>>,
 }
 
 impl Outbox {
@@ -114,7 +117,25 @@ impl Outbox {
             wake_pending: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            sink: Mutex::new(None),
         }
+    }
+
+    /// The slot holding the bridge's socket between writes: the writer task takes it out for
+    /// the length of a write; the mod reader writes in place while holding the lock.
+    pub fn sink_slot(&self) -> &Mutex<Option<Sink>> {
+        &self.sink
+    }
+
+    /// Forgets that a wake is owed (the caller is about to write instead of waking).
+    pub fn clear_wake_mark(&self) {
+        self.wake_pending.store(false, Ordering::Release);
+    }
+
+    /// Whether anything is queued.
+    pub fn has_queued(&self) -> bool {
+        let st = self.state.lock();
+        !(st.events.is_empty() && st.control.is_empty() && st.drops.is_empty())
     }
 
     /// The policy applied when full.

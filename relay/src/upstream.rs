@@ -382,7 +382,7 @@ impl Reader<'_> {
     /// once they have lingered long enough.
     async fn flush(&mut self, force: bool) {
         for o in self.touched.drain(..) {
-            o.wake();
+            crate::bridge::write_from_reader(self.route, &o);
         }
         let due = force
             || self.records.len() >= RECORD_BATCH

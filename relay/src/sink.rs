@@ -1,0 +1,217 @@
+//! A bridge's write side: frames taken from its outbox, on their way into the socket.
+//!
+//! Two parties write to a bridge, never at once: its writer task, and the mod reader, which
+//! writes directly when the writer is idle (as Redis and nats-server write from the thread that
+//! read the message). The direct write saves a task wake-up and a context switch per burst of
+//! events for every bridge, which on a small machine is most of the cost of fan-out at moderate
+//! rates. Whoever holds the [`Sink`] writes; it never waits in the reader: what the socket does
+//! not take at once stays queued here, in order, and the writer task finishes it.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use gabp_proto::{encode_frame, message};
+use gabp_sim::net::BoxWrite;
+use serde_json::json;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use crate::outbox::Batch;
+
+/// Linux takes at most 1024 buffers per `writev` (IOV_MAX).
+const MAX_IOV: usize = 512;
+
+/// The socket and the frames queued for it.
+pub struct Sink {
+    /// The bridge's connection number (for recording its notices).
+    pub conn: u32,
+    write: BoxWrite,
+    /// Wire frames not yet accepted by the socket, in order; `skip` bytes of the first one
+    /// already went out.
+    queue: VecDeque<Bytes>,
+    skip: usize,
+    /// The relay's seq for this bridge's `relay/dropped` notices.
+    notice_seq: u64,
+    /// Scratch for taking from the outbox, kept for its allocations.
+    pub batch: Batch,
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sink")
+            .field("queued", &self.queue.len())
+            .field("notice_seq", &self.notice_seq)
+            .finish()
+    }
+}
+
+/// What [`Sink::stage`] queued.
+#[derive(Debug, Default)]
+pub struct Staged {
+    /// Events queued.
+    pub events: u64,
+    /// Bodies of the `relay/dropped` notices written, for the recording.
+    pub notices: Vec<Bytes>,
+}
+
+impl Sink {
+    /// A sink writing to bridge `conn`'s socket.
+    pub fn new(conn: u32, write: BoxWrite) -> Sink {
+        Sink {
+            conn,
+            write,
+            queue: VecDeque::new(),
+            skip: 0,
+            notice_seq: 0,
+            batch: Batch::default(),
+        }
+    }
+
+    /// Whether everything queued has been written.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Queues what [`Sink::batch`] holds, emptying it: drop runs first as `relay/dropped`
+    /// notices (they stand where the gap is), then control frames, then events.
+    pub fn stage(&mut self) -> Staged {
+        let mut staged = Staged::default();
+        for d in self.batch.drops.drain(..) {
+            let body = message::event(
+                "relay/dropped",
+                self.notice_seq,
+                json!({"channel": &*d.channel, "fromSeq": d.from, "toSeq": d.to, "count": d.count, "policy": "drop-oldest"}),
+            );
+            self.notice_seq += 1;
+            let mut wire = BytesMut::with_capacity(body.len() + 32);
+            encode_frame(&body, &mut wire);
+            self.queue.push_back(wire.freeze());
+            staged.notices.push(body);
+        }
+        self.queue.extend(self.batch.control.drain(..));
+        staged.events = self.batch.events.len() as u64;
+        self.queue
+            .extend(self.batch.events.drain(..).map(|e| e.wire.clone()));
+        staged
+    }
+
+    /// One `writev` attempt of what is queued; `Ready(Ok(0))` only when nothing is queued.
+    fn poll_write_queued(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(self.queue.len().min(MAX_IOV));
+        for (i, b) in self.queue.iter().take(MAX_IOV).enumerate() {
+            slices.push(IoSlice::new(if i == 0 { &b[self.skip..] } else { b }));
+        }
+        if slices.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let n = std::task::ready!(Pin::new(&mut self.write).poll_write_vectored(cx, &slices))?;
+        if n == 0 {
+            return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()));
+        }
+        self.advance(n);
+        Poll::Ready(Ok(n))
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.queue.front() else {
+                return;
+            };
+            let left = front.len() - self.skip;
+            if n < left {
+                self.skip += n;
+                return;
+            }
+            n -= left;
+            self.skip = 0;
+            self.queue.pop_front();
+        }
+    }
+
+    /// Writes what the socket takes without waiting. `Ok(true)`: everything went out;
+    /// `Ok(false)`: the socket is full and the rest stays queued for [`Sink::flush`].
+    pub fn write_now(&mut self) -> std::io::Result<bool> {
+        // Nothing waits on this context: a full socket just ends the attempt. The writer task,
+        // which finishes the job, registers its own waker when it polls.
+        let mut cx = Context::from_waker(Waker::noop());
+        while !self.queue.is_empty() {
+            match self.poll_write_queued(&mut cx) {
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes everything queued, waiting for the socket as long as it takes.
+    pub async fn flush(&mut self) -> std::io::Result<()> {
+        while !self.queue.is_empty() {
+            std::future::poll_fn(|cx| self.poll_write_queued(cx)).await?;
+        }
+        Ok(())
+    }
+
+    /// Shuts the socket's write side.
+    pub async fn shutdown(&mut self) {
+        let _ = self.write.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::{DropRun, EventFrame};
+    use std::sync::Arc;
+    use tokio::io::AsyncReadExt;
+
+    fn event(seq: u64, body: &str) -> Arc<EventFrame> {
+        Arc::new(EventFrame {
+            channel: Arc::from("c"),
+            seq,
+            wire: Bytes::from(body.to_string()),
+            keep: false,
+        })
+    }
+
+    #[tokio::test]
+    async fn partial_writes_keep_order_and_the_writer_finishes_them() {
+        // A 64-byte pipe: most of a big batch cannot go out at once.
+        let (a, mut b) = tokio::io::duplex(64);
+        let mut sink = Sink::new(1, Box::pin(a));
+        sink.batch.drops.push(DropRun {
+            channel: Arc::from("c"),
+            from: 0,
+            to: 1,
+            count: 2,
+        });
+        sink.batch.control.push(Bytes::from_static(b"CTRL"));
+        let mut expected = Vec::new();
+        for i in 2..200u64 {
+            let body = format!("<event {i}>");
+            sink.batch.events.push(event(i, &body));
+            expected.extend_from_slice(body.as_bytes());
+        }
+        let staged = sink.stage();
+        assert_eq!(staged.events, 198);
+        assert_eq!(staged.notices.len(), 1);
+        assert!(!sink.write_now().expect("no error"), "the pipe is full");
+        assert!(!sink.is_idle());
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            b.read_to_end(&mut all).await.expect("read");
+            all
+        });
+        sink.flush().await.expect("flush");
+        assert!(sink.is_idle());
+        sink.shutdown().await;
+        let all = reader.await.expect("reader");
+        let text = String::from_utf8(all).expect("utf8");
+        let notice = text.find("relay/dropped").expect("notice first");
+        let ctrl = text.find("CTRL").expect("control");
+        assert!(notice < ctrl, "the notice precedes the control frame");
+        assert!(text.ends_with(std::str::from_utf8(&expected).expect("utf8")));
+    }
+}
