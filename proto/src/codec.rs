@@ -58,6 +58,16 @@ impl GabpCodec {
     /// is complete (the body may not be), with every limit checked. Readers that parse in
     /// place use this instead of [`Decoder::decode`].
     pub fn extent(&self, src: &[u8]) -> Result<Option<(usize, usize)>, FrameError> {
+        if let Some((head, len)) = canonical_header(src) {
+            return if len > self.max_body as u64 {
+                Err(FrameError::TooLarge {
+                    len,
+                    limit: self.max_body,
+                })
+            } else {
+                Ok(Some((head, len as usize)))
+            };
+        }
         let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
             if src.len() >= self.max_header {
                 return Err(FrameError::HeaderTooLarge {
@@ -90,6 +100,34 @@ static HEADER_END: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
 /// Position just past the `\r\n\r\n` ending the header section, if present.
 fn header_end(src: &[u8]) -> Option<usize> {
     HEADER_END.find(src).map(|i| i + 4)
+}
+
+/// The fast path for the two headers nearly every peer writes, `Content-Length: N` alone or
+/// followed by `Content-Type: application/json` (what [`encode_header`] writes): (header length,
+/// body length). Anything else (other headers, spacing or case, a partial header) takes the
+/// general path, which decides the same way.
+fn canonical_header(src: &[u8]) -> Option<(usize, u64)> {
+    let rest = src.strip_prefix(LENGTH_PREFIX)?;
+    let digits = rest
+        .iter()
+        .take(20)
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    if digits == 0 || digits > 19 {
+        return None;
+    }
+    let end = &rest[digits..];
+    let tail = if end.starts_with(TYPE_AND_END) {
+        TYPE_AND_END.len()
+    } else if end.starts_with(b"\r\n\r\n") {
+        4
+    } else {
+        return None;
+    };
+    let len = rest[..digits]
+        .iter()
+        .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+    Some((LENGTH_PREFIX.len() + digits + tail, len))
 }
 
 /// Reads the body length from a header section (blank line excluded).
@@ -201,6 +239,44 @@ impl Encoder<&[u8]> for GabpCodec {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The general path alone, for comparison with the fast path.
+    fn general(src: &[u8]) -> Option<(usize, u64)> {
+        let head = header_end(src)?;
+        content_length(&src[..head - 2]).ok().map(|len| (head, len))
+    }
+
+    #[test]
+    fn fast_header_path_agrees_with_the_general_one() {
+        let cases: &[&[u8]] = &[
+            b"Content-Length: 12\r\n\r\n{}",
+            b"Content-Length: 0\r\nContent-Type: application/json\r\n\r\n",
+            b"Content-Length: 0012\r\n\r\n",
+            b"Content-Length: 9999999999999999999\r\n\r\n",
+            b"Content-Length: 99999999999999999999\r\n\r\n",
+            b"Content-Length: 12\r\nContent-Type: application/json\r\nX: y\r\n\r\n",
+            b"content-length: 12\r\n\r\n",
+            b"Content-Length: 12\r\n",
+            b"Content-Length: 12\r\nContent-Type: app",
+            b"Content-Length:\r\n\r\n",
+            b"Content-Length: -1\r\n\r\n",
+        ];
+        for c in cases {
+            if let Some(fast) = canonical_header(c) {
+                assert_eq!(Some(fast), general(c), "{}", String::from_utf8_lossy(c));
+            }
+        }
+        assert!(canonical_header(cases[0]).is_some());
+        assert!(canonical_header(cases[1]).is_some());
+        assert!(
+            canonical_header(cases[5]).is_none(),
+            "extra headers: general path"
+        );
+        assert!(
+            canonical_header(cases[4]).is_none(),
+            "20 digits: general path errs"
+        );
+    }
 
     fn decode_all(codec: &mut GabpCodec, input: &[u8]) -> Result<Vec<Bytes>, FrameError> {
         let mut buf = BytesMut::from(input);

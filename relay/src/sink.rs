@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -18,7 +19,7 @@ use gabp_sim::net::BoxWrite;
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::outbox::Batch;
+use crate::outbox::{Batch, EventFrame};
 
 /// Linux takes at most 1024 buffers per `writev` (IOV_MAX).
 const MAX_IOV: usize = 512;
@@ -30,7 +31,7 @@ pub struct Sink {
     write: BoxWrite,
     /// Wire frames not yet accepted by the socket, in order; `skip` bytes of the first one
     /// already went out.
-    queue: VecDeque<Bytes>,
+    queue: VecDeque<Part>,
     skip: usize,
     /// The relay's seq for this bridge's `relay/dropped` notices.
     notice_seq: u64,
@@ -44,6 +45,22 @@ impl std::fmt::Debug for Sink {
             .field("queued", &self.queue.len())
             .field("notice_seq", &self.notice_seq)
             .finish()
+    }
+}
+
+/// One queued frame: a shared event (moved from the outbox, no reference-count traffic) or
+/// the relay's own bytes.
+enum Part {
+    Event(Arc<EventFrame>),
+    Raw(Bytes),
+}
+
+impl Part {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Part::Event(e) => &e.wire,
+            Part::Raw(b) => b,
+        }
     }
 }
 
@@ -87,20 +104,22 @@ impl Sink {
             self.notice_seq += 1;
             let mut wire = BytesMut::with_capacity(body.len() + 32);
             encode_frame(&body, &mut wire);
-            self.queue.push_back(wire.freeze());
+            self.queue.push_back(Part::Raw(wire.freeze()));
             staged.notices.push(body);
         }
-        self.queue.extend(self.batch.control.drain(..));
+        self.queue
+            .extend(self.batch.control.drain(..).map(Part::Raw));
         staged.events = self.batch.events.len() as u64;
         self.queue
-            .extend(self.batch.events.drain(..).map(|e| e.wire.clone()));
+            .extend(self.batch.events.drain(..).map(Part::Event));
         staged
     }
 
     /// One `writev` attempt of what is queued; `Ready(Ok(0))` only when nothing is queued.
     fn poll_write_queued(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(self.queue.len().min(MAX_IOV));
-        for (i, b) in self.queue.iter().take(MAX_IOV).enumerate() {
+        for (i, p) in self.queue.iter().take(MAX_IOV).enumerate() {
+            let b = p.bytes();
             slices.push(IoSlice::new(if i == 0 { &b[self.skip..] } else { b }));
         }
         if slices.is_empty() {
@@ -119,7 +138,7 @@ impl Sink {
             let Some(front) = self.queue.front() else {
                 return;
             };
-            let left = front.len() - self.skip;
+            let left = front.bytes().len() - self.skip;
             if n < left {
                 self.skip += n;
                 return;
@@ -163,8 +182,7 @@ impl Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::{DropRun, EventFrame};
-    use std::sync::Arc;
+    use crate::outbox::DropRun;
     use tokio::io::AsyncReadExt;
 
     fn event(seq: u64, body: &str) -> Arc<EventFrame> {
