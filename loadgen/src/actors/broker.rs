@@ -279,9 +279,15 @@ fn drain_replies(
             Err(_) => break,
         };
         let chunk = &buf[..n];
-        // Neither protocol's success replies to a publisher contain '-': Redis answers
-        // `:N`, NATS sends `PING`, `+OK`, `PONG`, `INFO`. An error line starts with '-'.
-        if let Some(at) = memchr::memchr(b'-', chunk) {
+        // An error is a line starting with '-' (`-ERR …` in both protocols); success replies
+        // to a publisher never start one: Redis answers `:N`, NATS sends `PING`, `PONG`,
+        // `+OK` and `INFO {…}`.
+        let error_at = if chunk.starts_with(b"-") {
+            Some(0)
+        } else {
+            memchr::memmem::find(chunk, b"\n-").map(|i| i + 1)
+        };
+        if let Some(at) = error_at {
             let end = memchr::memchr(b'\n', &chunk[at..]).map_or(chunk.len(), |e| at + e);
             let line = String::from_utf8_lossy(&chunk[at..end]).trim().to_string();
             if let Ok(mut f) = failed.lock() {
