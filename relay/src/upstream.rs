@@ -34,8 +34,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// Recorder messages batched before a send even if the socket still has data.
 const RECORD_BATCH: usize = 512;
 /// How long recorder messages may wait in the reader before they are sent: at low rates this
-/// turns many tiny batches into few larger ones.
-const RECORD_LINGER: Duration = Duration::from_millis(2);
+/// turns many tiny batches into few larger ones, and the recorder thread (which commits every
+/// 10 ms) is woken a few times per commit rather than hundreds: on a small machine every wake-up
+/// of another thread can delay the readers and writers that carry events.
+const RECORD_LINGER: Duration = Duration::from_millis(5);
 /// Frames processed before writers are woken even if the socket still has data: at full rate the
 /// socket never runs dry, and writers must drain outboxes long before they fill.
 const WAKE_EVERY: usize = 256;
