@@ -143,8 +143,9 @@ impl Outbox {
         self.policy
     }
 
-    /// Offers an event. Does not wake the writer: call [`Outbox::wake`] (or
-    /// [`Outbox::mark_for_wake`] and wake later) so one wake covers many events.
+    /// Offers an event. Neither writes nor wakes the writer: the mod reader marks the outbox
+    /// ([`Outbox::mark_for_wake`]) and, once per burst, writes directly or wakes the writer
+    /// (`bridge::write_from_reader`), so one write covers many events.
     pub fn offer(&self, ev: &Arc<EventFrame>) -> Offer {
         let len = ev.wire.len();
         let mut st = self.state.lock();

@@ -54,11 +54,6 @@ impl EventTemplate {
         }
     }
 
-    /// The channels, by index.
-    pub fn channels(&self) -> &[String] {
-        &self.channels
-    }
-
     /// The channel index of the next event (seeded, uniform).
     pub fn next_channel(&mut self) -> usize {
         self.pick.gen_range(0..self.channels.len().max(1))

@@ -453,39 +453,63 @@ impl Subscriber {
     async fn drain_nats(&mut self, tally: &mut Tally) -> Result<usize> {
         let mut at = 0;
         let mut pong = false;
-        loop {
-            let rest = &self.buf[at..];
-            let Some(eol) = memchr::memmem::find(rest, b"\r\n") else {
-                break;
-            };
-            let line = &rest[..eol];
-            if let Some(args) = line.strip_prefix(b"MSG ") {
-                // MSG <subject> <sid> [reply-to] <#bytes>
-                let len = args
-                    .rsplit(|b| *b == b' ')
-                    .next()
-                    .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
-                    .ok_or_else(|| anyhow!("bad MSG line"))?;
-                let start = eol + 2;
-                if rest.len() < start + len + 2 {
-                    break;
+        while let Some((used, item)) = parse_nats(&self.buf[at..])? {
+            match item {
+                Nats::Msg(body) => {
+                    tally.event(&self.buf[at + body.start..at + body.end]);
                 }
-                tally.event(&rest[start..start + len]);
-                at += start + len + 2;
-            } else {
-                if line == b"PING" {
-                    pong = true;
-                } else if line.starts_with(b"-ERR") {
-                    bail!("nats-server: {}", String::from_utf8_lossy(line));
-                }
-                at += eol + 2;
+                Nats::Ping => pong = true,
+                Nats::Other => {}
             }
+            at += used;
         }
         if pong {
             self.conn.write_all(b"PONG\r\n").await?;
         }
         Ok(at)
     }
+}
+
+/// One item of the NATS protocol as a subscriber sees it.
+#[derive(Debug, PartialEq, Eq)]
+enum Nats {
+    /// `MSG`, with the range of its payload.
+    Msg(std::ops::Range<usize>),
+    /// `PING`, to be answered with `PONG`.
+    Ping,
+    /// `+OK`, `PONG`, `INFO …`: nothing to do.
+    Other,
+}
+
+/// Parses one item at the start of `buf`: (bytes used, item), `None` if it is not complete
+/// yet, an error for `-ERR` or a `MSG` line without a valid size.
+fn parse_nats(buf: &[u8]) -> Result<Option<(usize, Nats)>> {
+    let Some(eol) = memchr::memmem::find(buf, b"\r\n") else {
+        return Ok(None);
+    };
+    let line = &buf[..eol];
+    if let Some(args) = line.strip_prefix(b"MSG ") {
+        // MSG <subject> <sid> [reply-to] <#bytes>
+        let len = args
+            .rsplit(|b| *b == b' ')
+            .next()
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse::<usize>().ok())
+            .ok_or_else(|| anyhow!("bad MSG line: {}", String::from_utf8_lossy(line)))?;
+        let start = eol + 2;
+        if buf.len() < start + len + 2 {
+            return Ok(None);
+        }
+        return Ok(Some((start + len + 2, Nats::Msg(start..start + len))));
+    }
+    if line.starts_with(b"-ERR") {
+        bail!("nats-server: {}", String::from_utf8_lossy(line));
+    }
+    let item = if line == b"PING" {
+        Nats::Ping
+    } else {
+        Nats::Other
+    };
+    Ok(Some((eol + 2, item)))
 }
 
 /// One RESP2 push: its kind (`message`, `subscribe`, ...) and, for a message, its data.
@@ -569,6 +593,29 @@ mod tests {
             );
         }
         assert!(parse_resp_push(b"-ERR nope\r\n").is_err());
+    }
+
+    #[test]
+    fn nats_items_parse_whole_or_not_at_all() {
+        let wire = b"MSG a/b 1 5\r\nhe\r\no\r\nPING\r\n+OK\r\n";
+        let (used, item) = parse_nats(wire).expect("ok").expect("complete");
+        assert_eq!(item, Nats::Msg(13..18));
+        assert_eq!(&wire[13..18], b"he\r\no", "binary-safe payload");
+        for cut in 0..used {
+            assert!(parse_nats(&wire[..cut]).expect("ok").is_none(), "{cut}");
+        }
+        let (u2, item) = parse_nats(&wire[used..]).expect("ok").expect("complete");
+        assert_eq!(item, Nats::Ping);
+        let (_, item) = parse_nats(&wire[used + u2..])
+            .expect("ok")
+            .expect("complete");
+        assert_eq!(item, Nats::Other);
+        let (_, item) = parse_nats(b"MSG a/b 1 reply.to 2\r\n{}\r\n")
+            .expect("ok")
+            .expect("complete");
+        assert_eq!(item, Nats::Msg(22..24), "with a reply subject");
+        assert!(parse_nats(b"-ERR 'Authorization Violation'\r\n").is_err());
+        assert!(parse_nats(b"MSG a/b 1 x\r\n").is_err(), "size not a number");
     }
 
     #[test]
