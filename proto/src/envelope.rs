@@ -219,7 +219,7 @@ impl Parser {
                 let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
                 let result = match simd_json::fill_tape(&mut self.scratch, buffers, &mut tape) {
                     Ok(()) => strict_view(body, &tape.0, &mut self.members),
-                    Err(_) => Err(EnvelopeError::InvalidJson),
+                    Err(_) => Err(invalid_json(body)),
                 };
                 self.tape = recycle(tape.0);
                 result
@@ -233,7 +233,16 @@ fn not_object_or_invalid(body: &[u8]) -> EnvelopeError {
     if scan::is_valid_json(body) {
         EnvelopeError::NotAnObject
     } else {
-        EnvelopeError::InvalidJson
+        invalid_json(body)
+    }
+}
+
+/// "Not JSON", or the precise rule a grammatical body broke (non-finite number, lone surrogate).
+fn invalid_json(body: &[u8]) -> EnvelopeError {
+    match scan::diagnose(body) {
+        Some(scan::Refusal::NonFiniteNumber) => EnvelopeError::NonFiniteNumber,
+        Some(scan::Refusal::LoneSurrogate) => EnvelopeError::LoneSurrogate,
+        None => EnvelopeError::InvalidJson,
     }
 }
 
@@ -348,7 +357,8 @@ fn strict_view<'a>(
         return Err(EnvelopeError::NotAnObject);
     }
     check_whole_tape(tape)?;
-    scan::members(body, members).ok_or(EnvelopeError::InvalidJson)?;
+    // simd-json lets some lone surrogates through; the scanner holds the one rule.
+    scan::members(body, members).ok_or_else(|| invalid_json(body))?;
     let mut known = Known::default();
     let mut count = 0;
     for ((key, node), m) in object_members(tape, 0).zip(members.iter()) {
@@ -707,8 +717,20 @@ mod tests {
                 format!(
                     r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1e999}}}}"#
                 ),
-                EnvelopeError::InvalidJson,
-            ), // simd-json refuses overflowing numbers outright
+                EnvelopeError::NonFiniteNumber,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":"\ud800"}}}}"#
+                ),
+                EnvelopeError::LoneSurrogate,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":"\udc00"}}}}"#
+                ),
+                EnvelopeError::LoneSurrogate,
+            ),
             (
                 format!(
                     r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":NaN}}}}"#
@@ -782,6 +804,15 @@ mod tests {
         assert_eq!(ev.seq, Some(1));
         // Routing fields must still be sound.
         assert!(tolerant(r#"{"v":"gabp/1","type":"response","result":1}"#).is_err());
+        // One rule with the strict boundary: what bridges could not decode is refused.
+        assert_eq!(
+            tolerant(r#"{"v":"gabp/1","type":"event","channel":"c","payload":{"x":1e999}}"#),
+            Err(EnvelopeError::NonFiniteNumber)
+        );
+        assert_eq!(
+            tolerant(r#"{"v":"gabp/1","type":"event","channel":"c","payload":"\ud800"}"#),
+            Err(EnvelopeError::LoneSurrogate)
+        );
     }
 
     #[test]

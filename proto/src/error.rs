@@ -59,6 +59,9 @@ pub enum EnvelopeError {
     /// A number is not finite (it overflows a double).
     #[error("non-finite number")]
     NonFiniteNumber,
+    /// A string escape names a lone surrogate (`"\ud800"`), which no decoder can represent.
+    #[error("lone surrogate in a string escape")]
+    LoneSurrogate,
     /// An object repeats a key.
     #[error("duplicate key \"{0}\"")]
     DuplicateKey(String),
