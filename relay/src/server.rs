@@ -36,6 +36,14 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// A stdio mod that cannot be started.
+    #[error("route {route}: {why}")]
+    StdioMod {
+        /// The route.
+        route: String,
+        /// Why (one line).
+        why: String,
+    },
     /// A non-loopback listener without `--allow-remote`.
     #[error("refusing to listen on {0}: not a loopback address (pass --allow-remote to allow it)")]
     Remote(String),
@@ -70,6 +78,12 @@ impl Relay {
         for r in &cfg.routes {
             if !cfg.allow_remote && !r.listen.is_local() {
                 return Err(StartError::Remote(r.listen.to_string()));
+            }
+            if let crate::config::Upstream::Stdio(cmd) = &r.upstream {
+                crate::transport::check_command(cmd).map_err(|why| StartError::StdioMod {
+                    route: r.name.clone(),
+                    why,
+                })?;
             }
             if !r.listen.is_local() {
                 tracing::warn!(listen = %r.listen, "listening on a non-loopback address: anyone who can reach it may try tokens");
