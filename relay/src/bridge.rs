@@ -463,7 +463,7 @@ impl BridgeReader {
         let Some(s) = route.current() else { return };
         let drop_up: Vec<String> = emptied
             .into_iter()
-            .filter(|c| !(route.cfg.subscribe_all && s.advertised.contains(c)))
+            .filter(|c| !(route.cfg.subscribe_all && s.advertises(c)))
             .collect();
         if drop_up.is_empty() {
             return;

@@ -146,6 +146,11 @@ impl Hub {
         emptied
     }
 
+    /// Whether `channel` has had an event in this session.
+    pub fn knows(&self, channel: &str) -> bool {
+        self.state.lock().channels.contains_key(channel)
+    }
+
     /// Every channel some bridge subscribes to.
     pub fn wanted(&self) -> Vec<String> {
         self.state

@@ -43,6 +43,33 @@ pub struct SessionInfo {
     pub started_ns: u64,
     /// Bodies to the mod.
     pub upstream: mpsc::Sender<Bytes>,
+    /// `advertised` as a set: a bridge leaving many channels asks once per channel.
+    advertised_set: rustc_hash::FxHashSet<String>,
+}
+
+impl SessionInfo {
+    /// A session with the channels the mod advertised (already de-duplicated and capped).
+    pub fn new(
+        id: Uuid,
+        welcome: Value,
+        advertised: Vec<String>,
+        started_ns: u64,
+        upstream: mpsc::Sender<Bytes>,
+    ) -> SessionInfo {
+        SessionInfo {
+            id,
+            welcome,
+            advertised_set: advertised.iter().cloned().collect(),
+            advertised,
+            started_ns,
+            upstream,
+        }
+    }
+
+    /// Whether the mod advertised `channel` in this session.
+    pub fn advertises(&self, channel: &str) -> bool {
+        self.advertised_set.contains(channel)
+    }
 }
 
 /// A connected bridge.

@@ -31,6 +31,17 @@ use crate::route::{Route, SessionInfo, VERSION};
 
 /// Longest wait between reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a session must have run before the reconnect backoff starts again from its
+/// shortest wait: a mod (or a downstream relay) that welcomes and then drops the connection at
+/// once is retried with growing waits, not in a tight loop.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
+/// Channels one session may use (advertised or seen in events). Past it, events on new
+/// channels are anomalies and further advertised channels are not subscribed to, so a mod
+/// that invents channel names cannot grow the channel table, metrics and recording catalog
+/// without bound.
+pub const MAX_CHANNELS: usize = 4096;
+/// How often a failure that keeps repeating (a wrong `--upstream-token`) is logged again.
+const REPEAT_LOG_EVERY: Duration = Duration::from_secs(60);
 /// Recorder messages batched before a send even if the socket still has data.
 const RECORD_BATCH: usize = 512;
 /// How long recorder messages may wait in the reader before they are sent: at low rates this
@@ -42,32 +53,98 @@ const RECORD_LINGER: Duration = Duration::from_millis(5);
 /// socket never runs dry, and writers must drain outboxes long before they fill.
 const WAKE_EVERY: usize = 256;
 
-/// Connects, serves sessions and reconnects until the route is cancelled.
+/// A failure that may repeat on every attempt, logged once and then summarised with a count
+/// at most every [`REPEAT_LOG_EVERY`], so a wrong token does not fill the log forever.
+#[derive(Debug, Default)]
+pub struct Repeats {
+    last: Option<String>,
+    since_logged: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl Repeats {
+    /// Whether `what` should be logged now, and how many identical failures were not logged
+    /// since it last was.
+    pub fn note(&mut self, what: &str) -> Option<u64> {
+        let now = std::time::Instant::now();
+        if self.last.as_deref() == Some(what) {
+            self.since_logged += 1;
+            if self
+                .logged_at
+                .is_some_and(|t| now.duration_since(t) < REPEAT_LOG_EVERY)
+            {
+                return None;
+            }
+        } else {
+            self.last = Some(what.to_string());
+            self.since_logged = 0;
+        }
+        let skipped = self.since_logged.saturating_sub(1);
+        self.since_logged = 0;
+        self.logged_at = Some(now);
+        Some(skipped)
+    }
+
+    /// The failure stopped (a session started).
+    pub fn clear(&mut self) {
+        *self = Repeats::default();
+    }
+}
+
+/// Connects, serves sessions and reconnects until the route is cancelled. Every wait in here
+/// (connecting, the welcome, the backoff, the session) ends as soon as the route is cancelled.
 pub async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
     let mut backoff = Duration::from_millis(50);
     let mut sessions = 0u64;
-    let mut warned = false;
+    let mut failures = Repeats::default();
     loop {
         if route.cancel.is_cancelled() {
             break;
         }
-        match connector.connect(&route.cfg.upstream).await {
+        let connected = tokio::select! {
+            biased;
+            _ = route.cancel.cancelled() => break,
+            c = connector.connect(&route.cfg.upstream) => c,
+        };
+        match connected {
             Ok(conn) => {
-                warned = false;
-                if sessions > 0 {
-                    route.metrics.reconnects.increment(1);
+                let started = std::time::Instant::now();
+                match serve(&route, conn).await {
+                    Ok(()) => {
+                        failures.clear();
+                        if sessions > 0 {
+                            route.metrics.reconnects.increment(1);
+                        }
+                        sessions += 1;
+                        if started.elapsed() >= STABLE_SESSION {
+                            backoff = Duration::from_millis(50);
+                        }
+                    }
+                    Err(reason) => {
+                        if route.cancel.is_cancelled() {
+                            break;
+                        }
+                        match failures.note(&reason) {
+                            Some(0) => {
+                                tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, "{reason}; retrying with backoff")
+                            }
+                            Some(n) => {
+                                tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, repeated = n, "{reason}; still retrying ({n} more times since last logged)")
+                            }
+                            None => {
+                                tracing::debug!(route = %route.cfg.name, "{reason}")
+                            }
+                        }
+                    }
                 }
-                sessions += 1;
-                if serve(&route, conn).await {
-                    backoff = Duration::from_millis(50);
-                }
-            }
-            Err(e) if !warned => {
-                tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, error = %e, "mod not reachable; retrying with backoff");
-                warned = true;
             }
             Err(e) => {
-                tracing::debug!(route = %route.cfg.name, error = %e, "mod still not reachable")
+                let reason = format!("mod not reachable: {e}");
+                if failures.note(&reason).is_some() {
+                    tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, error = %e, "mod not reachable; retrying with backoff");
+                } else {
+                    tracing::debug!(route = %route.cfg.name, error = %e, "mod still not reachable")
+                }
             }
         }
         let jitter = rand::thread_rng().gen_range(0..=backoff.as_millis() as u64 / 2);
@@ -155,17 +232,26 @@ async fn handshake(
         .map_err(|_| "connection closed".to_string())?;
     let redacted = message::request(&id, "session/hello", params("[redacted]"));
     let mut parser = Parser::new();
+    let finder = memchr::memmem::Finder::new(id.as_bytes());
     let wait = async {
         while let Some(frame) = frames.next().await {
             let frame = frame.map_err(|e| format!("broken framing from the mod: {e}"))?;
-            let Ok(view) = parser.parse(&frame.body, Mode::Tolerant) else {
-                continue;
+            let view = match parser.parse(&frame.body, Mode::Tolerant) {
+                Ok(view) => view,
+                // An answer to this hello the relay cannot read is a failed handshake, said
+                // once and clearly, not a frame skipped until the wait runs out.
+                Err(e) if finder.find(&frame.body).is_some() => {
+                    return Err(format!(
+                        "the mod's answer to session/hello is unreadable ({e})"
+                    ));
+                }
+                Err(_) => continue,
             };
             if view.kind != MsgType::Response || view.id.as_deref() != Some(id.as_str()) {
                 continue;
             }
             let msg: Value = serde_json::from_slice(&frame.body)
-                .map_err(|_| "unreadable welcome".to_string())?;
+                .map_err(|e| format!("the mod's answer to session/hello is unreadable ({e})"))?;
             if let Some(err) = msg.get("error").filter(|e| !e.is_null()) {
                 let hint = if err["code"] == ErrorCode::BadToken.code() {
                     " (check --upstream-token)"
@@ -181,14 +267,18 @@ async fn handshake(
         }
         Err("mod closed the connection during the handshake".to_string())
     };
-    let (welcome, raw) = tokio::time::timeout(route.cfg.hello_wait, wait)
-        .await
-        .map_err(|_| "mod did not answer session/hello in time".to_string())??;
+    let (welcome, raw) = tokio::select! {
+        biased;
+        _ = route.cancel.cancelled() => return Err("the relay is shutting down".to_string()),
+        w = tokio::time::timeout(route.cfg.hello_wait, wait) => {
+            w.map_err(|_| "mod did not answer session/hello in time".to_string())??
+        }
+    };
     Ok((welcome, redacted, raw))
 }
 
-/// Serves one connection. Returns whether a session was established.
-async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
+/// Serves one connection. Returns why no session could be established, if none was.
+async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     let mut frames =
         FramedRead::with_capacity(conn.read, GabpCodec::new(route.cfg.max_body), 256 * 1024);
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
@@ -196,21 +286,27 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
     let (welcome, hello_rec, welcome_raw) = match handshake(route, &mut frames, &tx).await {
         Ok(w) => w,
         Err(reason) => {
-            tracing::warn!(route = %route.cfg.name, upstream = %route.cfg.upstream, "{reason}");
             writer.abort();
-            return false;
+            return Err(reason);
         }
     };
     let id = Uuid::now_v7();
     let started_ns = now_ns();
-    let advertised: Vec<String> = welcome["capabilities"]["events"]
+    let mut advertised: Vec<String> = welcome["capabilities"]["events"]
         .as_array()
         .map(|a| {
+            let mut seen = rustc_hash::FxHashSet::default();
             a.iter()
-                .filter_map(|c| c.as_str().map(String::from))
+                .filter_map(|c| c.as_str())
+                .filter(|c| !c.is_empty() && seen.insert(*c))
+                .map(String::from)
                 .collect()
         })
         .unwrap_or_default();
+    if advertised.len() > MAX_CHANNELS {
+        tracing::warn!(route = %route.cfg.name, advertised = advertised.len(), limit = MAX_CHANNELS, "the mod advertises more channels than one session may use; only the first {MAX_CHANNELS} are subscribed to");
+        advertised.truncate(MAX_CHANNELS);
+    }
     route.hub.new_session();
     if let Some(r) = &route.recorder {
         let meta = SessionMeta {
@@ -235,33 +331,43 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
         ])
         .await;
     }
-    let info = Arc::new(SessionInfo {
+    let info = Arc::new(SessionInfo::new(
         id,
-        welcome: welcome.clone(),
-        advertised: advertised.clone(),
+        welcome.clone(),
+        advertised,
         started_ns,
-        upstream: tx,
-    });
-    // Subscribe upstream to what the recording and the bridges need.
-    let mut want: Vec<String> = if route.cfg.subscribe_all {
-        advertised.clone()
-    } else {
-        Vec::new()
-    };
-    for c in route.hub.wanted() {
-        if !want.contains(&c) {
-            want.push(c);
+        tx,
+    ));
+    // The session is published before the channels to subscribe to are collected: a bridge
+    // subscribing meanwhile either is in the hub's list read below or sees this session and
+    // subscribes upstream itself (the set of upstream channels decides who sends, under its
+    // lock), so no subscription falls between two sessions.
+    route.session.send_replace(Some(info.clone()));
+    let want: Vec<String> = {
+        let mut up = route.upstream_channels.lock();
+        up.clear();
+        let mut want = Vec::new();
+        if route.cfg.subscribe_all {
+            for c in &info.advertised {
+                if up.insert(c.clone()) {
+                    want.push(c.clone());
+                }
+            }
         }
-    }
-    *route.upstream_channels.lock() = want.iter().cloned().collect();
+        for c in route.hub.wanted() {
+            if up.insert(c.clone()) {
+                want.push(c);
+            }
+        }
+        want
+    };
     if !want.is_empty() {
         route
             .send_internal(&info, "events/subscribe", json!({ "channels": want }))
             .await;
     }
-    route.session.send_replace(Some(info.clone()));
     route.metrics.upstream_connected.set(1.0);
-    tracing::info!(route = %route.cfg.name, session = %id, app = %welcome["app"]["name"], channels = advertised.len(), "mod connected; session started");
+    tracing::info!(route = %route.cfg.name, session = %id, app = %welcome["app"]["name"], channels = info.advertised.len(), "mod connected; session started");
     route.notify_bridges(json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
 
     let reason = read_loop(route, &info, &mut frames).await;
@@ -313,7 +419,7 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> bool {
         .await;
     }
     tracing::info!(route = %route.cfg.name, session = %id, reason = reason.as_str(), "session ended");
-    true
+    Ok(())
 }
 
 /// Per-session reader state.
@@ -326,6 +432,10 @@ struct Reader<'a> {
     channel_counters: Vec<metrics::Counter>,
     last_record_send: std::time::Instant,
     clock: BurstClock,
+    /// Channels this session has used (the hub's table holds as many).
+    channels: usize,
+    /// Events published in this session: no channel's relay seq is larger.
+    events: u64,
 }
 
 /// Arrival time for a burst of events: read once per [`BurstClock::EVERY`] events and after
@@ -363,6 +473,8 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
         channel_counters: Vec::new(),
         last_record_send: std::time::Instant::now(),
         clock: BurstClock { ns: 0, uses: 0 },
+        channels: 0,
+        events: 0,
     };
     let mut since_flush = 0usize;
     loop {
@@ -465,9 +577,14 @@ impl Reader<'_> {
         let view = match self.parser.parse(&body, Mode::Tolerant) {
             Ok(v) => v,
             Err(e) => {
+                // Non-finite numbers and lone surrogates break the same rule as bad grammar:
+                // no peer downstream could decode the frame.
                 let json_ok = !matches!(
                     e,
-                    gabp_proto::EnvelopeError::InvalidJson | gabp_proto::EnvelopeError::InvalidUtf8
+                    gabp_proto::EnvelopeError::InvalidJson
+                        | gabp_proto::EnvelopeError::InvalidUtf8
+                        | gabp_proto::EnvelopeError::NonFiniteNumber
+                        | gabp_proto::EnvelopeError::LoneSurrogate
                 );
                 let why = e.to_string();
                 return self.anomaly(body, json_ok, &why);
@@ -479,9 +596,31 @@ impl Reader<'_> {
                     .channel
                     .as_deref()
                     .expect("tolerant events have a channel");
+                // The relay's seq can be longer than the mod's (or added where the mod sent
+                // none): an event that might then exceed --max-body is refused, so no peer
+                // with the same limit is ever sent a frame it must refuse. The seq is bounded
+                // by the session's event count, which bounds its digits.
+                let mut digits = [0u8; 20];
+                let seq_len = gabp_proto::rewrite::decimal(self.events, &mut digits).len();
+                let sequenced = match &view.seq_span {
+                    Some(span) => body.len() - span.len().min(body.len()) + seq_len,
+                    None => body.len() + ",\"seq\":".len() + seq_len,
+                };
+                if sequenced > route.cfg.max_body {
+                    return self.anomaly(
+                        body,
+                        true,
+                        "event too large to forward once the relay's seq is written",
+                    );
+                }
+                if self.channels >= MAX_CHANNELS && !route.hub.knows(channel) {
+                    return self.anomaly(body, true, "event on a channel past the session's limit");
+                }
                 let p = route.hub.publish(channel, &body, view.seq_span.clone());
+                self.events += 1;
                 let cid = p.channel_id as usize;
                 if p.new_channel {
+                    self.channels += 1;
                     if route.recorder.is_some() {
                         self.records.push(RecMsg::Channel {
                             session: self.session.id,
