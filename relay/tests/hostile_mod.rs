@@ -334,6 +334,40 @@ async fn non_finite_numbers_and_lone_surrogates_are_anomalies_not_forwarded() {
     let s = checked_session(data).await;
     assert_eq!(s["anomalies"], 4, "{s}");
     assert_eq!(s["events"], 2, "{s}");
+    // The recording replays: a bridge of the replay gets the same two events.
+    let mut replay = Command::new(BIN)
+        .args([
+            "replay",
+            "latest",
+            "--data-dir",
+            data,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--token", TOKEN, "--speed", "max"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn replay");
+    let mut lines = BufReader::new(replay.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("replay started")
+        .expect("stdout")
+        .expect("a line");
+    let addr: Addr = line
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("replay address");
+    let (mut c, _) = Client::connect_hello(&addr, TOKEN).await.expect("hello");
+    c.subscribe(&["c"]).await.expect("subscribe");
+    let a = next_on(&mut c, "c").await;
+    let b = next_on(&mut c, "c").await;
+    assert_eq!((a["seq"].as_u64(), b["seq"].as_u64()), (Some(0), Some(1)));
+    assert_eq!(b["payload"]["n"], 2);
+    replay.start_kill().expect("stop replay");
 }
 
 #[tokio::test]
