@@ -506,6 +506,12 @@ async fn read_loop(route: &Arc<Route>, session: &SessionInfo, frames: &mut Frame
                 if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
                     r.flush(false).await;
                     since_flush = 0;
+                    // A mod that never pauses never reaches the select below: shutdown is
+                    // checked here too.
+                    if route.cancel.is_cancelled() {
+                        r.flush(true).await;
+                        return EndReason::RelayShutdown;
+                    }
                 }
             }
             Some(Err(e)) => {

@@ -734,10 +734,32 @@ async fn sigterm_is_prompt_in_every_upstream_state() {
     let mut m = accept(&listener).await;
     m.welcome(&["c"]).await;
     m.subscribed().await;
-    m.send_all((0..1000).map(|i| event("c", Some(i), "{}")))
-        .await;
+    // The mod never pauses: it writes until the relay goes away.
+    let ModConn { write, frames, .. } = m;
+    let flood = tokio::spawn(async move {
+        let mut write = write;
+        let batch: Vec<u8> = {
+            let mut wire = BytesMut::new();
+            for i in 0..1000 {
+                gabp_proto::encode_frame(event("c", Some(i), "{}").as_bytes(), &mut wire);
+            }
+            wire.to_vec()
+        };
+        let mut sent = 0u64;
+        while write.write_all(&batch).await.is_ok() {
+            sent += 1000;
+        }
+        drop(frames);
+        sent
+    });
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    c.subscribe(&["c"]).await.expect("subscribe");
+    next_on(&mut c, "c").await; // the flood is flowing
     let (code, took) = relay.stop().await;
     assert_eq!(code, Some(0));
     assert!(took < Duration::from_secs(2), "running: {took:?}");
+    assert!(flood.await.expect("flood") > 0);
     assert_eq!(checked_session(data).await["end"], "relay_shutdown");
 }
