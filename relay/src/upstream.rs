@@ -6,6 +6,12 @@
 //! wake-ups are batched: touched writers are woken once the socket has nothing more buffered,
 //! or every 256 frames at full rate. Recorder messages go out in batches of up to 512, or after
 //! lingering at most 2 ms, so a slow trickle of frames does not become many tiny batches.
+//!
+//! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
+//! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
+//! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded.
+//! Reconnects back off until a session has lasted 10 s; a failure that repeats is
+//! logged once with a count. Every wait here ends when the route is cancelled.
 
 use std::sync::Arc;
 use std::time::Duration;
