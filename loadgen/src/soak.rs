@@ -78,6 +78,7 @@ pub async fn run(o: SoakOptions) -> Result<Value> {
         MOD_TOKEN,
         &sc,
         &data_dir,
+        &[],
     )
     .await?;
     let pid = target.pid().context("relay pid")?;

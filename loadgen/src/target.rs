@@ -66,13 +66,15 @@ pub fn sibling(name: &str) -> PathBuf {
 }
 
 impl Target {
-    /// Starts the relay under test in front of the mod at `upstream`.
+    /// Starts the relay under test in front of the mod at `upstream`; `extra` arguments go to
+    /// the built relay only (a command template says everything itself).
     pub async fn relay(
         cmd: &RelayCommand,
         upstream: &Addr,
         upstream_token: &str,
         sc: &Scenario,
         data_dir: &Path,
+        extra: &[String],
     ) -> Result<Target> {
         let (port, listen, token) = endpoint()?;
         let (name, mut command) = match cmd {
@@ -100,6 +102,7 @@ impl Target {
                 if !sc.record {
                     c.arg("--no-record");
                 }
+                c.args(extra);
                 ("gabp-relay".to_string(), c)
             }
             RelayCommand::Template(t) => {
