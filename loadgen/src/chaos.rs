@@ -66,10 +66,11 @@ struct Held {
 }
 
 impl Held {
-    /// Stops the relay and the mod and removes the temp dir; whether the relay exited cleanly.
-    async fn release(self) -> Option<bool> {
-        let clean = match self.target {
-            Some(t) => Some(t.stop(Duration::from_secs(15)).await),
+    /// Stops the relay and the mod and removes the temp dir; the relay's exit status, `None`
+    /// if it had to be killed (or never started).
+    async fn release(self) -> Option<std::process::ExitStatus> {
+        let status = match self.target {
+            Some(t) => t.stop_status(Duration::from_secs(15)).await,
             None => None,
         };
         if let Some(sim) = self.sim {
@@ -78,7 +79,7 @@ impl Held {
         if let Some(d) = self.data {
             let _ = d.close();
         }
-        clean
+        status
     }
 }
 
@@ -95,10 +96,13 @@ pub async fn run(o: ChaosOptions) -> Result<Value> {
         _ = terminate.recv() => Err(anyhow!("terminated; stopped the relay and the mod and removed the temp dir")),
     };
     stop.cancel();
-    let clean = held.release().await;
+    let status = held.release().await;
     let mut doc = outcome?;
+    // Exited by itself within the bound, with success, after SIGTERM.
+    let clean = status.is_some_and(|s| s.success());
     doc["relay_exit_clean"] = json!(clean);
-    if clean != Some(true) {
+    doc["relay_exit_code"] = json!(status.and_then(|s| s.code()));
+    if !clean {
         doc["ok"] = json!(false);
     }
     Ok(doc)
@@ -126,13 +130,18 @@ async fn phases(o: &ChaosOptions, held: &mut Held, stop: CancellationToken) -> R
             ..ModSimConfig::default()
         },
     )?);
-    let data = held.data.insert(
+    let tmp = held.data.insert(
         tempfile::Builder::new()
             .prefix("gabp-chaos-")
             .tempdir()
             .context("creating a temp dir")?,
     );
-    let data_path = data.path().to_path_buf();
+    let data_path = tmp.path().join("data");
+    std::fs::create_dir(&data_path).context("creating the data dir")?;
+    // The relay's own log: kept out of the report's stdout and counted per phase (a hostile
+    // client must not be able to flood it either).
+    let log_path = tmp.path().join("relay.log");
+    let log = std::fs::File::create(&log_path).context("creating the relay log")?;
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let extra = [
         "--metrics".to_string(),
@@ -140,17 +149,25 @@ async fn phases(o: &ChaosOptions, held: &mut Held, stop: CancellationToken) -> R
         "--max-body".into(),
         o.max_body.to_string(),
     ];
-    let target = held.target.insert(
-        Target::relay(
-            &RelayCommand::Builtin(o.relay_bin.clone()),
-            sim.addr(),
-            MOD_TOKEN,
-            &sc,
-            &data_path,
-            &extra,
-        )
-        .await?,
-    );
+    let started = Target::relay(
+        &RelayCommand::Builtin(o.relay_bin.clone()),
+        sim.addr(),
+        MOD_TOKEN,
+        &sc,
+        &data_path,
+        &extra,
+        Some(log),
+    )
+    .await;
+    let target = match started {
+        Ok(t) => held.target.insert(t),
+        Err(e) => {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let last = text.lines().rev().take(3).collect::<Vec<_>>();
+            let said: Vec<&str> = last.into_iter().rev().collect();
+            return Err(e.context(format!("the relay said: {}", said.join(" / "))));
+        }
+    };
     let pid = target.pid().context("relay pid")?;
     eprintln!(
         "chaos: relay pid {pid}, data dir {}, metrics http://{metrics}/metrics",
@@ -165,19 +182,21 @@ async fn phases(o: &ChaosOptions, held: &mut Held, stop: CancellationToken) -> R
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let quiet = phase(o, &sc, target, sim, pid, &[], &stop).await?;
-    let quiet_metrics = metrics_lines(metrics).await.ok();
-    let quiet_data = dir_bytes(&data_path);
-    let hostile = phase(o, &sc, target, sim, pid, &o.kinds, &stop).await?;
-    let hostile_metrics = metrics_lines(metrics).await.ok();
-    let hostile_data = dir_bytes(&data_path);
-    Ok(report(
-        o,
-        quiet,
-        hostile,
-        [Some(metrics_at_start), quiet_metrics, hostile_metrics],
-        [quiet_data, hostile_data],
-    ))
+    let log_lines =
+        || std::fs::read(&log_path).map_or(0, |b| b.iter().filter(|c| **c == b'\n').count() as u64);
+    let mut quiet = phase(o, &sc, target, sim, pid, &[], &stop).await?;
+    quiet.after = After {
+        metrics_lines: metrics_lines(metrics).await.ok(),
+        data_bytes: dir_bytes(&data_path),
+        log_lines: log_lines(),
+    };
+    let mut hostile = phase(o, &sc, target, sim, pid, &o.kinds, &stop).await?;
+    hostile.after = After {
+        metrics_lines: metrics_lines(metrics).await.ok(),
+        data_bytes: dir_bytes(&data_path),
+        log_lines: log_lines(),
+    };
+    Ok(report(o, quiet, hostile, metrics_at_start))
 }
 
 /// One phase's figures.
@@ -186,6 +205,15 @@ struct Phase {
     samples: Samples,
     hostile: Vec<Value>,
     rss_limit_hit: bool,
+    after: After,
+}
+
+/// What the relay left behind by the end of a phase (cumulative since it started).
+#[derive(Debug, Default)]
+struct After {
+    metrics_lines: Option<u64>,
+    data_bytes: u64,
+    log_lines: u64,
 }
 
 /// Relay memory and descriptors over a phase.
@@ -335,6 +363,7 @@ async fn phase(
             .map(|(k, c)| c.summary(*k, o.workers))
             .collect(),
         rss_limit_hit: rss_hit.load(Ordering::Relaxed),
+        after: After::default(),
     })
 }
 
@@ -417,13 +446,7 @@ fn dir_bytes(dir: &Path) -> u64 {
     })
 }
 
-fn report(
-    o: &ChaosOptions,
-    quiet: Phase,
-    hostile: Phase,
-    metrics: [Option<u64>; 3],
-    data: [u64; 2],
-) -> Value {
+fn report(o: &ChaosOptions, quiet: Phase, hostile: Phase, metrics_at_start: u64) -> Value {
     let ratio = |a: f64, b: f64| (a > 0.0).then(|| b / a);
     let (q, h) = (&quiet.honest, &hostile.honest);
     let unharmed = |m: &Measurement| {
@@ -436,7 +459,7 @@ fn report(
     };
     let ok = unharmed(q) && unharmed(h) && !quiet.rss_limit_hit && !hostile.rss_limit_hit;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let phase = |p: &Phase, metrics: Option<u64>, data: u64| {
+    let phase = |p: &Phase| {
         json!({
             "honest": p.honest,
             "relay_rss_start_mib": mib(p.samples.rss_start),
@@ -447,8 +470,9 @@ fn report(
             "relay_fds_end": p.samples.fds_end,
             "relay_samples": p.samples.n,
             "rss_limit_hit": p.rss_limit_hit,
-            "metrics_lines": metrics,
-            "data_dir_mib": mib(data),
+            "metrics_lines": p.after.metrics_lines,
+            "data_dir_mib": mib(p.after.data_bytes),
+            "relay_log_lines": p.after.log_lines,
         })
     };
     json!({
@@ -470,8 +494,8 @@ fn report(
             "rss_limit_mib": o.rss_limit_mib,
             "seed": o.seed,
         },
-        "quiet": phase(&quiet, metrics[1], data[0]),
-        "hostile": phase(&hostile, metrics[2], data[1]),
+        "quiet": phase(&quiet),
+        "hostile": phase(&hostile),
         "ratio": {
             "p50": ratio(q.latency_us.p50, h.latency_us.p50),
             "p99": ratio(q.latency_us.p99, h.latency_us.p99),
@@ -480,7 +504,7 @@ fn report(
             "call_p99": ratio(q.call_latency_us.p99, h.call_latency_us.p99),
             "delivered_per_s": ratio(q.delivered_eps, h.delivered_eps),
         },
-        "metrics_lines_at_start": metrics[0],
+        "metrics_lines_at_start": metrics_at_start,
         "hostile_actors": hostile.hostile,
         "ok": ok,
     })
@@ -498,9 +522,9 @@ pub fn table(doc: &Value) -> String {
     );
     let _ = writeln!(
         o,
-        "{:<8} {:>11} {:>11} {:>9} {:>9} {:>10} {:>6} {:>5} {:>5} {:>10} {:>10} {:>6} {:>9} {:>8} {:>8} {:>9}",
+        "{:<8} {:>11} {:>11} {:>9} {:>9} {:>10} {:>6} {:>5} {:>5} {:>10} {:>10} {:>6} {:>9} {:>8} {:>8} {:>9} {:>7}",
         "PHASE", "PUBLISHED/S", "DELIVERED/S", "P50 µs", "P99 µs", "MAX µs", "DROPS", "GAPS", "DISC",
-        "CALL P50", "CALL P99", "UNANS", "RSS MiB", "FDS", "METRICS", "DATA MiB"
+        "CALL P50", "CALL P99", "UNANS", "RSS MiB", "FDS", "METRICS", "DATA MiB", "LOG"
     );
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     for name in ["quiet", "hostile"] {
@@ -508,7 +532,7 @@ pub fn table(doc: &Value) -> String {
         let m = &p["honest"];
         let _ = writeln!(
             o,
-            "{:<8} {:>11.0} {:>11.0} {:>9.1} {:>9.1} {:>10.1} {:>6} {:>5} {:>5} {:>10.1} {:>10.1} {:>6} {:>9.1} {:>8} {:>8} {:>9.1}",
+            "{:<8} {:>11.0} {:>11.0} {:>9.1} {:>9.1} {:>10.1} {:>6} {:>5} {:>5} {:>10.1} {:>10.1} {:>6} {:>9.1} {:>8} {:>8} {:>9.1} {:>7}",
             name,
             f(&m["published_eps"]),
             f(&m["delivered_eps"]),
@@ -525,6 +549,7 @@ pub fn table(doc: &Value) -> String {
             p["relay_fds_peak"],
             p["metrics_lines"],
             f(&p["data_dir_mib"]),
+            p["relay_log_lines"],
         );
         for e in m["errors"].as_array().into_iter().flatten() {
             let _ = writeln!(o, "{:<8} error: {}", "", e.as_str().unwrap_or_default());
@@ -551,13 +576,24 @@ pub fn table(doc: &Value) -> String {
     );
     let _ = writeln!(
         o,
-        "{:<15} {:>7} {:>7} {:>7} {:>10} {:>9} {:>7} {:>7} {:>7} {:>7} {:>10}",
-        "HOSTILE", "WORKERS", "RUNS", "CONNS", "FRAMES", "MiB SENT", "CLOSED", "BLOCKED", "REFUSED", "UNANS", "SLOWEST ms"
+        "{:<15} {:>7} {:>7} {:>7} {:>10} {:>9} {:>7} {:>7} {:>7} {:>7} {:>10} {:>7}",
+        "HOSTILE",
+        "WORKERS",
+        "RUNS",
+        "CONNS",
+        "FRAMES",
+        "MiB SENT",
+        "CLOSED",
+        "BLOCKED",
+        "REFUSED",
+        "UNANS",
+        "SLOWEST ms",
+        "CUT"
     );
     for a in doc["hostile_actors"].as_array().into_iter().flatten() {
         let _ = writeln!(
             o,
-            "{:<15} {:>7} {:>7} {:>7} {:>10} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>10}",
+            "{:<15} {:>7} {:>7} {:>7} {:>10} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>10} {:>7}",
             a["kind"].as_str().unwrap_or_default(),
             a["workers"],
             a["runs"],
@@ -569,12 +605,13 @@ pub fn table(doc: &Value) -> String {
             a["connect_errors"],
             a["unanswered"],
             a["slowest_reply_ms"],
+            a["cut_short"],
         );
     }
     let _ = writeln!(
         o,
-        "relay exited cleanly: {}; honest bridges unharmed: {}",
-        doc["relay_exit_clean"], doc["ok"]
+        "relay exited cleanly after SIGTERM: {} (exit code {}); ok: {}",
+        doc["relay_exit_clean"], doc["relay_exit_code"], doc["ok"]
     );
     o
 }

@@ -311,8 +311,8 @@ struct ChaosArgs {
     #[arg(long, default_value_t = 200.0)]
     calls_per_s: f64,
     /// The relay's --max-body (the huge-frame clients go up to and over it).
-    #[arg(long, default_value_t = gabp_proto::DEFAULT_MAX_BODY, value_parser = clap::value_parser!(u64).range(1024..=(64 << 20)).map(|v| v as usize))]
-    max_body: usize,
+    #[arg(long, default_value_t = gabp_proto::DEFAULT_MAX_BODY as u64, value_parser = clap::value_parser!(u64).range(1024..=(64 << 20)))]
+    max_body: u64,
     /// Hostile kinds in the second phase (comma separated; default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     hostile: Vec<actors::hostile::Kind>,
@@ -557,7 +557,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 rate: a.rate,
                 payload_bytes: a.payload_bytes,
                 calls_per_s: a.calls_per_s.max(0.0),
-                max_body: a.max_body,
+                max_body: a.max_body as usize,
                 kinds: if a.hostile.is_empty() {
                     actors::hostile::Kind::ALL.to_vec()
                 } else {
@@ -576,7 +576,9 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 print!("{}", chaos::table(&report));
             }
             if report["ok"] != true {
-                bail!("the hostile clients harmed the honest bridges or the relay (see the report)");
+                bail!(
+                    "the hostile clients harmed the honest bridges or the relay (see the report)"
+                );
             }
             Ok(())
         }

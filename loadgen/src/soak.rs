@@ -79,6 +79,7 @@ pub async fn run(o: SoakOptions) -> Result<Value> {
         &sc,
         &data_dir,
         &[],
+        None,
     )
     .await?;
     let pid = target.pid().context("relay pid")?;

@@ -112,6 +112,8 @@ pub struct Counts {
     pub slowest_reply_ms: AtomicU64,
     /// Requests this kind waited for that were never answered in time.
     pub unanswered: AtomicU64,
+    /// Runs still going at their time bound (e.g. still waiting for an answer).
+    pub cut_short: AtomicU64,
 }
 
 impl Counts {
@@ -139,6 +141,7 @@ impl Counts {
             "connect_errors": g(&self.connect_errors),
             "unanswered": g(&self.unanswered),
             "slowest_reply_ms": g(&self.slowest_reply_ms),
+            "cut_short": g(&self.cut_short),
         })
     }
 }
@@ -179,7 +182,9 @@ pub async fn actor(
         let one = one_run(kind, &t, &counts, run, &mut rng, bound);
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::timeout(bound, one) => {}
+            r = tokio::time::timeout(bound, one) => if r.is_err() {
+                Counts::add(&counts.cut_short, 1);
+            }
         }
     }
 }
@@ -213,11 +218,7 @@ enum Wrote {
     Closed,
 }
 
-async fn write(
-    w: &mut (impl AsyncWrite + Unpin),
-    bytes: &[u8],
-    counts: &Counts,
-) -> Wrote {
+async fn write(w: &mut (impl AsyncWrite + Unpin), bytes: &[u8], counts: &Counts) -> Wrote {
     match tokio::time::timeout(Duration::from_secs(1), w.write_all(bytes)).await {
         Ok(Ok(())) => {
             Counts::add(&counts.bytes, bytes.len() as u64);
@@ -381,10 +382,7 @@ async fn one_run(
                 return;
             };
             let mut out = framed(&subscribe_all(t, 2));
-            encode_frame(
-                &message::request(&id(3), "tools/list", json!({})),
-                &mut out,
-            );
+            encode_frame(&message::request(&id(3), "tools/list", json!({})), &mut out);
             if write(&mut c.write, &out, counts).await != Wrote::Sent {
                 return;
             }
@@ -416,7 +414,7 @@ async fn one_run(
                 if write(&mut c.write, &[*b], counts).await != Wrote::Sent {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             drain(&mut c.read, Duration::from_secs(1), counts).await;
         }
@@ -521,11 +519,7 @@ async fn one_run(
                 }
                 names.push(n);
             }
-            let body = message::request(
-                &id(9),
-                "events/subscribe",
-                json!({ "channels": names }),
-            );
+            let body = message::request(&id(9), "events/subscribe", json!({ "channels": names }));
             ask(&mut c, &body, counts, bound).await;
         }
         Kind::WrongToken => {
