@@ -527,6 +527,8 @@ pub fn table(doc: &Value) -> String {
         "CALL P50", "CALL P99", "UNANS", "RSS MiB", "FDS", "METRICS", "DATA MiB", "LOG"
     );
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    // serde_json's Display ignores widths: numbers are formatted as numbers.
+    let u = |v: &Value| v.as_u64().unwrap_or(0);
     for name in ["quiet", "hostile"] {
         let p = &doc[name];
         let m = &p["honest"];
@@ -539,17 +541,17 @@ pub fn table(doc: &Value) -> String {
             f(&m["latency_us"]["p50"]),
             f(&m["latency_us"]["p99"]),
             f(&m["latency_us"]["max"]),
-            m["dropped"],
-            m["unannounced_gaps"],
-            m["disconnects"],
+            u(&m["dropped"]),
+            u(&m["unannounced_gaps"]),
+            u(&m["disconnects"]),
             f(&m["call_latency_us"]["p50"]),
             f(&m["call_latency_us"]["p99"]),
-            m["calls_unanswered"],
+            u(&m["calls_unanswered"]),
             f(&p["relay_rss_peak_mib"]),
-            p["relay_fds_peak"],
-            p["metrics_lines"],
+            u(&p["relay_fds_peak"]),
+            p["metrics_lines"].as_u64().map_or("-".into(), |n| n.to_string()),
             f(&p["data_dir_mib"]),
-            p["relay_log_lines"],
+            u(&p["relay_log_lines"]),
         );
         for e in m["errors"].as_array().into_iter().flatten() {
             let _ = writeln!(o, "{:<8} error: {}", "", e.as_str().unwrap_or_default());
@@ -595,17 +597,17 @@ pub fn table(doc: &Value) -> String {
             o,
             "{:<15} {:>7} {:>7} {:>7} {:>10} {:>9.1} {:>7} {:>7} {:>7} {:>7} {:>10} {:>7}",
             a["kind"].as_str().unwrap_or_default(),
-            a["workers"],
-            a["runs"],
-            a["connections"],
-            a["frames"],
+            u(&a["workers"]),
+            u(&a["runs"]),
+            u(&a["connections"]),
+            u(&a["frames"]),
             f(&a["bytes"]) / (1 << 20) as f64,
-            a["closed_by_relay"],
-            a["writes_blocked"],
-            a["connect_errors"],
-            a["unanswered"],
-            a["slowest_reply_ms"],
-            a["cut_short"],
+            u(&a["closed_by_relay"]),
+            u(&a["writes_blocked"]),
+            u(&a["connect_errors"]),
+            u(&a["unanswered"]),
+            u(&a["slowest_reply_ms"]),
+            u(&a["cut_short"]),
         );
     }
     let _ = writeln!(
