@@ -186,7 +186,7 @@ fn ctrl_c_stops_the_relay_and_removes_the_temp_dir() {
     let stderr = child.stderr.take().expect("stderr");
     let mut loadgen = Loadgen(child);
     // Wait for the line naming the relay's pid and data dir (it comes once the relay is up).
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::sync_channel(4096);
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = tx.send(line);

@@ -388,7 +388,7 @@ async fn one_run(
             }
             Counts::add(&counts.frames, 2);
             let _ = c.write.shutdown().await;
-            if run % 2 == 0 {
+            if run.is_multiple_of(2) {
                 // Half-closed and reading: the relay decides when to close.
                 drain(&mut c.read, bound, counts).await;
             } else {
@@ -397,14 +397,14 @@ async fn one_run(
             }
         }
         Kind::Trickle => {
-            let Some(mut c) = (if run % 2 == 0 {
+            let Some(mut c) = (if run.is_multiple_of(2) {
                 connect(t, counts).await
             } else {
                 welcomed(t, counts).await
             }) else {
                 return;
             };
-            let frame = if run % 2 == 0 {
+            let frame = if run.is_multiple_of(2) {
                 hello(&t.token, 1)
             } else {
                 framed(&message::request(&id(5), "tools/list", json!({})))
