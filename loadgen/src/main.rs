@@ -5,6 +5,7 @@
 //! parties), `target` (processes under test), `run` (one measurement), `report` (analytics).
 
 mod actors;
+mod chaos;
 mod procstat;
 mod report;
 mod run;
@@ -52,6 +53,9 @@ enum Cmd {
     /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
     /// ordering and the recording afterwards.
     Soak(SoakArgs),
+    /// Honest bridges measured alone, then beside hostile clients of every kind; reports
+    /// latency, drops, the relay's memory, descriptors and metrics size in both phases.
+    Chaos(ChaosArgs),
     /// The baseline forwarder process (started by `run --baseline`).
     #[command(hide = true)]
     Forwarder(ForwarderArgs),
@@ -287,6 +291,60 @@ struct SoakArgs {
 }
 
 #[derive(Args, Debug)]
+struct ChaosArgs {
+    /// Seconds measured in each phase (without, then with the hostile clients).
+    #[arg(long, default_value = "5", value_parser = parse_secs)]
+    duration: f64,
+    /// Seconds before each phase's measurement (the hostile clients already run).
+    #[arg(long, default_value = "1", value_parser = parse_secs)]
+    warmup: f64,
+    /// Honest bridges, subscribed to every channel.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=200))]
+    bridges: u64,
+    /// Mod events per second.
+    #[arg(long, default_value = "20000", value_parser = parse_secs)]
+    rate: f64,
+    /// Event body size in bytes.
+    #[arg(long, default_value_t = 256)]
+    payload_bytes: usize,
+    /// Honest tools/call per second (0 = none).
+    #[arg(long, default_value_t = 200.0)]
+    calls_per_s: f64,
+    /// The relay's --max-body (the huge-frame clients go up to and over it).
+    #[arg(long, default_value_t = gabp_proto::DEFAULT_MAX_BODY as u64, value_parser = clap::value_parser!(u64).range(1024..=(64 << 20)))]
+    max_body: u64,
+    /// Hostile kinds in the second phase (comma separated; default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    hostile: Vec<actors::hostile::Kind>,
+    /// Concurrent clients per hostile kind.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    hostile_workers: u64,
+    /// Relay RSS (MiB) at which the hostile clients are called off, to protect the machine.
+    #[arg(long, default_value_t = 2048)]
+    rss_limit_mib: u64,
+    /// Do not record.
+    #[arg(long)]
+    no_record: bool,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The gabp-relay binary (default: next to this one).
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Print one JSON document.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A positive, finite number (seconds or a rate).
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
+#[derive(Args, Debug)]
 struct ForwarderArgs {
     #[arg(long)]
     upstream: String,
@@ -488,6 +546,39 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             }
             if report["ok"] != true {
                 bail!("the soak found problems (see the report)");
+            }
+            Ok(())
+        }
+        Cmd::Chaos(a) => {
+            let opts = chaos::ChaosOptions {
+                phase: Duration::from_secs_f64(a.duration),
+                warmup: Duration::from_secs_f64(a.warmup),
+                bridges: a.bridges as usize,
+                rate: a.rate,
+                payload_bytes: a.payload_bytes,
+                calls_per_s: a.calls_per_s.max(0.0),
+                max_body: a.max_body as usize,
+                kinds: if a.hostile.is_empty() {
+                    actors::hostile::Kind::ALL.to_vec()
+                } else {
+                    a.hostile
+                },
+                workers: a.hostile_workers as usize,
+                seed: a.seed,
+                relay_bin: a.relay_bin.unwrap_or_else(|| target::sibling("gabp-relay")),
+                record: !a.no_record,
+                rss_limit_mib: a.rss_limit_mib.max(64),
+            };
+            let report = chaos::run(opts).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", chaos::table(&report));
+            }
+            if report["ok"] != true {
+                bail!(
+                    "the hostile clients harmed the honest bridges or the relay (see the report)"
+                );
             }
             Ok(())
         }

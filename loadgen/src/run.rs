@@ -66,7 +66,7 @@ pub async fn measure(sc: &Scenario, which: &Which, progress: &dyn Fn(&str)) -> R
             let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal"), cfg)?;
             let target = match which {
                 Which::Relay(cmd) => {
-                    Target::relay(cmd, sim.addr(), MOD_TOKEN, sc, data.path()).await
+                    Target::relay(cmd, sim.addr(), MOD_TOKEN, sc, data.path(), &[], None).await
                 }
                 _ => Target::baseline(sim.addr(), MOD_TOKEN).await,
             };

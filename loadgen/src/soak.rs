@@ -78,6 +78,8 @@ pub async fn run(o: SoakOptions) -> Result<Value> {
         MOD_TOKEN,
         &sc,
         &data_dir,
+        &[],
+        None,
     )
     .await?;
     let pid = target.pid().context("relay pid")?;

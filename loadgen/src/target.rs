@@ -66,13 +66,17 @@ pub fn sibling(name: &str) -> PathBuf {
 }
 
 impl Target {
-    /// Starts the relay under test in front of the mod at `upstream`.
+    /// Starts the relay under test in front of the mod at `upstream`; `extra` arguments go to
+    /// the built relay only (a command template says everything itself). Its stderr goes to
+    /// `log` when given, to ours otherwise.
     pub async fn relay(
         cmd: &RelayCommand,
         upstream: &Addr,
         upstream_token: &str,
         sc: &Scenario,
         data_dir: &Path,
+        extra: &[String],
+        log: Option<std::fs::File>,
     ) -> Result<Target> {
         let (port, listen, token) = endpoint()?;
         let (name, mut command) = match cmd {
@@ -100,6 +104,7 @@ impl Target {
                 if !sc.record {
                     c.arg("--no-record");
                 }
+                c.args(extra);
                 ("gabp-relay".to_string(), c)
             }
             RelayCommand::Template(t) => {
@@ -121,11 +126,13 @@ impl Target {
             }
         };
         command.env("GABP_LOG", "warn");
-        Target::spawn(
+        Target::spawn_probed(
             name,
             command,
             listen.parse().map_err(|e: String| anyhow!(e))?,
             token,
+            Probe::Hello,
+            log.map(Stdio::from),
         )
         .await
     }
@@ -166,6 +173,7 @@ impl Target {
             listen.parse().map_err(|e: String| anyhow!(e))?,
             String::new(),
             Probe::Listening,
+            None,
         )
         .await
         .with_context(|| {
@@ -177,7 +185,7 @@ impl Target {
     }
 
     async fn spawn(name: String, command: Command, addr: Addr, token: String) -> Result<Target> {
-        Target::spawn_probed(name, command, addr, token, Probe::Hello).await
+        Target::spawn_probed(name, command, addr, token, Probe::Hello, None).await
     }
 
     async fn spawn_probed(
@@ -186,6 +194,7 @@ impl Target {
         addr: Addr,
         token: String,
         probe: Probe,
+        stderr: Option<Stdio>,
     ) -> Result<Target> {
         // Its own process group, so a wrapper (perf, taskset, a shell) and everything it
         // starts are stopped together.
@@ -193,10 +202,10 @@ impl Target {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             // A peer server's start-up banner is noise; the relay's own warnings are not.
-            .stderr(match probe {
+            .stderr(stderr.unwrap_or_else(|| match probe {
                 Probe::Hello => Stdio::inherit(),
                 Probe::Listening => Stdio::null(),
-            })
+            }))
             .kill_on_drop(true)
             .process_group(0);
         let mut child = command
@@ -253,7 +262,12 @@ impl Target {
     }
 
     /// SIGTERM, then SIGKILL after `grace`. Returns whether it exited on its own.
-    pub async fn stop(mut self, grace: Duration) -> bool {
+    pub async fn stop(self, grace: Duration) -> bool {
+        self.stop_status(grace).await.is_some()
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`. Returns its exit status if it exited on its own.
+    pub async fn stop_status(mut self, grace: Duration) -> Option<std::process::ExitStatus> {
         let group = self.child.id().map(|pid| format!("-{pid}"));
         let signal = |sig: &str| {
             if let Some(g) = &group {
@@ -264,12 +278,15 @@ impl Target {
             }
         };
         signal("-TERM");
-        let clean = tokio::time::timeout(grace, self.child.wait()).await.is_ok();
+        let status = tokio::time::timeout(grace, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok);
         // Whatever is left in the group (a wrapper's child) goes too.
         signal("-KILL");
-        if !clean {
+        if status.is_none() {
             let _ = self.child.wait().await;
         }
-        clean
+        status
     }
 }

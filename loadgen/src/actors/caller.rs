@@ -21,15 +21,18 @@ use super::{latency_histogram, Window};
 /// What the caller saw in the window.
 #[derive(Debug)]
 pub struct CallResult {
-    /// Calls answered in the window.
+    /// Calls sent in the window and answered.
     pub calls: u64,
-    /// Error answers in the window.
+    /// Error answers to those.
     pub errors: u64,
     /// Calls sent in the window and never answered.
     pub unanswered: u64,
     /// Latency from scheduled send time, ns.
     pub latency: Histogram<u64>,
 }
+
+/// How long after the run stops a call sent in the window may still be answered.
+const UNANSWERED_AFTER: Duration = Duration::from_secs(5);
 
 /// Open loop: `rate` calls per second over one connection, pipelined.
 pub async fn fixed_rate(
@@ -48,11 +51,16 @@ pub async fn fixed_rate(
         unanswered: 0,
         latency: latency_histogram(),
     }));
-    let (s2, r2, w2, stop2) = (sent.clone(), result.clone(), window.clone(), stop.clone());
+    let (s2, r2) = (sent.clone(), result.clone());
+    // The reader outlives `stop` by a grace period (below), so that calls sent late in the
+    // window are counted with their latency rather than left out as unanswered.
     let reader = tokio::spawn(async move {
         let mut parser = Parser::new();
         loop {
-            let body = tokio::select! { _ = stop2.cancelled() => break, f = frames.next() => match f { Some(Ok(f)) => f.body, _ => break } };
+            let body = match frames.next().await {
+                Some(Ok(f)) => f.body,
+                _ => break,
+            };
             let Ok(view) = parser.parse(&body, Mode::Tolerant) else {
                 continue;
             };
@@ -62,7 +70,8 @@ pub async fn fixed_rate(
             let Some((scheduled, counted)) = s2.lock().remove(id) else {
                 continue;
             };
-            if counted && w2.is_open() {
+            // Counted if it was sent inside the window, whenever its answer comes.
+            if counted {
                 let mut r = r2.lock();
                 r.calls += 1;
                 if view.is_error() {
@@ -97,6 +106,13 @@ pub async fn fixed_rate(
             break;
         }
         buf.clear();
+    }
+    let grace = Instant::now() + UNANSWERED_AFTER;
+    while Instant::now() < grace
+        && !reader.is_finished()
+        && sent.lock().values().any(|(_, counted)| *counted)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     reader.abort();
     let mut r = std::mem::replace(

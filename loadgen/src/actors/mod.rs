@@ -1,11 +1,12 @@
-//! The parties of a load run: reading bridges, stalled bridges, a tool caller, the raw
-//! forwarder that serves as the baseline, peer pub/sub servers' publisher and subscribers, and
-//! the per-reader tally they all count into.
+//! The parties of a load run: reading bridges, stalled bridges, a tool caller, hostile clients
+//! (`chaos`), the raw forwarder that serves as the baseline, peer pub/sub servers' publisher and
+//! subscribers, and the per-reader tally they all count into.
 
 pub mod bridge;
 pub mod broker;
 pub mod caller;
 pub mod forwarder;
+pub mod hostile;
 pub mod tally;
 
 use std::sync::atomic::{AtomicBool, Ordering};
