@@ -26,17 +26,40 @@ const TOKEN: &str = "0123456789abcdef0123456789abcdef";
 
 /// One step of the sequence, chosen by an input byte; its argument bytes follow.
 fn step(op: u8, arg: &[u8]) -> Vec<u8> {
-    let id = uuid::Uuid::from_u128(arg.iter().fold(7u128, |h, &b| h.wrapping_mul(31) ^ b as u128));
+    let id = uuid::Uuid::from_u128(
+        arg.iter()
+            .fold(7u128, |h, &b| h.wrapping_mul(31) ^ b as u128),
+    );
     let text = String::from_utf8_lossy(arg);
-    let body = |method: &str, params: Value| frame_bytes(&message::request(&id.to_string(), method, params)).to_vec();
+    let body = |method: &str, params: Value| {
+        frame_bytes(&message::request(&id.to_string(), method, params)).to_vec()
+    };
     match op % 12 {
-        0 => body("session/hello", json!({"token": TOKEN, "bridgeVersion": "f", "platform": "linux", "launchId": text})),
-        1 => body("session/hello", json!({"token": text, "bridgeVersion": "f", "platform": "linux", "launchId": "l"})),
-        2 => body("events/subscribe", json!({"channels": arg.iter().map(|b| format!("c{}", b % 16)).collect::<Vec<_>>()})),
-        3 => body("events/unsubscribe", json!({"channels": arg.iter().map(|b| format!("c{b}")).collect::<Vec<_>>()})),
-        4 => body("tools/call", json!({"name": "sim/echo", "arguments": {"x": text}})),
+        0 => body(
+            "session/hello",
+            json!({"token": TOKEN, "bridgeVersion": "f", "platform": "linux", "launchId": text}),
+        ),
+        1 => body(
+            "session/hello",
+            json!({"token": text, "bridgeVersion": "f", "platform": "linux", "launchId": "l"}),
+        ),
+        2 => body(
+            "events/subscribe",
+            json!({"channels": arg.iter().map(|b| format!("c{}", b % 16)).collect::<Vec<_>>()}),
+        ),
+        3 => body(
+            "events/unsubscribe",
+            json!({"channels": arg.iter().map(|b| format!("c{b}")).collect::<Vec<_>>()}),
+        ),
+        4 => body(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": {"x": text}}),
+        ),
         5 => body("relay/status", json!({})),
-        6 => body(&format!("x/{}", arg.first().copied().unwrap_or(0)), json!({})),
+        6 => body(
+            &format!("x/{}", arg.first().copied().unwrap_or(0)),
+            json!({}),
+        ),
         // A framed body of raw input bytes.
         7 => frame_bytes(arg).to_vec(),
         // Raw bytes: broken framing, partial frames, headers.
@@ -96,7 +119,12 @@ async fn run(data: &[u8]) {
     let permit = Arc::new(tokio::sync::Semaphore::new(1))
         .try_acquire_owned()
         .expect("permit");
-    let serve = tokio::spawn(bridge::serve(route.clone(), conn, permit, Closer::default()));
+    let serve = tokio::spawn(bridge::serve(
+        route.clone(),
+        conn,
+        permit,
+        Closer::default(),
+    ));
     let (cr, mut cw) = tokio::io::split(client);
 
     // What the relay writes, in order, with what had reached the mod by then.
@@ -148,5 +176,8 @@ async fn run(data: &[u8]) {
             "{errors} errors before a welcome"
         );
     }
-    assert!(route.bridges.lock().is_empty(), "the bridge's state is freed");
+    assert!(
+        route.bridges.lock().is_empty(),
+        "the bridge's state is freed"
+    );
 }

@@ -181,7 +181,10 @@ mod tests {
             clean.as_ptr(),
             "no copy without a hit"
         );
-        assert_eq!(&redact(&Bytes::from_static(b"short"), &["short"])[..], b"short");
+        assert_eq!(
+            &redact(&Bytes::from_static(b"short"), &["short"])[..],
+            b"short"
+        );
     }
 
     #[test]
@@ -193,9 +196,15 @@ mod tests {
             r#"{"params":{"t":"\u0030123"}"#,
         ] {
             let (out, _) = redact_unparsed(&Bytes::from(risky), &[secret]);
-            assert!(std::str::from_utf8(&out).expect("utf8").contains("withheld"), "{risky}");
+            assert!(
+                std::str::from_utf8(&out)
+                    .expect("utf8")
+                    .contains("withheld"),
+                "{risky}"
+            );
         }
-        let (out, json_ok) = redact_unparsed(&Bytes::from(format!("{{not json {secret}")), &[secret]);
+        let (out, json_ok) =
+            redact_unparsed(&Bytes::from(format!("{{not json {secret}")), &[secret]);
         assert!(!json_ok);
         assert_eq!(&out[..], format!("{{not json {REDACTED}").as_bytes());
     }

@@ -269,7 +269,8 @@ impl BridgeReader {
                 Some(Ok(frame)) => self.on_frame(frame.body).await,
             }
             // One big frame grew the read buffer: give the memory back once it is empty.
-            if frames.read_buffer().is_empty() && frames.read_buffer().capacity() > READ_BUFFER_KEEP {
+            if frames.read_buffer().is_empty() && frames.read_buffer().capacity() > READ_BUFFER_KEEP
+            {
                 *frames.read_buffer_mut() = BytesMut::with_capacity(64 * 1024);
             }
         }
@@ -543,11 +544,8 @@ impl BridgeReader {
                     .await;
             }
         }
-        self.reply(message::result_response(
-            id,
-            json!({ "subscribed": chans }),
-        ))
-        .await;
+        self.reply(message::result_response(id, json!({ "subscribed": chans })))
+            .await;
     }
 
     async fn unsubscribe(&mut self, id: &str, params: &Value) {
@@ -586,7 +584,11 @@ impl BridgeReader {
         let route = self.route.clone();
         let Some(session) = route.current() else {
             return self
-                .reply_error(Some(id), ErrorCode::ModUnavailable, "the mod is not connected")
+                .reply_error(
+                    Some(id),
+                    ErrorCode::ModUnavailable,
+                    "the mod is not connected",
+                )
                 .await;
         };
         if self.bridge.in_flight.fetch_add(1, Ordering::AcqRel) >= route.cfg.max_pending {

@@ -229,13 +229,10 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, cancel: Canc
         let handle = handle.clone();
         tokio::spawn(async move {
             let mut req = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut req))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
+            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut req)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
             let head = String::from_utf8_lossy(&req[..n]);
             let (status, body) = if head.starts_with("GET /metrics") || head.starts_with("GET / ") {
                 ("200 OK", handle.render())

@@ -575,7 +575,10 @@ mod tests {
     #[test]
     fn control_frames_past_their_bound_cut_the_bridge() {
         let o = Outbox::new(OnSlow::DropOldest, 100, 25);
-        assert!(o.push_control(Bytes::from(vec![b'r'; 40])), "one always fits");
+        assert!(
+            o.push_control(Bytes::from(vec![b'r'; 40])),
+            "one always fits"
+        );
         assert!(!o.is_closed());
         assert!(!o.push_control(Bytes::from(vec![b'r'; 10])));
         assert!(o.cut_signal().is_cancelled());

@@ -14,9 +14,8 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
 
 use crate::harness::{
-    drain_until_closed, emit, error_code, exported, files_containing, hello_wire, listed,
-    loopback, runtime_busy, quiet_mod, raw, recorded_frames, relay_config, request_wire,
-    wait_until, Harness,
+    drain_until_closed, emit, error_code, exported, files_containing, hello_wire, listed, loopback,
+    quiet_mod, raw, recorded_frames, relay_config, request_wire, runtime_busy, wait_until, Harness,
 };
 
 /// Events of 4 KiB, so a few thousand fill any socket's buffers.
@@ -32,22 +31,29 @@ async fn deaf_subscriber(h: &Harness) -> (tokio::net::TcpStream, u64) {
     let before = listed(h);
     let mut s = raw(h).await;
     s.write_all(&hello_wire(&h.token)).await.expect("hello");
-    s.write_all(&request_wire("events/subscribe", json!({"channels": ["a"]})))
-        .await
-        .expect("subscribe");
+    s.write_all(&request_wire(
+        "events/subscribe",
+        json!({"channels": ["a"]}),
+    ))
+    .await
+    .expect("subscribe");
     let route = &h.relay().routes[0];
     let mut conn = 0;
-    wait_until("the deaf bridge subscribed", Duration::from_secs(10), || {
-        let st = route.status();
-        let found = st["bridges"].as_array().expect("bridges").iter().find(|b| {
-            !before.contains(&b["conn"].as_u64().unwrap_or(0))
-                && b["subscriptions"].as_array().is_some_and(|s| !s.is_empty())
-        });
-        if let Some(b) = found {
-            conn = b["conn"].as_u64().expect("conn");
-        }
-        found.is_some()
-    })
+    wait_until(
+        "the deaf bridge subscribed",
+        Duration::from_secs(10),
+        || {
+            let st = route.status();
+            let found = st["bridges"].as_array().expect("bridges").iter().find(|b| {
+                !before.contains(&b["conn"].as_u64().unwrap_or(0))
+                    && b["subscriptions"].as_array().is_some_and(|s| !s.is_empty())
+            });
+            if let Some(b) = found {
+                conn = b["conn"].as_u64().expect("conn");
+            }
+            found.is_some()
+        },
+    )
     .await;
     (s, conn)
 }
@@ -61,7 +67,12 @@ async fn a_client_that_never_says_hello_is_closed_after_a_few_errors_and_not_rec
     // 20,000 well-formed requests without a hello, never reading: it used to be answered (and
     // recorded) 20,000 times, with the replies queued without bound.
     let one = request_wire("tools/list", json!({}));
-    let flood: Vec<u8> = one.iter().copied().cycle().take(one.len() * 20_000).collect();
+    let flood: Vec<u8> = one
+        .iter()
+        .copied()
+        .cycle()
+        .take(one.len() * 20_000)
+        .collect();
     let (mut r, mut w) = s.split();
     let write = async {
         let _ = w.write_all(&flood).await;
@@ -104,7 +115,9 @@ fn malformed_hellos(token: &str) -> Vec<Vec<u8>> {
     let params = format!(
         r#""params":{{"token":"{token}","bridgeVersion":"b","platform":"linux","launchId":"l"}}"#
     );
-    let good = format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"session/hello",{params}}}"#);
+    let good = format!(
+        r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"session/hello",{params}}}"#
+    );
     let mut escaped = String::new();
     for c in token.chars() {
         escaped.push_str(&format!("\\u{:04x}", c as u32));
@@ -113,11 +126,20 @@ fn malformed_hellos(token: &str) -> Vec<Vec<u8>> {
         // id not a UUID
         good.replace(&id.to_string(), "not-a-uuid"),
         // duplicated keys: in params, in the envelope
-        good.replace(r#""bridgeVersion":"b""#, &format!(r#""bridgeVersion":"b","token":"{token}""#)),
-        good.replace(r#""type":"request""#, r#""type":"request","type":"request""#),
+        good.replace(
+            r#""bridgeVersion":"b""#,
+            &format!(r#""bridgeVersion":"b","token":"{token}""#),
+        ),
+        good.replace(
+            r#""type":"request""#,
+            r#""type":"request","type":"request""#,
+        ),
         // unknown envelope field, unknown params field
         good.replace(r#""type":"request""#, r#""type":"request","extra":1"#),
-        good.replace(r#""platform":"linux""#, r#""platform":"linux","x":{"y":[1,2]}"#),
+        good.replace(
+            r#""platform":"linux""#,
+            r#""platform":"linux","x":{"y":[1,2]}"#,
+        ),
         // trailing garbage, leading garbage, two documents
         format!("{good} garbage"),
         format!("x{good}"),
@@ -126,26 +148,42 @@ fn malformed_hellos(token: &str) -> Vec<Vec<u8>> {
         good[..good.len() - 3].to_string(),
         good.replace("gabp/1", "gabp/9"),
         good.replace(r#""type":"request""#, r#""type":"event""#),
-        good.replace(r#""type":"request","method":"session/hello","#, r#""type":"response","result":{"ok":1},"#),
+        good.replace(
+            r#""type":"request","method":"session/hello","#,
+            r#""type":"response","result":{"ok":1},"#,
+        ),
         // invalid method name, method missing
         good.replace("session/hello", "Session.Hello"),
         good.replace(r#""method":"session/hello","#, ""),
         // non-finite numbers, a number token, nested token
         good.replace(r#""launchId":"l""#, r#""launchId":"l","n":1e999"#),
-        good.replace(&format!(r#""token":"{token}""#), &format!(r#""token":{{"value":"{token}"}}"#)),
-        good.replace(r#""params":{"#, &format!(r#""params":{{"auth":{{"token":"{token}"}},"#)),
+        good.replace(
+            &format!(r#""token":"{token}""#),
+            &format!(r#""token":{{"value":"{token}"}}"#),
+        ),
+        good.replace(
+            r#""params":{"#,
+            &format!(r#""params":{{"auth":{{"token":"{token}"}},"#),
+        ),
         // the token escaped (decodes to the real one) with garbage after it
         format!("{} !", good.replace(token, &escaped)),
         // the token spelled with an escaped key, upper case key, array envelope
-        good.replace(r#""token""#, r#""\u0074oken""#).replace(r#""launchId":"l""#, r#""launchId":"l","#),
+        good.replace(r#""token""#, r#""\u0074oken""#)
+            .replace(r#""launchId":"l""#, r#""launchId":"l","#),
         good.replace(r#""token""#, r#""TOKEN""#).replace("}}", "}"),
         format!(r#"["session/hello","{token}"]"#),
         format!(r#"{{"token":"{token}"}}"#),
         // the token as a key name (echoed by "unknown field" errors)
-        good.replace(r#""type":"request""#, &format!(r#""type":"request","{token}":1"#)),
+        good.replace(
+            r#""type":"request""#,
+            &format!(r#""type":"request","{token}":1"#),
+        ),
         // valid hellos carrying the token elsewhere too
         good.replace(r#""launchId":"l""#, &format!(r#""launchId":"{token}""#)),
-        good.replace(r#""bridgeVersion":"b""#, &format!(r#""bridgeVersion":"{escaped}""#)),
+        good.replace(
+            r#""bridgeVersion":"b""#,
+            &format!(r#""bridgeVersion":"{escaped}""#),
+        ),
     ];
     let mut out: Vec<Vec<u8>> = shapes.into_iter().map(String::into_bytes).collect();
     // Invalid UTF-8 next to the token.
@@ -176,7 +214,10 @@ async fn no_malformed_hello_puts_the_token_in_the_recording() {
     }
     // The token in a tool's arguments, which the mod echoes back.
     let echo = authed
-        .call("tools/call", json!({"name": "sim/echo", "arguments": {"t": h.token}}))
+        .call(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": {"t": h.token}}),
+        )
         .await
         .expect("echo");
     assert_eq!(echo["echo"]["t"], h.token.as_str());
@@ -186,7 +227,9 @@ async fn no_malformed_hello_puts_the_token_in_the_recording() {
     let dir = h.shutdown().await;
     let frames = recorded_frames(dir.path());
     assert!(
-        frames.iter().any(|f| String::from_utf8_lossy(&f.body).contains("[redacted]")),
+        frames
+            .iter()
+            .any(|f| String::from_utf8_lossy(&f.body).contains("[redacted]")),
         "the hello is recorded, redacted"
     );
     for f in &frames {
@@ -217,9 +260,11 @@ async fn disconnect_policy_resets_the_slow_bridge_and_frees_it_at_once() {
     let (mut deaf, conn) = deaf_subscriber(&h).await;
     // 20 MB of events: more than any socket buffers, so the outbox fills.
     emit(&mut honest, "a", 5000).await;
-    wait_until("the slow bridge gone from relay/status", Duration::from_secs(10), || {
-        !listed(&h).contains(&conn)
-    })
+    wait_until(
+        "the slow bridge gone from relay/status",
+        Duration::from_secs(10),
+        || !listed(&h).contains(&conn),
+    )
     .await;
     let end = drain_until_closed(&mut deaf, Duration::from_secs(10)).await;
     assert_eq!(
@@ -270,17 +315,26 @@ async fn block_policy_idles_while_blocked_and_never_holds_shutdown_hostage() {
     let emitter = tokio::spawn(async move {
         // Never answered while the route is blocked.
         let _ = honest
-            .request("tools/call", json!({"name": "sim/emit", "arguments": {"count": 5000, "channel": "a"}}))
+            .request(
+                "tools/call",
+                json!({"name": "sim/emit", "arguments": {"count": 5000, "channel": "a"}}),
+            )
             .await;
     });
     let route = h.relay().routes[0].clone();
-    wait_until("the route blocked on the deaf bridge", Duration::from_secs(10), || {
-        route.status()["bridges"]
-            .as_array()
-            .expect("bridges")
-            .iter()
-            .any(|b| b["conn"].as_u64() == Some(conn) && b["queueBytes"].as_u64() > Some(8 * 1024))
-    })
+    wait_until(
+        "the route blocked on the deaf bridge",
+        Duration::from_secs(10),
+        || {
+            route.status()["bridges"]
+                .as_array()
+                .expect("bridges")
+                .iter()
+                .any(|b| {
+                    b["conn"].as_u64() == Some(conn) && b["queueBytes"].as_u64() > Some(8 * 1024)
+                })
+        },
+    )
     .await;
     let (cpu0, t0) = (runtime_busy(), Instant::now());
     // A new bridge is welcomed while the route is blocked.
@@ -288,10 +342,18 @@ async fn block_policy_idles_while_blocked_and_never_holds_shutdown_hostage() {
     let (_c, _) = Client::connect_hello(&h.addr, &h.token)
         .await
         .expect("hello while blocked");
-    assert!(started.elapsed() < Duration::from_secs(5), "hello took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "hello took {:?}",
+        started.elapsed()
+    );
     tokio::time::sleep(Duration::from_millis(1500).saturating_sub(t0.elapsed())).await;
     let busy = (runtime_busy() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
-    assert!(busy < 0.5, "blocked relay used {:.0}% of a core", busy * 100.0);
+    assert!(
+        busy < 0.5,
+        "blocked relay used {:.0}% of a core",
+        busy * 100.0
+    );
     drop(route); // (it holds the recorder open)
     let started = Instant::now();
     h.shutdown().await; // asserts the shutdown finished within its 3 s bound
@@ -312,7 +374,11 @@ async fn a_huge_subscribe_is_refused_before_any_work() {
         .expect("answer");
     assert_eq!(error_code(&r), -32002);
     // Generous: the O(n²) de-duplication took ~5 s; a cap check takes microseconds.
-    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
     // Under the cap, duplicates are fine and de-duplicated.
     let dup: Vec<&str> = std::iter::repeat_n("a", 1000).chain(["b"]).collect();
     let r = hostile
@@ -326,7 +392,9 @@ async fn a_huge_subscribe_is_refused_before_any_work() {
 
 /// A mod that welcomes the relay and then never reads again.
 async fn deaf_mod() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = l.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -339,7 +407,9 @@ async fn deaf_mod() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) 
             hello["id"].as_str().expect("id"),
             json!({"agentId": "deaf", "app": {"name": "Deaf", "version": "1"}, "capabilities": {"events": []}}),
         );
-        w.write_all(&gabp_proto::frame_bytes(&welcome)).await.expect("welcome");
+        w.write_all(&gabp_proto::frame_bytes(&welcome))
+            .await
+            .expect("welcome");
         // Hold the connection, reading nothing, until told to go.
         let _ = stopped.await;
         drop((frames, w));
@@ -391,7 +461,10 @@ async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
     }
     peak = peak.max(r.pending.bytes.used());
     let bound = gabp_relay::pending::BRIDGE_BYTES + 1024 * 1024;
-    assert!(peak <= bound, "held {peak} bytes of requests (bound {bound})");
+    assert!(
+        peak <= bound,
+        "held {peak} bytes of requests (bound {bound})"
+    );
     assert!(refused >= 150, "only {refused} of 200 refused");
     // The mod goes away: the queued requests are dropped and their memory comes back.
     let _ = stop.send(());
@@ -412,9 +485,12 @@ async fn a_mod_response_never_overtakes_events_sent_before_it() {
     .await;
     let mut s = raw(&h).await;
     s.write_all(&hello_wire(&h.token)).await.expect("hello");
-    s.write_all(&request_wire("events/subscribe", json!({"channels": ["a"]})))
-        .await
-        .expect("subscribe");
+    s.write_all(&request_wire(
+        "events/subscribe",
+        json!({"channels": ["a"]}),
+    ))
+    .await
+    .expect("subscribe");
     let emit_id = gabp_sim::client::new_id();
     let emit = gabp_proto::frame_bytes(&gabp_proto::message::request(
         &emit_id,
@@ -424,20 +500,26 @@ async fn a_mod_response_never_overtakes_events_sent_before_it() {
     // Give the subscription time to land before the emit: wait for its upstream effect.
     let route = h.relay().routes[0].clone();
     wait_until("subscribed", Duration::from_secs(10), || {
-        route.status()["bridges"].as_array().expect("b").iter().any(|b| {
-            b["subscriptions"].as_array().is_some_and(|s| !s.is_empty())
-        })
-    })
-    .await;
-    s.write_all(&emit).await.expect("emit");
-    // Not reading: 24 MB of events fill the socket; the response arrives behind queued events.
-    wait_until("the response queued behind events", Duration::from_secs(20), || {
         route.status()["bridges"]
             .as_array()
             .expect("b")
             .iter()
-            .any(|b| b["queueControl"].as_u64() >= Some(1))
+            .any(|b| b["subscriptions"].as_array().is_some_and(|s| !s.is_empty()))
     })
+    .await;
+    s.write_all(&emit).await.expect("emit");
+    // Not reading: 24 MB of events fill the socket; the response arrives behind queued events.
+    wait_until(
+        "the response queued behind events",
+        Duration::from_secs(20),
+        || {
+            route.status()["bridges"]
+                .as_array()
+                .expect("b")
+                .iter()
+                .any(|b| b["queueControl"].as_u64() >= Some(1))
+        },
+    )
     .await;
     let mut frames = FramedRead::new(s, GabpCodec::default());
     let mut last_seq = None;

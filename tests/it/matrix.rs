@@ -14,7 +14,9 @@ use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::harness::{hello_wire, quiet_mod, raw, recorded_frames, request_wire, rss_bytes, Harness};
+use crate::harness::{
+    hello_wire, quiet_mod, raw, recorded_frames, request_wire, rss_bytes, Harness,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -61,7 +63,10 @@ async fn enter(h: &Harness, state: State) -> TcpStream {
         return s;
     }
     let _ = s
-        .write_all(&request_wire("events/subscribe", json!({"channels": ["a", "b"]})))
+        .write_all(&request_wire(
+            "events/subscribe",
+            json!({"channels": ["a", "b"]}),
+        ))
         .await;
     if state == State::MidRequest {
         let pad = "p".repeat(100 * 1024);
@@ -121,7 +126,12 @@ async fn misbehave(mut s: TcpStream, m: Misbehaviour, seed: u64) {
                 *b = x as u8;
             }
             let framed = gabp_proto::frame_bytes(&junk[..4096]);
-            let many: Vec<u8> = framed.iter().copied().cycle().take(framed.len() * 64).collect();
+            let many: Vec<u8> = framed
+                .iter()
+                .copied()
+                .cycle()
+                .take(framed.len() * 64)
+                .collect();
             write_for(&mut s, &many, Instant::now() + RUN / 2).await;
             write_for(&mut s, &junk, until).await;
         }
@@ -140,7 +150,10 @@ async fn misbehave(mut s: TcpStream, m: Misbehaviour, seed: u64) {
             let mut nested = "[".repeat(200_000);
             nested.push_str(&"]".repeat(200_000));
             let frames = [
-                request_wire("tools/call", json!({"name": "sim/echo", "arguments": {"a": zeros}})),
+                request_wire(
+                    "tools/call",
+                    json!({"name": "sim/echo", "arguments": {"a": zeros}}),
+                ),
                 request_wire("events/subscribe", json!({ "channels": channels })),
                 gabp_proto::frame_bytes(nested.as_bytes()),
             ];
@@ -169,7 +182,10 @@ async fn honest(h: &Harness, stop: Arc<AtomicBool>) -> (u64, Duration) {
         while !stop.load(Ordering::Acquire) {
             let t = Instant::now();
             emitter
-                .call("tools/call", json!({"name": "sim/emit", "arguments": {"count": 100, "channel": "a"}}))
+                .call(
+                    "tools/call",
+                    json!({"name": "sim/emit", "arguments": {"count": 100, "channel": "a"}}),
+                )
                 .await
                 .expect("honest emit");
             worst.observe(t.elapsed());
@@ -183,7 +199,10 @@ async fn honest(h: &Harness, stop: Arc<AtomicBool>) -> (u64, Duration) {
     let call = async {
         while !stop.load(Ordering::Acquire) {
             let t = Instant::now();
-            caller.call("tools/list", json!({})).await.expect("honest call");
+            caller
+                .call("tools/list", json!({}))
+                .await
+                .expect("honest call");
             worst.observe(t.elapsed());
             n.fetch_add(1, Ordering::Relaxed);
         }
@@ -275,8 +294,14 @@ async fn run_state(state: State) {
         "{state:?}: honest round trips {round_trips}, slowest {worst:?}; largest queue {largest} B; RSS +{} MiB",
         grown >> 20
     );
-    assert!(round_trips >= 5, "honest bridges starved ({round_trips} round trips)");
-    assert!(worst < Duration::from_secs(3), "an honest round trip took {worst:?}");
+    assert!(
+        round_trips >= 5,
+        "honest bridges starved ({round_trips} round trips)"
+    );
+    assert!(
+        worst < Duration::from_secs(3),
+        "an honest round trip took {worst:?}"
+    );
     // Every test in this process shares the RSS; the unbounded cases grew it by ~600 MiB.
     assert!(grown < 512 << 20, "RSS grew {} MiB", grown >> 20);
     let token = h.token.clone();
@@ -327,7 +352,9 @@ async fn metrics_labels_stay_bounded_whatever_bridges_and_mods_send() {
     let addr = h.relay().metrics_addr.expect("metrics served");
     let scrape = || async move {
         let mut s = TcpStream::connect(addr).await.expect("connect");
-        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.expect("get");
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .expect("get");
         let mut out = String::new();
         tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out)
             .await
@@ -340,7 +367,10 @@ async fn metrics_labels_stay_bounded_whatever_bridges_and_mods_send() {
     // 500 distinct unknown methods (each used to add ~21 lines), and channels with escape
     // sequences, control characters and absurd lengths from the mod.
     for i in 0..500 {
-        let r = c.request(&format!("junk/m{i}"), json!({})).await.expect("answer");
+        let r = c
+            .request(&format!("junk/m{i}"), json!({}))
+            .await
+            .expect("answer");
         assert!(r.get("error").is_some());
     }
     let long = "x".repeat(5000);
@@ -352,11 +382,20 @@ async fn metrics_labels_stay_bounded_whatever_bridges_and_mods_send() {
     }
     let text = scrape().await;
     let after = text.lines().count();
-    assert!(!text.contains("junk/m"), "bridge-chosen method names in labels");
-    assert!(!text.contains('\u{1b}') && !text.contains('\0'), "control characters in labels");
+    assert!(
+        !text.contains("junk/m"),
+        "bridge-chosen method names in labels"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\0'),
+        "control characters in labels"
+    );
     assert!(!text.contains(&long), "a 5,000-character label");
     assert!(text.contains("gabp_unauthenticated_frames_total"));
     // Generous: 256 channel labels plus `other`, a few lines each.
-    assert!(after - before < 1500, "/metrics grew from {before} to {after} lines");
+    assert!(
+        after - before < 1500,
+        "/metrics grew from {before} to {after} lines"
+    );
     h.shutdown().await;
 }
