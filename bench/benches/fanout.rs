@@ -43,8 +43,8 @@ fn fanout(c: &mut Criterion) {
                     let mut bytes = 0usize;
                     for o in &outboxes {
                         o.take(&mut batch).expect("open");
-                        bytes += batch.events.iter().map(|e| e.wire.len()).sum::<usize>();
-                        batch.events.clear();
+                        bytes += batch.frames.iter().map(|f| f.bytes().len()).sum::<usize>();
+                        batch.frames.clear();
                     }
                     bytes
                 })

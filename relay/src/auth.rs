@@ -3,11 +3,19 @@
 //! Tokens are never logged or recorded. A failed hello is answered only after a delay that
 //! grows with the source's recent failures, so guessing is slow, while a correct token is
 //! always answered at once and other sources are never delayed.
+//!
+//! Redaction, for everything a bridge connection records: a valid hello is recorded with its
+//! token replaced; any frame has every occurrence of the route's secrets replaced at the byte
+//! level, whatever its validity; and a frame that failed strict parsing and could spell a token
+//! in a way the byte-level pass cannot see (a `token` key, `\u` escapes) is withheld: a short
+//! note stands in its place.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
+use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
 /// A fresh 128-bit token as 32 lowercase hex digits.
@@ -78,9 +86,140 @@ pub fn source_of(peer: &str) -> String {
     }
 }
 
+/// What replaces a secret in anything recorded.
+pub const REDACTED: &str = "[redacted]";
+
+/// Secrets shorter than this are not searched for byte by byte (a short one would match
+/// ordinary text and mangle recordings; tokens are 32 hex digits when generated).
+const MIN_SECRET: usize = 8;
+
+/// `body` with every occurrence of each secret replaced by [`REDACTED`]; the same buffer (no
+/// copy) when none occurs.
+pub fn redact(body: &Bytes, secrets: &[&str]) -> Bytes {
+    let mut out: Option<Vec<u8>> = None;
+    for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
+        let cur: &[u8] = out.as_deref().unwrap_or(body);
+        let finder = memchr::memmem::Finder::new(secret.as_bytes());
+        if finder.find(cur).is_none() {
+            continue;
+        }
+        let mut next = Vec::with_capacity(cur.len());
+        let mut at = 0;
+        for hit in finder.find_iter(cur) {
+            next.extend_from_slice(&cur[at..hit]);
+            next.extend_from_slice(REDACTED.as_bytes());
+            at = hit + secret.len();
+        }
+        next.extend_from_slice(&cur[at..]);
+        out = Some(next);
+    }
+    out.map_or_else(|| body.clone(), Bytes::from)
+}
+
+/// `s` with every occurrence of each secret replaced by [`REDACTED`].
+pub fn redact_str(s: &str, secrets: &[&str]) -> String {
+    let mut out = s.to_string();
+    for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
+        if out.contains(*secret) {
+            out = out.replace(*secret, REDACTED);
+        }
+    }
+    out
+}
+
+/// A strictly valid `session/hello` as it may be recorded: its token replaced (then the
+/// byte-level pass, for a secret elsewhere in it).
+pub fn redact_hello(body: &Bytes, secrets: &[&str]) -> Bytes {
+    let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
+        return withheld(body.len());
+    };
+    if let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) {
+        if params.contains_key("token") {
+            params.insert("token".into(), json!(REDACTED));
+        }
+    }
+    let out = Bytes::from(gabp_proto::message::to_ascii_json(&msg));
+    redact(&out, secrets)
+}
+
+/// A frame that failed strict parsing, as it may be recorded: `(body, json_ok)`. Kept byte for
+/// byte (secrets redacted) unless it could carry a token the byte-level pass cannot see.
+pub fn redact_unparsed(body: &Bytes, secrets: &[&str]) -> (Bytes, bool) {
+    let lower = body.to_ascii_lowercase();
+    let risky = memchr::memmem::find(&lower, b"token").is_some()
+        || memchr::memmem::find(&lower, b"\\u").is_some();
+    if risky {
+        (withheld(body.len()), true)
+    } else {
+        (redact(body, secrets), false)
+    }
+}
+
+/// The note recorded in place of a withheld frame.
+fn withheld(len: usize) -> Bytes {
+    let note = json!({"relay": "frame withheld: unparseable and may carry a token", "bytes": len});
+    let mut b = BytesMut::new();
+    b.extend_from_slice(note.to_string().as_bytes());
+    b.freeze()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redaction_replaces_every_occurrence_and_copies_only_when_needed() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let body = Bytes::from(format!(r#"{{"a":"{secret}","b":"x{secret}{secret}"}}"#));
+        let out = redact(&body, &[secret, ""]);
+        let text = std::str::from_utf8(&out).expect("utf8");
+        assert!(!text.contains(secret));
+        assert_eq!(text.matches(REDACTED).count(), 3);
+        let clean = Bytes::from_static(b"{\"a\":1}");
+        assert_eq!(
+            redact(&clean, &[secret]).as_ptr(),
+            clean.as_ptr(),
+            "no copy without a hit"
+        );
+        assert_eq!(
+            &redact(&Bytes::from_static(b"short"), &["short"])[..],
+            b"short"
+        );
+    }
+
+    #[test]
+    fn unparsed_frames_that_may_spell_a_token_are_withheld() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        for risky in [
+            r#"{"params":{"TOKEN":"x"}"#,
+            r#"{"params":{"\u0074oken":"x"}} junk"#,
+            r#"{"params":{"t":"\u0030123"}"#,
+        ] {
+            let (out, _) = redact_unparsed(&Bytes::from(risky), &[secret]);
+            assert!(
+                std::str::from_utf8(&out)
+                    .expect("utf8")
+                    .contains("withheld"),
+                "{risky}"
+            );
+        }
+        let (out, json_ok) =
+            redact_unparsed(&Bytes::from(format!("{{not json {secret}")), &[secret]);
+        assert!(!json_ok);
+        assert_eq!(&out[..], format!("{{not json {REDACTED}").as_bytes());
+    }
+
+    #[test]
+    fn hellos_lose_their_token() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let body = Bytes::from(format!(
+            r#"{{"v":"gabp/1","id":"x","type":"request","method":"session/hello","params":{{"token":"{secret}","launchId":"{secret}"}}}}"#
+        ));
+        let out = redact_hello(&body, &[secret]);
+        let text = std::str::from_utf8(&out).expect("utf8");
+        assert!(!text.contains(secret), "{text}");
+        assert!(text.contains(REDACTED));
+    }
 
     #[test]
     fn tokens_are_128_bit_hex_and_distinct() {

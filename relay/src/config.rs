@@ -116,6 +116,9 @@ pub struct RouteConfig {
     pub hello_wait: Duration,
     /// How long a new connection may take to say hello, and any frame to arrive whole.
     pub frame_timeout: Duration,
+    /// How long a bridge's socket may accept nothing while frames wait for it before the
+    /// bridge is cut (its connection reset), like nats-server's `write_deadline`.
+    pub write_deadline: Duration,
     /// Subscribe upstream to every channel the mod advertises (so recordings are complete).
     pub subscribe_all: bool,
     /// Largest accepted frame body.
@@ -146,6 +149,7 @@ impl RouteConfig {
             request_timeout: Duration::from_secs(30),
             hello_wait: Duration::from_secs(10),
             frame_timeout: Duration::from_secs(10),
+            write_deadline: Duration::from_secs(10),
             subscribe_all: true,
             max_body: gabp_proto::DEFAULT_MAX_BODY,
             max_pending: 1024,

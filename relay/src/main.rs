@@ -146,6 +146,9 @@ struct ServeArgs {
     /// How long a connection may take to say hello, or a frame to arrive whole.
     #[arg(long, value_parser = config::parse_duration)]
     frame_timeout: Option<Duration>,
+    /// How long a bridge's socket may accept nothing before the bridge is cut (reset).
+    #[arg(long, value_parser = config::parse_duration)]
+    write_deadline: Option<Duration>,
     /// Subscribe upstream only to what bridges ask for (recordings then miss other channels).
     #[arg(long)]
     no_subscribe_all: bool,
@@ -525,6 +528,9 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         }
         if let Some(v) = a.frame_timeout {
             r.frame_timeout = v;
+        }
+        if let Some(v) = a.write_deadline {
+            r.write_deadline = v.max(Duration::from_millis(10));
         }
         if a.no_subscribe_all {
             r.subscribe_all = false;

@@ -1,13 +1,20 @@
 //! Metrics: names, per-route handles, and the Prometheus text endpoint.
 //!
 //! Hot-path counters are registered once per route and kept as handles, so counting a frame is
-//! one atomic add. The exporter serves `GET /metrics` from a tiny HTTP responder on the
+//! one atomic add. Label values come only from bounded sets: the route names of the config,
+//! known GABP methods plus methods the mod has answered successfully (capped), and the mod's
+//! channel names, sanitised and capped; anything else is counted under `other`, so no peer can
+//! grow `/metrics` by sending new names. The exporter serves `GET /metrics` from a tiny HTTP responder on the
 //! relay's own runtime; that keeps hyper and TLS out of the dependency tree.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +32,7 @@ pub const NAMES: &[&str] = &[
     "gabp_upstream_connected",
     "gabp_anomalies_total",
     "gabp_bad_frames_total",
+    "gabp_unauthenticated_frames_total",
     "gabp_auth_failures_total",
     "gabp_recorded_frames_total",
     "gabp_record_errors_total",
@@ -60,9 +68,57 @@ pub struct RouteMetrics {
     pub bad_frames: Counter,
     /// Failed hellos.
     pub auth_failures: Counter,
+    /// Frames received before a successful hello (counted, never recorded).
+    pub unauthenticated: Counter,
     /// Recorder queue depth.
     pub recorder_lag: Gauge,
     route: String,
+    labels: Arc<Mutex<Labels>>,
+}
+
+/// The label value for anything outside the bounded sets.
+pub const OTHER: &str = "other";
+/// Methods beyond [`KNOWN_METHODS`] that may become labels (the first the mod answers).
+pub const MAX_METHOD_LABELS: usize = 64;
+/// Channel names that may become labels per route.
+pub const MAX_CHANNEL_LABELS: usize = 256;
+/// Longest label value taken from a name.
+const MAX_LABEL_LEN: usize = 64;
+/// Methods of GABP and the relay, always labelled as themselves.
+pub const KNOWN_METHODS: &[&str] = &[
+    "session/hello",
+    "tools/list",
+    "tools/call",
+    "events/subscribe",
+    "events/unsubscribe",
+    "events/list",
+    "resources/list",
+    "resources/read",
+    "attention/get",
+    "attention/ack",
+    "state/get",
+    "relay/status",
+];
+
+#[derive(Debug, Default)]
+struct Labels {
+    methods: HashSet<String>,
+    channels: HashSet<String>,
+}
+
+/// A name as a label value: printable ASCII letters, digits and `_ - . / :` only (anything
+/// else becomes `_`), at most 64 characters.
+pub fn sanitise(name: &str) -> String {
+    name.chars()
+        .take(MAX_LABEL_LEN)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "_-./:".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 impl RouteMetrics {
@@ -82,21 +138,57 @@ impl RouteMetrics {
             anomalies: metrics::counter!("gabp_anomalies_total", "route" => r.clone()),
             bad_frames: metrics::counter!("gabp_bad_frames_total", "route" => r.clone()),
             auth_failures: metrics::counter!("gabp_auth_failures_total", "route" => r.clone()),
+            unauthenticated: metrics::counter!("gabp_unauthenticated_frames_total", "route" => r.clone()),
             recorder_lag: metrics::gauge!("gabp_recorder_lag", "route" => r.clone()),
             route: r,
+            labels: Arc::default(),
         }
+    }
+
+    /// The label for a channel: its sanitised name while fewer than [`MAX_CHANNEL_LABELS`]
+    /// names are labelled, else `other`.
+    pub fn channel_label(&self, channel: &str) -> String {
+        let name = sanitise(channel);
+        let mut labels = self.labels.lock();
+        if labels.channels.contains(&name) {
+            return name;
+        }
+        if labels.channels.len() < MAX_CHANNEL_LABELS {
+            labels.channels.insert(name.clone());
+            return name;
+        }
+        OTHER.into()
+    }
+
+    /// The label for a method: itself if known, or once the mod has answered it successfully
+    /// (the first [`MAX_METHOD_LABELS`] such), else `other`.
+    pub fn method_label(&self, method: &str, outcome: &str) -> String {
+        if KNOWN_METHODS.contains(&method) {
+            return method.into();
+        }
+        let name = sanitise(method);
+        let mut labels = self.labels.lock();
+        if labels.methods.contains(&name) {
+            return name;
+        }
+        if outcome == "ok" && labels.methods.len() < MAX_METHOD_LABELS {
+            labels.methods.insert(name.clone());
+            return name;
+        }
+        OTHER.into()
     }
 
     /// The events counter of one channel.
     pub fn channel_events(&self, channel: &str) -> Counter {
-        metrics::counter!("gabp_events_total", "route" => self.route.clone(), "channel" => channel.to_string())
+        metrics::counter!("gabp_events_total", "route" => self.route.clone(), "channel" => self.channel_label(channel))
     }
 
     /// The latency histogram and the outcome counter of one method.
     pub fn request(&self, method: &str, outcome: &'static str) -> (Histogram, Counter) {
+        let method = self.method_label(method, outcome);
         (
-            metrics::histogram!("gabp_request_duration_seconds", "route" => self.route.clone(), "method" => method.to_string()),
-            metrics::counter!("gabp_requests_total", "route" => self.route.clone(), "method" => method.to_string(), "outcome" => outcome),
+            metrics::histogram!("gabp_request_duration_seconds", "route" => self.route.clone(), "method" => method.clone()),
+            metrics::counter!("gabp_requests_total", "route" => self.route.clone(), "method" => method, "outcome" => outcome),
         )
     }
 }
@@ -119,20 +211,28 @@ pub fn install() -> Option<PrometheusHandle> {
 /// Serves `GET /metrics` until cancelled.
 pub async fn serve(listener: TcpListener, handle: PrometheusHandle, cancel: CancellationToken) {
     loop {
-        let (mut sock, _) = tokio::select! {
+        let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
-            a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
+            a = listener.accept() => a,
+        };
+        let mut sock = match accepted {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
         };
         let handle = handle.clone();
         tokio::spawn(async move {
             let mut req = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut req))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
+            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut req)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
             let head = String::from_utf8_lossy(&req[..n]);
             let (status, body) = if head.starts_with("GET /metrics") || head.starts_with("GET / ") {
                 ("200 OK", handle.render())
@@ -152,4 +252,30 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, cancel: Canc
 /// Binds the metrics listener.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_come_from_bounded_sets() {
+        let m = RouteMetrics::new("labels-test");
+        assert_eq!(m.method_label("tools/call", "error"), "tools/call");
+        assert_eq!(m.method_label("x/never-answered", "error"), OTHER);
+        assert_eq!(m.method_label("x/answered", "ok"), "x/answered");
+        assert_eq!(m.method_label("x/answered", "error"), "x/answered");
+        for i in 0..1000 {
+            m.method_label(&format!("junk/m{i}"), "ok");
+        }
+        assert_eq!(m.labels.lock().methods.len(), MAX_METHOD_LABELS);
+        assert_eq!(m.method_label("junk/late", "ok"), OTHER);
+        assert_eq!(m.channel_label("a\u{1b}[31m\r\n\0"), "a__31m___");
+        assert_eq!(m.channel_label(&"x".repeat(10_000)).len(), 64);
+        for i in 0..1000 {
+            m.channel_label(&format!("c{i}"));
+        }
+        assert_eq!(m.labels.lock().channels.len(), MAX_CHANNEL_LABELS);
+        assert_eq!(m.channel_label("late"), OTHER);
+    }
 }

@@ -1,12 +1,18 @@
 //! A bridge's bounded outbox, and what happens when it is full.
 //!
 //! The publisher (the mod reader) never waits for a bridge unless that bridge's policy is
-//! `block`. Events and control frames (responses, notices) queue separately: the drop policy
-//! only ever drops events, since a dropped response would lose an outcome. Control frames are
-//! bounded by the per-bridge pending-request cap instead.
+//! `block`. Events and control frames (responses, notices) share one queue, so a bridge gets
+//! them in the order they were produced (a mod response never overtakes the events the mod sent
+//! before it). The drop policy only ever drops events, since a dropped response would lose an
+//! outcome; control frames have a byte bound of their own (the outbox byte bound): past it the
+//! bridge is cut, since nothing can be dropped and it reads too slowly to keep up.
 //!
 //! Every dropped event is remembered as a per-channel seq range; the writer turns the ranges
 //! into `relay/dropped` events placed exactly where the gap is, so every drop is visible.
+//!
+//! A bridge is *cut* (its connection reset and its state freed at once) when its policy is
+//! `disconnect` and it falls behind, when its control frames pass their bound, or when its
+//! socket accepts nothing for the write deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +21,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::OnSlow;
 use crate::sink::Sink;
@@ -45,6 +52,25 @@ pub struct DropRun {
     pub count: u64,
 }
 
+/// One queued frame: a shared event, or a control frame (a response or the relay's own reply).
+#[derive(Debug, Clone)]
+pub enum Frame {
+    /// An event (or an ordered relay notice).
+    Event(Arc<EventFrame>),
+    /// A control frame in wire form.
+    Control(Bytes),
+}
+
+impl Frame {
+    /// The wire bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Frame::Event(e) => &e.wire,
+            Frame::Control(b) => b,
+        }
+    }
+}
+
 /// The result of offering an event to an outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Offer {
@@ -54,7 +80,7 @@ pub enum Offer {
     QueuedAfterDrop(u64),
     /// Full and the policy is `block`: wait with [`Outbox::space`] and offer again.
     Full,
-    /// Full and the policy is `disconnect`: the outbox is now closed.
+    /// Full and the policy is `disconnect`: the bridge is now cut.
     Disconnected,
     /// The outbox was already closed.
     Closed,
@@ -62,11 +88,22 @@ pub enum Offer {
 
 #[derive(Debug, Default)]
 struct State {
-    control: VecDeque<Bytes>,
-    events: VecDeque<Arc<EventFrame>>,
+    queue: VecDeque<Frame>,
+    events: usize,
     event_bytes: usize,
+    controls: usize,
+    control_bytes: usize,
     drops: Vec<DropRun>,
     closed: bool,
+    /// The size of the last event refused under `block`: [`Outbox::space`] waits for room
+    /// for that much (waiting for "fewer frames" alone spun when the byte bound was reached).
+    want: usize,
+}
+
+impl State {
+    fn fits(&self, len: usize, max_frames: usize, max_bytes: usize) -> bool {
+        self.events == 0 || (self.events < max_frames && self.event_bytes + len <= max_bytes)
+    }
 }
 
 /// What a writer takes out in one go.
@@ -74,16 +111,36 @@ struct State {
 pub struct Batch {
     /// Drop runs to announce first.
     pub drops: Vec<DropRun>,
-    /// Control frames (wire form).
-    pub control: Vec<Bytes>,
-    /// Events in order.
-    pub events: Vec<Arc<EventFrame>>,
+    /// Frames in the order they were queued.
+    pub frames: Vec<Frame>,
 }
 
 impl Batch {
     /// Whether there is nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.drops.is_empty() && self.control.is_empty() && self.events.is_empty()
+        self.drops.is_empty() && self.frames.is_empty()
+    }
+}
+
+/// Why a bridge was cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutReason {
+    /// Policy `disconnect` and its outbox was full.
+    Slow,
+    /// Its control frames (responses, replies) passed their bound.
+    ControlBacklog,
+    /// Its socket accepted nothing for the write deadline.
+    WriteDeadline,
+}
+
+impl CutReason {
+    /// For logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CutReason::Slow => "its outbox is full (policy disconnect)",
+            CutReason::ControlBacklog => "it does not read its responses",
+            CutReason::WriteDeadline => "its socket accepted nothing within the write deadline",
+        }
     }
 }
 
@@ -100,12 +157,16 @@ pub struct Outbox {
     wake_pending: AtomicBool,
     dropped: AtomicU64,
     delivered: AtomicU64,
+    /// Cancelled when the bridge is cut: its connection task resets the socket at once.
+    cut: CancellationToken,
+    cut_reason: Mutex<Option<CutReason>>,
     /// The bridge's socket, while nobody is writing to it (see [`crate::sink`]).
     sink: Mutex<Option<Sink>>,
 }
 
 impl Outbox {
-    /// An outbox bounded by `max_frames` events and `max_bytes` of event bytes.
+    /// An outbox bounded by `max_frames` events and `max_bytes` of event bytes (and, separately,
+    /// `max_bytes` of control bytes).
     pub fn new(policy: OnSlow, max_frames: usize, max_bytes: usize) -> Outbox {
         Outbox {
             policy,
@@ -117,6 +178,8 @@ impl Outbox {
             wake_pending: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            cut: CancellationToken::new(),
+            cut_reason: Mutex::new(None),
             sink: Mutex::new(None),
         }
     }
@@ -135,7 +198,7 @@ impl Outbox {
     /// Whether anything is queued.
     pub fn has_queued(&self) -> bool {
         let st = self.state.lock();
-        !(st.events.is_empty() && st.control.is_empty() && st.drops.is_empty())
+        !(st.queue.is_empty() && st.drops.is_empty())
     }
 
     /// The policy applied when full.
@@ -148,50 +211,62 @@ impl Outbox {
     /// (`bridge::write_from_reader`), so one write covers many events.
     pub fn offer(&self, ev: &Arc<EventFrame>) -> Offer {
         let len = ev.wire.len();
+        let (max_frames, max_bytes) = (self.max_frames, self.max_bytes);
         let mut st = self.state.lock();
         if st.closed {
             return Offer::Closed;
         }
-        let fits = |st: &State| {
-            st.events.len() < self.max_frames
-                && (st.event_bytes + len <= self.max_bytes || st.events.is_empty())
-        };
-        if fits(&st) {
+        if st.fits(len, max_frames, max_bytes) {
+            st.events += 1;
             st.event_bytes += len;
-            st.events.push_back(ev.clone());
+            st.queue.push_back(Frame::Event(ev.clone()));
             return Offer::Queued;
         }
         match self.policy {
-            OnSlow::Block => Offer::Full,
+            OnSlow::Block => {
+                st.want = len;
+                Offer::Full
+            }
             OnSlow::Disconnect => {
-                st.closed = true;
                 drop(st);
-                self.wake.notify_one();
-                self.space.notify_waiters();
+                self.cut(CutReason::Slow);
                 Offer::Disconnected
             }
             OnSlow::DropOldest => {
                 let mut n = 0;
                 let mut kept = Vec::new();
-                while !fits(&st) {
-                    let Some(old) = st.events.pop_front() else {
+                while !st.fits(len, max_frames, max_bytes) {
+                    let Some(old) = st.queue.pop_front() else {
                         break;
                     };
-                    st.event_bytes -= old.wire.len();
-                    if old.keep {
-                        kept.push(old);
-                        continue;
+                    match old {
+                        Frame::Event(e) if !e.keep => {
+                            st.events -= 1;
+                            st.event_bytes -= e.wire.len();
+                            record_drop(&mut st.drops, &e);
+                            n += 1;
+                        }
+                        Frame::Event(e) => {
+                            // A kept notice still counts; it is put back below. Treat it as
+                            // absent for the fit check, or the loop would never end.
+                            st.events -= 1;
+                            st.event_bytes -= e.wire.len();
+                            kept.push(Frame::Event(e));
+                        }
+                        other => kept.push(other),
                     }
-                    record_drop(&mut st.drops, &old);
-                    n += 1;
                 }
-                // Kept notices go back in front, in order: they were the oldest.
+                // Kept frames go back in front, in order: they were the oldest.
                 for k in kept.into_iter().rev() {
-                    st.event_bytes += k.wire.len();
-                    st.events.push_front(k);
+                    if let Frame::Event(e) = &k {
+                        st.events += 1;
+                        st.event_bytes += e.wire.len();
+                    }
+                    st.queue.push_front(k);
                 }
+                st.events += 1;
                 st.event_bytes += len;
-                st.events.push_back(ev.clone());
+                st.queue.push_back(Frame::Event(ev.clone()));
                 drop(st);
                 self.dropped.fetch_add(n, Ordering::Relaxed);
                 Offer::QueuedAfterDrop(n)
@@ -206,23 +281,55 @@ impl Outbox {
         if st.closed {
             return false;
         }
+        st.events += 1;
         st.event_bytes += ev.wire.len();
-        st.events.push_back(ev);
+        st.queue.push_back(Frame::Event(ev));
         drop(st);
         self.wake.notify_one();
         true
     }
 
-    /// Queues a control frame (a response or notice). Returns false if the outbox is closed.
+    /// Queues a control frame (a response or the relay's reply), in order with events. Control
+    /// frames are never dropped; past their byte bound (one frame always fits) the bridge is cut
+    /// instead. Returns false if the frame was not queued (closed, or cut now).
     pub fn push_control(&self, wire: Bytes) -> bool {
         let mut st = self.state.lock();
         if st.closed {
             return false;
         }
-        st.control.push_back(wire);
+        if st.controls > 0 && st.control_bytes + wire.len() > self.max_bytes {
+            drop(st);
+            self.cut(CutReason::ControlBacklog);
+            return false;
+        }
+        st.controls += 1;
+        st.control_bytes += wire.len();
+        st.queue.push_back(Frame::Control(wire));
         drop(st);
         self.wake.notify_one();
         true
+    }
+
+    /// Bytes of control frames queued and not yet taken by the writer.
+    pub fn control_bytes(&self) -> usize {
+        self.state.lock().control_bytes
+    }
+
+    /// Waits until at most `bytes` of control frames are queued (or the outbox closes).
+    pub async fn control_below(&self, bytes: usize) {
+        loop {
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if st.closed || st.control_bytes <= bytes {
+                    return;
+                }
+            }
+            self.wake.notify_one();
+            notified.await;
+        }
     }
 
     /// Returns true the first time it is called after a wake; the caller then owns one wake.
@@ -236,19 +343,21 @@ impl Outbox {
         self.wake.notify_one();
     }
 
-    /// Waits until the writer has taken frames out (for the `block` policy).
+    /// Waits until the event refused last (policy `block`) would fit, or the outbox closes.
     pub async fn space(&self) {
-        let notified = self.space.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        {
-            let st = self.state.lock();
-            if st.closed || st.events.len() < self.max_frames {
-                return;
+        loop {
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if st.closed || st.fits(st.want, self.max_frames, self.max_bytes) {
+                    return;
+                }
             }
+            self.wake.notify_one();
+            notified.await;
         }
-        self.wake.notify_one();
-        notified.await;
     }
 
     /// Waits until there is something to take (or the outbox closes).
@@ -260,14 +369,20 @@ impl Outbox {
     pub fn take(&self, batch: &mut Batch) -> Option<()> {
         let mut st = self.state.lock();
         batch.drops.append(&mut st.drops);
-        batch.control.extend(st.control.drain(..));
-        batch.events.extend(st.events.drain(..));
+        let events = st.events;
+        batch.frames.extend(st.queue.drain(..));
+        st.events = 0;
         st.event_bytes = 0;
+        st.controls = 0;
+        st.control_bytes = 0;
+        // A long burst leaves a big ring behind; give it back once drained.
+        if st.queue.capacity() > 4096 {
+            st.queue.shrink_to(256);
+        }
         let closed = st.closed;
         drop(st);
         self.space.notify_waiters();
-        self.delivered
-            .fetch_add(batch.events.len() as u64, Ordering::Relaxed);
+        self.delivered.fetch_add(events as u64, Ordering::Relaxed);
         if closed && batch.is_empty() {
             None
         } else {
@@ -282,6 +397,35 @@ impl Outbox {
         self.space.notify_waiters();
     }
 
+    /// Cuts the bridge: closes the outbox, forgets what is queued, and signals its connection
+    /// task to reset the socket and free the bridge's state at once.
+    pub fn cut(&self, reason: CutReason) {
+        {
+            let mut st = self.state.lock();
+            st.closed = true;
+            st.queue = VecDeque::new();
+            st.drops = Vec::new();
+            st.events = 0;
+            st.event_bytes = 0;
+            st.controls = 0;
+            st.control_bytes = 0;
+        }
+        self.cut_reason.lock().get_or_insert(reason);
+        self.cut.cancel();
+        self.wake.notify_one();
+        self.space.notify_waiters();
+    }
+
+    /// Cancelled once the bridge is cut.
+    pub fn cut_signal(&self) -> &CancellationToken {
+        &self.cut
+    }
+
+    /// Why the bridge was cut, if it was.
+    pub fn cut_reason(&self) -> Option<CutReason> {
+        *self.cut_reason.lock()
+    }
+
     /// Whether the outbox is closed.
     pub fn is_closed(&self) -> bool {
         self.state.lock().closed
@@ -290,7 +434,7 @@ impl Outbox {
     /// (queued events, queued event bytes, queued control frames).
     pub fn depth(&self) -> (usize, usize, usize) {
         let st = self.state.lock();
-        (st.events.len(), st.event_bytes, st.control.len())
+        (st.events, st.event_bytes, st.controls)
     }
 
     /// Events dropped so far.
@@ -333,6 +477,16 @@ mod tests {
         })
     }
 
+    fn events(b: &Batch) -> Vec<(&str, u64)> {
+        b.frames
+            .iter()
+            .filter_map(|f| match f {
+                Frame::Event(e) => Some((&*e.channel, e.seq)),
+                Frame::Control(_) => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn ordered_notices_keep_their_place_and_are_never_dropped() {
         let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
@@ -349,9 +503,8 @@ mod tests {
         }
         let mut b = Batch::default();
         o.take(&mut b).expect("open");
-        let order: Vec<(&str, u64)> = b.events.iter().map(|e| (&*e.channel, e.seq)).collect();
         assert_eq!(
-            order,
+            events(&b),
             vec![("relay/session", 0), ("a", 3), ("a", 4), ("a", 5)]
         );
         assert_eq!(
@@ -374,10 +527,7 @@ mod tests {
         o.push_control(Bytes::from_static(b"resp"));
         let mut b = Batch::default();
         o.take(&mut b).expect("open");
-        assert_eq!(
-            b.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
-            vec![2, 3, 4]
-        );
+        assert_eq!(events(&b), vec![("a", 2), ("a", 3), ("a", 4)]);
         assert_eq!(
             b.drops,
             vec![DropRun {
@@ -387,8 +537,30 @@ mod tests {
                 count: 2
             }]
         );
-        assert_eq!(b.control.len(), 1, "control frames are never dropped");
+        assert_eq!(b.frames.len(), 4, "control frames are never dropped");
         assert_eq!(o.dropped(), 2);
+    }
+
+    #[test]
+    fn control_frames_keep_their_place_among_events() {
+        // A response queued after events stays after them, even when older events are dropped
+        // around it: the bridge sees the mod's order.
+        let o = Outbox::new(OnSlow::DropOldest, 2, 1 << 20);
+        o.offer(&ev("a", 0));
+        o.offer(&ev("a", 1));
+        o.push_control(Bytes::from_static(b"resp"));
+        o.offer(&ev("a", 2));
+        let mut b = Batch::default();
+        o.take(&mut b).expect("open");
+        let order: Vec<String> = b
+            .frames
+            .iter()
+            .map(|f| match f {
+                Frame::Event(e) => format!("e{}", e.seq),
+                Frame::Control(_) => "resp".into(),
+            })
+            .collect();
+        assert_eq!(order, vec!["e1", "resp", "e2"]);
     }
 
     #[test]
@@ -401,19 +573,54 @@ mod tests {
     }
 
     #[test]
-    fn disconnect_and_block_policies() {
+    fn control_frames_past_their_bound_cut_the_bridge() {
+        let o = Outbox::new(OnSlow::DropOldest, 100, 25);
+        assert!(
+            o.push_control(Bytes::from(vec![b'r'; 40])),
+            "one always fits"
+        );
+        assert!(!o.is_closed());
+        assert!(!o.push_control(Bytes::from(vec![b'r'; 10])));
+        assert!(o.cut_signal().is_cancelled());
+        assert_eq!(o.cut_reason(), Some(CutReason::ControlBacklog));
+        assert_eq!(o.depth(), (0, 0, 0), "what was queued is freed at once");
+    }
+
+    #[test]
+    fn disconnect_cuts_and_block_reports_full() {
         let o = Outbox::new(OnSlow::Disconnect, 1, 1 << 20);
         assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
         assert_eq!(o.offer(&ev("a", 1)), Offer::Disconnected);
         assert!(o.is_closed());
+        assert!(o.cut_signal().is_cancelled());
         let mut b = Batch::default();
-        assert!(o.take(&mut b).is_some(), "queued frames still drain");
-        let mut b = Batch::default();
-        assert!(o.take(&mut b).is_none());
+        assert!(o.take(&mut b).is_none(), "a cut bridge gets nothing more");
 
         let o = Outbox::new(OnSlow::Block, 1, 1 << 20);
         assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
         assert_eq!(o.offer(&ev("a", 1)), Offer::Full);
         assert_eq!(o.dropped(), 0);
+    }
+
+    #[tokio::test]
+    async fn block_waits_for_bytes_not_only_frames() {
+        // The byte bound is reached first: `space` must not return until the refused event
+        // fits (it used to check frames only, and the mod reader spun).
+        let o = Arc::new(Outbox::new(OnSlow::Block, 100, 25));
+        assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
+        assert_eq!(o.offer(&ev("a", 1)), Offer::Queued);
+        assert_eq!(o.offer(&ev("a", 2)), Offer::Full);
+        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), o.space()).await;
+        assert!(waiting.is_err(), "no room yet: space() waits");
+        let o2 = o.clone();
+        let taker = tokio::spawn(async move {
+            let mut b = Batch::default();
+            o2.take(&mut b).expect("open");
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(5), o.space())
+            .await
+            .expect("room after the writer took");
+        taker.await.expect("taker");
+        assert_eq!(o.offer(&ev("a", 2)), Offer::Queued);
     }
 }

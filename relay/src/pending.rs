@@ -4,12 +4,18 @@
 //! maps it back. Entries leave when the mod answers, when they time out, or when their session
 //! ends; in the last two cases the bridge is told the outcome is unknown, never that it failed
 //! or succeeded, and nothing is retried.
+//!
+//! Forwarded requests are also bounded in bytes, per bridge and per route: a request's bytes
+//! hold a [`Reservation`] until the last copy of them is dropped (written to the mod and
+//! recorded), so a mod that stops reading cannot make the relay hold more than the budget, and
+//! the memory is back as soon as the bytes are gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use uuid::Uuid;
 
@@ -56,10 +62,101 @@ impl Drop for Entry {
     }
 }
 
+/// Bytes of forwarded requests one route may hold at once.
+pub const ROUTE_BYTES: usize = 64 << 20;
+/// Bytes of forwarded requests one bridge may hold at once.
+pub const BRIDGE_BYTES: usize = 16 << 20;
+
+/// A byte budget shared by the requests that hold part of it.
+#[derive(Debug)]
+pub struct ByteBudget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl ByteBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<ByteBudget> {
+        Arc::new(ByteBudget {
+            used: AtomicUsize::new(0),
+            limit,
+        })
+    }
+
+    /// Reserves `n` bytes, or `None` if that would pass the limit. When nothing is held, any
+    /// size is allowed (a frame up to `--max-body` must always be able to go through).
+    pub fn try_reserve(self: &Arc<Self>, n: usize) -> Option<Reservation> {
+        let mut cur = self.used.load(Ordering::Acquire);
+        loop {
+            if cur > 0 && cur.saturating_add(n) > self.limit {
+                return None;
+            }
+            match self
+                .used
+                .compare_exchange_weak(cur, cur + n, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Some(Reservation {
+                        budget: self.clone(),
+                        n,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// Part of a [`ByteBudget`], given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<ByteBudget>,
+    n: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.n, Ordering::AcqRel);
+    }
+}
+
+/// `bytes` as a buffer that gives `holds` back when its last copy is dropped.
+pub fn hold(bytes: Bytes, holds: Vec<Reservation>) -> Bytes {
+    struct Held {
+        bytes: Bytes,
+        _holds: Vec<Reservation>,
+    }
+    impl AsRef<[u8]> for Held {
+        fn as_ref(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
+    Bytes::from_owner(Held {
+        bytes,
+        _holds: holds,
+    })
+}
+
 /// The table.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pending {
     map: Mutex<HashMap<Uuid, Entry>>,
+    /// Bytes of forwarded requests the whole route holds.
+    pub bytes: Arc<ByteBudget>,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending {
+            map: Mutex::default(),
+            bytes: ByteBudget::new(ROUTE_BYTES),
+        }
+    }
 }
 
 impl Pending {
@@ -103,5 +200,28 @@ impl Pending {
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_counts_bytes_until_the_last_copy_is_dropped() {
+        let b = ByteBudget::new(100);
+        let big = b.try_reserve(500).expect("nothing held: any size goes");
+        assert!(b.try_reserve(1).is_none(), "over the limit");
+        let held = hold(Bytes::from(vec![1u8; 500]), vec![big]);
+        let copy = held.clone();
+        drop(held);
+        assert_eq!(b.used(), 500, "a copy still holds it");
+        assert_eq!(copy.len(), 500);
+        drop(copy);
+        assert_eq!(b.used(), 0);
+        let r = b.try_reserve(60).expect("fits");
+        assert!(b.try_reserve(60).is_none());
+        assert!(b.try_reserve(40).is_some());
+        drop(r);
     }
 }

@@ -4,11 +4,12 @@
 //! integration tests both use it. Shutdown follows one deadline: stop accepting, let each
 //! connection finish its frame, flush writers, end sessions, drain and sync the recorder.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gabp_proto::{frame_bytes, message, ErrorCode};
-use gabp_sim::net::{Addr, Listener};
+use gabp_sim::net::{Addr, Conn, Listener};
 use gabp_storage::{Store, StoreOptions};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -16,6 +17,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::bridge::Closer;
 use crate::config::RelayConfig;
 use crate::pending::Origin;
 use crate::recorder::{Recorder, RecorderThread};
@@ -217,9 +219,9 @@ async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker
     loop {
         let conn = tokio::select! {
             _ = route.cancel.cancelled() => return,
-            c = listener.accept() => c,
+            c = accept(&listener) => c,
         };
-        let conn = match conn {
+        let (conn, closer) = match conn {
             Ok(c) => c,
             Err(e) => {
                 // Out of descriptors and the like: pause instead of spinning.
@@ -230,7 +232,7 @@ async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker
         };
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                tracker.spawn(crate::bridge::serve(route.clone(), conn, permit));
+                tracker.spawn(crate::bridge::serve(route.clone(), conn, permit, closer));
             }
             Err(_) => {
                 tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
@@ -250,6 +252,23 @@ async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker
                     let _ = w.shutdown().await;
                 });
             }
+        }
+    }
+}
+
+/// Accepts one connection, with a second descriptor of its socket kept to reset it if the
+/// bridge has to be cut.
+async fn accept(listener: &Listener) -> std::io::Result<(Conn, Closer)> {
+    match listener {
+        Listener::Tcp(l) => {
+            let (s, _) = l.accept().await?;
+            let closer = Closer::of(s.as_fd());
+            Ok((Conn::tcp(s), closer))
+        }
+        Listener::Unix(l, _) => {
+            let (s, _) = l.accept().await?;
+            let closer = Closer::of(s.as_fd());
+            Ok((Conn::unix(s), closer))
         }
     }
 }

@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 use std::io::IoSlice;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use gabp_proto::{encode_frame, message};
@@ -19,7 +19,7 @@ use gabp_sim::net::BoxWrite;
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use crate::outbox::{Batch, EventFrame};
+use crate::outbox::{Batch, Frame};
 
 /// Linux takes at most 1024 buffers per `writev` (IOV_MAX).
 const MAX_IOV: usize = 512;
@@ -31,7 +31,7 @@ pub struct Sink {
     write: BoxWrite,
     /// Wire frames not yet accepted by the socket, in order; `skip` bytes of the first one
     /// already went out.
-    queue: VecDeque<Part>,
+    queue: VecDeque<Frame>,
     skip: usize,
     /// The relay's seq for this bridge's `relay/dropped` notices.
     notice_seq: u64,
@@ -45,22 +45,6 @@ impl std::fmt::Debug for Sink {
             .field("queued", &self.queue.len())
             .field("notice_seq", &self.notice_seq)
             .finish()
-    }
-}
-
-/// One queued frame: a shared event (moved from the outbox, no reference-count traffic) or
-/// the relay's own bytes.
-enum Part {
-    Event(Arc<EventFrame>),
-    Raw(Bytes),
-}
-
-impl Part {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Part::Event(e) => &e.wire,
-            Part::Raw(b) => b,
-        }
     }
 }
 
@@ -92,7 +76,7 @@ impl Sink {
     }
 
     /// Queues what [`Sink::batch`] holds, emptying it: drop runs first as `relay/dropped`
-    /// notices (they stand where the gap is), then control frames, then events.
+    /// notices (they stand where the gap is), then the frames in the order they were queued.
     pub fn stage(&mut self) -> Staged {
         let mut staged = Staged::default();
         for d in self.batch.drops.drain(..) {
@@ -104,14 +88,16 @@ impl Sink {
             self.notice_seq += 1;
             let mut wire = BytesMut::with_capacity(body.len() + 32);
             encode_frame(&body, &mut wire);
-            self.queue.push_back(Part::Raw(wire.freeze()));
+            self.queue.push_back(Frame::Control(wire.freeze()));
             staged.notices.push(body);
         }
-        self.queue
-            .extend(self.batch.control.drain(..).map(Part::Raw));
-        staged.events = self.batch.events.len() as u64;
-        self.queue
-            .extend(self.batch.events.drain(..).map(Part::Event));
+        staged.events = self
+            .batch
+            .frames
+            .iter()
+            .filter(|f| matches!(f, Frame::Event(_)))
+            .count() as u64;
+        self.queue.extend(self.batch.frames.drain(..));
         staged
     }
 
@@ -165,12 +151,32 @@ impl Sink {
         Ok(true)
     }
 
-    /// Writes everything queued, waiting for the socket as long as it takes.
-    pub async fn flush(&mut self) -> std::io::Result<()> {
+    /// Writes everything queued, waiting for the socket as long as it keeps taking bytes: an
+    /// error of kind `TimedOut` when it accepted nothing for `deadline` (the write deadline).
+    pub async fn flush(&mut self, deadline: Duration) -> std::io::Result<()> {
         while !self.queue.is_empty() {
-            std::future::poll_fn(|cx| self.poll_write_queued(cx)).await?;
+            match tokio::time::timeout(
+                deadline,
+                std::future::poll_fn(|cx| self.poll_write_queued(cx)),
+            )
+            .await
+            {
+                Ok(r) => {
+                    r?;
+                }
+                Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+            }
+        }
+        // A burst of big frames leaves a big ring behind; give it back once written.
+        if self.queue.capacity() > 4096 {
+            self.queue.shrink_to(64);
         }
         Ok(())
+    }
+
+    /// Bytes queued and not yet accepted by the socket.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.iter().map(|f| f.bytes().len()).sum::<usize>() - self.skip
     }
 
     /// Shuts the socket's write side.
@@ -182,7 +188,8 @@ impl Sink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::DropRun;
+    use crate::outbox::{DropRun, EventFrame};
+    use std::sync::Arc;
     use tokio::io::AsyncReadExt;
 
     fn event(seq: u64, body: &str) -> Arc<EventFrame> {
@@ -205,11 +212,13 @@ mod tests {
             to: 1,
             count: 2,
         });
-        sink.batch.control.push(Bytes::from_static(b"CTRL"));
+        sink.batch
+            .frames
+            .push(Frame::Control(Bytes::from_static(b"CTRL")));
         let mut expected = Vec::new();
         for i in 2..200u64 {
             let body = format!("<event {i}>");
-            sink.batch.events.push(event(i, &body));
+            sink.batch.frames.push(Frame::Event(event(i, &body)));
             expected.extend_from_slice(body.as_bytes());
         }
         let staged = sink.stage();
@@ -222,7 +231,7 @@ mod tests {
             b.read_to_end(&mut all).await.expect("read");
             all
         });
-        sink.flush().await.expect("flush");
+        sink.flush(Duration::from_secs(10)).await.expect("flush");
         assert!(sink.is_idle());
         sink.shutdown().await;
         let all = reader.await.expect("reader");
@@ -231,5 +240,23 @@ mod tests {
         let ctrl = text.find("CTRL").expect("control");
         assert!(notice < ctrl, "the notice precedes the control frame");
         assert!(text.ends_with(std::str::from_utf8(&expected).expect("utf8")));
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_takes_nothing_fails_the_flush_at_the_deadline() {
+        let (a, _b) = tokio::io::duplex(64);
+        let mut sink = Sink::new(1, Box::pin(a));
+        sink.batch
+            .frames
+            .push(Frame::Control(Bytes::from(vec![b'x'; 1000])));
+        sink.stage();
+        let started = std::time::Instant::now();
+        let err = sink
+            .flush(Duration::from_millis(100))
+            .await
+            .expect_err("nobody reads");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(sink.queued_bytes(), 1000 - 64, "what the pipe took is gone");
     }
 }

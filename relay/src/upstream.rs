@@ -691,6 +691,11 @@ impl Reader<'_> {
                         );
                         outbox.push_control(wire);
                         let conn = *conn;
+                        // A mod may echo a bridge's arguments: no secret is recorded.
+                        let body = crate::auth::redact(
+                            &body,
+                            &[&route.cfg.token, &route.cfg.upstream_token],
+                        );
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
                             conn,

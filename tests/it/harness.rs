@@ -144,3 +144,148 @@ pub async fn wait_pending(h: &Harness, empty: bool, what: &str) {
     .await
     .unwrap_or_else(|_| panic!("{what} within 5 s"));
 }
+
+/// The relay's TCP address.
+pub fn tcp_addr(h: &Harness) -> std::net::SocketAddr {
+    match &h.addr {
+        gabp_sim::Addr::Tcp(a) => *a,
+        other => panic!("expected a TCP listener, got {other}"),
+    }
+}
+
+/// A raw TCP connection to the relay (no hello): for peers that misbehave at the byte level.
+pub async fn raw(h: &Harness) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(tcp_addr(h))
+        .await
+        .expect("connect")
+}
+
+/// A framed request.
+pub fn request_wire(method: &str, params: Value) -> bytes::Bytes {
+    gabp_proto::frame_bytes(&gabp_proto::message::request(
+        &gabp_sim::client::new_id(),
+        method,
+        params,
+    ))
+}
+
+/// A framed, valid `session/hello`.
+pub fn hello_wire(token: &str) -> bytes::Bytes {
+    request_wire(
+        "session/hello",
+        serde_json::json!({"token": token, "bridgeVersion": "hostile/1", "platform": "linux", "launchId": "l"}),
+    )
+}
+
+/// Waits (bounded) until `cond` holds, checking every few milliseconds.
+pub async fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The connection numbers of the bridges the relay lists in `relay/status`.
+pub fn listed(h: &Harness) -> Vec<u64> {
+    h.relay().routes[0].status()["bridges"]
+        .as_array()
+        .expect("bridges")
+        .iter()
+        .filter_map(|b| b["conn"].as_u64())
+        .collect()
+}
+
+/// Reads and discards what the peer sends until the connection ends; returns how it ended
+/// (`Ok(bytes)` for an orderly close, the error for a reset).
+pub async fn drain_until_closed(
+    s: &mut tokio::net::TcpStream,
+    within: Duration,
+) -> std::io::Result<usize> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0;
+    tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) => return Ok(total),
+                Ok(n) => total += n,
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("connection still open after {within:?}"))
+}
+
+/// Every frame of every recorded session in `dir`, after the relay has shut down.
+pub fn recorded_frames(dir: &std::path::Path) -> Vec<gabp_storage::FrameRecord> {
+    let store = gabp_storage::Store::open(dir, gabp_storage::StoreOptions::default())
+        .expect("open the recording");
+    let mut out = Vec::new();
+    for meta in store.sessions().expect("sessions") {
+        for item in store.frames(meta.id) {
+            out.push(item.expect("frame").1);
+        }
+    }
+    out
+}
+
+/// Every session of `dir` exported as JSONL, concatenated.
+pub fn exported(dir: &std::path::Path) -> Vec<u8> {
+    let store = gabp_storage::Store::open(dir, gabp_storage::StoreOptions::default())
+        .expect("open the recording");
+    let mut out = Vec::new();
+    for meta in store.sessions().expect("sessions") {
+        gabp_relay::export::export(
+            &store,
+            &meta,
+            &gabp_relay::export::ExportFilter::default(),
+            &mut out,
+        )
+        .expect("export");
+    }
+    out
+}
+
+/// Files under `dir` (RocksDB's SSTs, WAL, MANIFEST, logs) whose raw bytes contain `needle`.
+pub fn files_containing(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                if bytes.windows(needle.len()).any(|w| w == needle) {
+                    hits.push(path);
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// Time the current runtime's workers (this test's relay and clients) have spent busy; other
+/// tests running in the same process have runtimes of their own.
+pub fn runtime_busy() -> Duration {
+    let m = tokio::runtime::Handle::current().metrics();
+    (0..m.num_workers())
+        .map(|w| m.worker_total_busy_duration(w))
+        .sum()
+}
+
+/// This process's resident memory.
+pub fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
