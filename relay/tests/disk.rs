@@ -267,7 +267,7 @@ async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
         let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
         if v["dir"] == "mod->relay" {
             if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["mod_seq"].as_u64()) {
-                assert_eq!(v["msg"]["params"]["seq"].as_u64(), Some(seq));
+                assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
                 seqs.entry(ch.to_string()).or_default().push(seq);
             }
         }
