@@ -84,11 +84,11 @@ async fn descriptors_running_out_then_coming_back_loses_nothing() {
         }
     }
     let addr = addr.expect("listen line");
-    let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (log_tx, mut log_rx) = tokio::sync::mpsc::channel::<String>(100_000);
     let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
     tokio::spawn(async move {
         while let Ok(Some(l)) = err.next_line().await {
-            let _ = log_tx.send(l);
+            let _ = log_tx.send(l).await;
         }
     });
     let mut log = String::new();

@@ -89,6 +89,9 @@ pub struct Store {
     details: bool,
     /// A read-only open writes RocksDB's info log here, never into the data dir.
     _log_dir: Option<Arc<tempfile::TempDir>>,
+    /// Read-only, with no relay holding the data dir: sessions still marked `recording` were
+    /// left by a dead relay and are shown as ended by crash (the next relay writes that).
+    orphaned: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -328,12 +331,14 @@ impl Store {
                 }
             })?
         };
+        let orphaned = opts.read_only && lock_holder(path).is_none();
         Ok(Store {
             db: Arc::new(db),
             opts,
             path: path.to_path_buf(),
             details,
             _log_dir: log_dir,
+            orphaned,
         })
     }
 
@@ -399,16 +404,23 @@ impl Store {
             .iterator_cf(self.cf(CF_CATALOG), IteratorMode::Start)
         {
             let (_, v) = item?;
-            out.push(decode_meta(&v)?);
+            out.push(self.present(decode_meta(&v)?));
         }
         Ok(out)
+    }
+
+    fn present(&self, mut m: SessionMeta) -> SessionMeta {
+        if self.orphaned && m.state == Some(SessionState::Recording) {
+            mark_crashed(&mut m);
+        }
+        m
     }
 
     /// One session's catalog entry with its welcome and channel names.
     pub fn session(&self, id: SessionId) -> Result<Option<SessionMeta>, StoreError> {
         match self.db.get_cf(self.cf(CF_CATALOG), keys::catalog_key(id))? {
             Some(v) => {
-                let mut m = decode_meta(&v)?;
+                let mut m = self.present(decode_meta(&v)?);
                 self.fill_details(&mut m)?;
                 Ok(Some(m))
             }
@@ -567,12 +579,7 @@ impl Store {
         let mut fixed = Vec::new();
         for mut m in self.sessions()? {
             if m.state == Some(SessionState::Recording) {
-                m.state = Some(SessionState::Ended);
-                m.end_reason = Some(EndReason::Crash);
-                m.ended_ns = Some(m.last_ns.max(m.started_ns));
-                for b in &mut m.bridges {
-                    b.detached_ns.get_or_insert(m.last_ns);
-                }
+                mark_crashed(&mut m);
                 self.put_meta(&m)?;
                 fixed.push(m.id);
             }
@@ -594,6 +601,15 @@ impl Store {
             self.db.flush_wal(true)?;
         }
         Ok(())
+    }
+}
+
+fn mark_crashed(m: &mut SessionMeta) {
+    m.state = Some(SessionState::Ended);
+    m.end_reason = Some(EndReason::Crash);
+    m.ended_ns = Some(m.last_ns.max(m.started_ns));
+    for b in &mut m.bridges {
+        b.detached_ns.get_or_insert(m.last_ns);
     }
 }
 
