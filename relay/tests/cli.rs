@@ -249,7 +249,10 @@ async fn kill_9_mid_recording_leaves_a_clean_prefix() {
         if v["sessions"][0]["events"].as_u64().unwrap_or(0) > 1000 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "nothing recorded: {v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing recorded: {v}"
+        );
     }
     s.child.start_kill().expect("kill -9");
     s.child.wait().await.expect("reaped");
