@@ -48,6 +48,7 @@ fn recorder(c: &mut Criterion) {
                 compression,
                 read_only: false,
                 wal_compression,
+                allow_symlinked_dir: false,
             },
         )
         .expect("open");

@@ -244,6 +244,8 @@ pub struct RelayConfig {
     pub compression: Compression,
     /// Compress the write-ahead log.
     pub wal_compression: bool,
+    /// Record into a data dir that is a symlink.
+    pub allow_symlinked_data_dir: bool,
     /// Recorder failure policy.
     pub on_record_error: OnRecordError,
     /// Retention, applied at start and while serving.
@@ -268,6 +270,7 @@ impl RelayConfig {
             durability: Durability::Batch,
             compression: Compression::Lz4,
             wal_compression: false,
+            allow_symlinked_data_dir: false,
             on_record_error: OnRecordError::Stall,
             retain: Retention::default(),
             metrics: None,

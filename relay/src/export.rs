@@ -3,6 +3,10 @@
 //! Each line holds the frame number, receive time, offset from the session start, direction,
 //! bridge connection, channel, mod and relay seq, and the frame itself as JSON (`msg`), or as a
 //! string (`raw`) when it was not valid JSON when received.
+//!
+//! With `-o FILE` ([`export_to_file`]) the lines go to a private (0600) temporary file beside
+//! FILE, renamed over it only once everything is written: a failed export never truncates
+//! FILE, and a symlink at FILE is replaced, never followed.
 
 use std::io::Write;
 use std::time::Duration;
@@ -28,6 +32,16 @@ pub fn export(
     filter: &ExportFilter,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
+    // An entry from `Store::sessions` holds counters only: the names live under their own keys.
+    let filled;
+    let meta = if meta.channels.is_empty() {
+        let mut m = meta.clone();
+        store.fill_details(&mut m)?;
+        filled = m;
+        &filled
+    } else {
+        meta
+    };
     let ids: Vec<u32> = filter
         .channels
         .iter()
@@ -86,6 +100,28 @@ pub fn export(
     }
     out.flush()?;
     Ok(lines)
+}
+
+/// Exports into `path` atomically (see the module doc); returns how many lines were written.
+pub fn export_to_file(
+    store: &Store,
+    meta: &SessionMeta,
+    filter: &ExportFilter,
+    path: &std::path::Path,
+) -> Result<u64, ExportError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gabp-export-")
+        .tempfile_in(dir)?;
+    let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+    let n = export(store, meta, filter, &mut out)?;
+    drop(out);
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(n)
 }
 
 /// Why an export failed.

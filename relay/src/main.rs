@@ -44,6 +44,8 @@ enum Cmd {
     Export(ExportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(ReplayArgs),
+    /// Repair a damaged data dir, after copying it aside to DIR.bak-<time>.
+    Repair(RepairArgs),
     /// Run a game behind the relay where a launcher expects the game (GABP_SERVER_PORT, GABP_TOKEN).
     Wrap(WrapArgs),
     /// Run the built-in simulated mod on its own.
@@ -116,6 +118,9 @@ struct ServeArgs {
     /// Compress the write-ahead log with zstd (smaller WAL, slower synced writes; see BENCHMARKS.md).
     #[arg(long)]
     wal_compression: bool,
+    /// Record into --data-dir even if it is a symlink (refused by default).
+    #[arg(long)]
+    allow_symlinked_data_dir: bool,
     /// What a failed recording write does: stall or continue.
     #[arg(long)]
     on_record_error: Option<OnRecordError>,
@@ -208,6 +213,12 @@ enum SessionsCmd {
         /// Session id, prefix or `latest` (all sessions when absent).
         session: Option<String>,
     },
+}
+
+#[derive(Args, Debug)]
+struct RepairArgs {
+    #[command(flatten)]
+    dir: DataDir,
 }
 
 #[derive(Args, Debug)]
@@ -405,16 +416,8 @@ async fn run(cli: Cli) -> Result<()> {
                 to: a.to,
             };
             let n = match &a.output {
-                Some(path) => {
-                    let f = std::fs::File::create(path)
-                        .with_context(|| format!("creating {}", path.display()))?;
-                    gabp_relay::export::export(
-                        &store,
-                        &meta,
-                        &filter,
-                        &mut std::io::BufWriter::new(f),
-                    )?
-                }
+                Some(path) => gabp_relay::export::export_to_file(&store, &meta, &filter, path)
+                    .with_context(|| format!("exporting to {}", path.display()))?,
                 None => gabp_relay::export::export(
                     &store,
                     &meta,
@@ -428,6 +431,28 @@ async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Replay(a) => replay(a).await,
+        Cmd::Repair(a) => {
+            let r = gabp_storage::repair::repair(&a.dir.data_dir)?;
+            println!(
+                "kept an untouched copy at {} ({} files, {} bytes)",
+                r.backup.display(),
+                r.before.0,
+                r.before.1
+            );
+            for step in &r.steps {
+                println!("{step}");
+            }
+            println!(
+                "repaired {}: now {} files, {} bytes; {} session(s); {} left recording by a dead relay marked crash",
+                a.dir.data_dir.display(),
+                r.after.0,
+                r.after.1,
+                r.sessions,
+                r.crashed.len()
+            );
+            println!("run `gabp-relay sessions check` to see what every session still holds");
+            Ok(())
+        }
         Cmd::Wrap(a) => {
             let code = wrap(a).await?;
             std::process::exit(code);
@@ -583,6 +608,7 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         durability,
         compression,
         wal_compression: a.wal_compression || f.and_then(|f| f.wal_compression).unwrap_or(false),
+        allow_symlinked_data_dir: a.allow_symlinked_data_dir,
         on_record_error,
         retain,
         metrics,
@@ -592,12 +618,17 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
     })
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("installing the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// Installs the SIGINT and SIGTERM handlers at once (not at the first poll), so a supervisor
+/// that signals right after reading the start-up lines never meets the default action.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
     }
 }
 
@@ -675,10 +706,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
     } else {
         "recording off\n".to_string()
     };
+    let stop = shutdown_signal();
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     drop(out);
-    shutdown_signal().await;
+    stop.await;
     tracing::info!("shutting down");
     let clean = relay.shutdown().await;
     for p in &bridge_files {
@@ -740,7 +772,13 @@ async fn wrap(a: WrapArgs) -> Result<i32> {
 }
 
 fn sessions(a: SessionsArgs) -> Result<()> {
-    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    // Only removing opens read-write (and never creates); everything else reads read-only.
+    let changes = matches!(a.cmd, Some(SessionsCmd::Rm { .. })) || a.retain.is_some();
+    let store = if changes {
+        Store::open_for_change(&a.dir.data_dir)?
+    } else {
+        Store::open_for_reading(&a.dir.data_dir)?
+    };
     match a.cmd.unwrap_or(SessionsCmd::Ls) {
         SessionsCmd::Ls => {
             if let Some(r) = a.retain {

@@ -5,19 +5,27 @@
 //! thread, never on an async worker. Each loop takes everything queued (up to a cap), writes it
 //! as one batch, and syncs once per batch when durability is `batch`.
 //!
-//! A failed commit is never silent: it is logged, counted, and the policy applies. `stall`
-//! retries with backoff (the queue fills and the relay stops reading from the mod); `continue`
-//! drops the batch, counting the loss in the session's catalog entry.
+//! A failed commit is never silent: it is logged, counted, visible in [`Recorder::health`]
+//! (relay/status, the `gabp_recorder_healthy` gauge), and the policy applies. `stall` retries
+//! the whole batch with backoff, reopening the database between tries (RocksDB fails every
+//! write after an I/O error until reopened), and closes a gate in [`Recorder::send_batch`] so
+//! the mod reader waits at once instead of filling the queue; `continue` drops the batch and
+//! records the loss as a gap that `sessions check` understands. Asked to stop while writes
+//! fail, the recorder gives up: the recording keeps its committed prefix, and it says so.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+use serde::Serialize;
+
 use gabp_storage::{
     BridgeInfo, EndReason, FrameRecord, SessionId, SessionMeta, SessionWriter, Store,
 };
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::OnRecordError;
 
@@ -65,6 +73,49 @@ pub enum RecMsg {
     },
     /// Answer once everything before this message is committed.
     Flush(oneshot::Sender<()>),
+    /// Apply retention (on this thread: it must hold the only handle on the store to reopen).
+    Retain {
+        /// Delete ended sessions older than this.
+        max_age_ns: Option<u64>,
+        /// Delete oldest ended sessions beyond this many bytes.
+        max_bytes: Option<u64>,
+    },
+}
+
+/// The recorder's health, as relay/status shows it.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    /// Whether the last commit succeeded.
+    pub ok: bool,
+    /// When the current run of failures began (ns since epoch).
+    pub failing_since_ns: Option<u64>,
+    /// The last error, one line.
+    pub last_error: Option<String>,
+    /// Failed commits retried, in total.
+    pub retries: u64,
+    /// Frames given up (dropped under `continue`, or left at shutdown while failing).
+    pub lost_frames: u64,
+}
+
+#[derive(Debug)]
+struct Shared {
+    health: Mutex<Health>,
+    /// Open while senders may enqueue: healthy, or not holding the mod (`continue`), or
+    /// stopping. Closed, [`Recorder::send_batch`] waits: the mod reader stops reading.
+    gate: watch::Sender<bool>,
+    stopping: AtomicBool,
+    policy: OnRecordError,
+}
+
+impl Shared {
+    fn set_gate(&self) {
+        let ok = self.health.lock().ok;
+        let open =
+            ok || self.policy == OnRecordError::Continue || self.stopping.load(Ordering::Relaxed);
+        self.gate
+            .send_if_modified(|g| std::mem::replace(g, open) != open);
+    }
 }
 
 /// Queue capacity in batches: deep enough to ride out a slow fsync or a RocksDB write stall of
@@ -90,31 +141,52 @@ struct RecBatch {
 pub struct Recorder {
     tx: mpsc::Sender<RecBatch>,
     budget: Arc<Semaphore>,
+    shared: Arc<Shared>,
 }
 
 /// The running recorder thread.
 #[derive(Debug)]
 pub struct RecorderThread {
     handle: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 impl Recorder {
     /// Starts the recorder thread over `store`.
+    /// `store` must be the only handle on the data dir: the thread reopens it after I/O errors.
     pub fn start(store: Store, policy: OnRecordError) -> (Recorder, RecorderThread) {
         let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = Arc::new(Shared {
+            health: Mutex::new(Health {
+                ok: true,
+                ..Health::default()
+            }),
+            gate: watch::Sender::new(true),
+            stopping: AtomicBool::new(false),
+            policy,
+        });
+        metrics::gauge!("gabp_recorder_healthy").set(1.0);
+        let sh = shared.clone();
         let handle = std::thread::Builder::new()
             .name("gabp-recorder".into())
-            .spawn(move || run(SessionWriter::new(store), rx, policy))
+            .spawn(move || run(SessionWriter::new(store), rx, &sh))
             .expect("spawning the recorder thread");
         (
             Recorder {
                 tx,
                 budget: Arc::new(Semaphore::new(BUDGET_KIB)),
+                shared: shared.clone(),
             },
             RecorderThread {
                 handle: Some(handle),
+                shared,
             },
         )
+    }
+
+    /// The recorder's health now.
+    pub fn health(&self) -> Health {
+        self.shared.health.lock().clone()
     }
 
     /// Sends a message, waiting while the queue is full (this is the lossless backpressure).
@@ -126,6 +198,11 @@ impl Recorder {
     pub async fn send_batch(&self, msgs: Vec<RecMsg>) {
         if msgs.is_empty() {
             return;
+        }
+        // Under `stall`, a failing recorder holds the mod now, not after the queue is full.
+        if !*self.shared.gate.borrow() {
+            let mut gate = self.shared.gate.subscribe();
+            let _ = gate.wait_for(|open| *open).await;
         }
         let bytes: usize = msgs
             .iter()
@@ -193,6 +270,13 @@ impl Recorder {
 }
 
 impl RecorderThread {
+    /// Shutdown has begun: if writes are failing, stop retrying, keep the committed prefix, and
+    /// let held senders through so that everything can finish within the shutdown bound.
+    pub fn begin_stop(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.set_gate();
+    }
+
     /// Waits for the thread to drain its queue and exit (all senders must be dropped first).
     pub fn join(mut self) {
         if let Some(h) = self.handle.take() {
@@ -216,6 +300,75 @@ fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<oneshot::Sender<(
             at_ns,
         } => w.end(session, reason, at_ns),
         RecMsg::Flush(done) => flushes.push(done),
+        RecMsg::Retain {
+            max_age_ns,
+            max_bytes,
+        } => match w
+            .store()
+            .map(|s| s.apply_retention(gabp_sim::clock::now_ns(), max_age_ns, max_bytes))
+        {
+            Some(Ok(deleted)) if !deleted.is_empty() => {
+                tracing::info!(deleted = deleted.len(), "retention removed old sessions")
+            }
+            Some(Err(e)) => tracing::error!(error = %e, "retention failed"),
+            _ => {}
+        },
+    }
+}
+
+/// Notes a failed commit in the health record, the gauge and (rate-limited) the log.
+fn note_failure(shared: &Shared, e: &gabp_storage::StoreError, what: &str) {
+    let line = e.to_string();
+    let log = {
+        let mut h = shared.health.lock();
+        let first = h.ok;
+        h.ok = false;
+        h.failing_since_ns
+            .get_or_insert_with(gabp_sim::clock::now_ns);
+        h.retries += 1;
+        let changed = h.last_error.as_deref() != Some(line.as_str());
+        h.last_error = Some(line.clone());
+        // Log the first failure, a new error, and then every 20th retry.
+        first || changed || h.retries.is_multiple_of(20)
+    };
+    metrics::gauge!("gabp_recorder_healthy").set(0.0);
+    shared.set_gate();
+    if log {
+        tracing::error!(error = %line, "recording failed; {what}");
+    }
+}
+
+fn note_success(shared: &Shared) {
+    let mut h = shared.health.lock();
+    if !h.ok {
+        let since = h.failing_since_ns.take().unwrap_or_default();
+        let secs = gabp_sim::clock::now_ns().saturating_sub(since) as f64 / 1e9;
+        h.ok = true;
+        drop(h);
+        metrics::gauge!("gabp_recorder_healthy").set(1.0);
+        shared.set_gate();
+        tracing::info!(
+            failing_for_s = format!("{secs:.1}"),
+            "recording works again"
+        );
+    }
+}
+
+/// Sleeps up to `d`, returning early when shutdown begins.
+fn nap(shared: &Shared, d: Duration) {
+    let until = Instant::now() + d;
+    while Instant::now() < until && !shared.stopping.load(Ordering::Relaxed) {
+        std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
+    }
+}
+
+/// Makes every file this process creates from now on private (umask 077): RocksDB creates its
+/// tables, logs and manifests 0644 otherwise, readable by anyone who can reach the data dir.
+pub fn private_file_modes() {
+    // SAFETY: umask(2) only sets the process's file mode creation mask; no pointers.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::umask(0o077);
     }
 }
 
@@ -232,13 +385,75 @@ fn lower_own_priority() {
     }
 }
 
-fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordError) {
-    lower_own_priority();
+/// Commits what is staged, applying the failure policy; returns true if it gave up because
+/// shutdown began while writes were failing.
+fn commit_with_policy(w: &mut SessionWriter, shared: &Shared, last_reopen: &mut Instant) -> bool {
     let frames = metrics::counter!("gabp_recorded_frames_total");
     let commits = metrics::histogram!("gabp_record_commit_seconds");
     let errors = metrics::counter!("gabp_record_errors_total");
     let lost = metrics::counter!("gabp_record_lost_frames_total");
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let started = Instant::now();
+        let e = match w.commit() {
+            Ok(n) => {
+                frames.increment(n as u64);
+                commits.record(started.elapsed().as_secs_f64());
+                note_success(shared);
+                return false;
+            }
+            Err(e) => e,
+        };
+        errors.increment(1);
+        w.note_error();
+        if shared.stopping.load(Ordering::Relaxed) {
+            let n = w.discard_staged();
+            lost.increment(n as u64);
+            shared.health.lock().lost_frames += n as u64;
+            tracing::error!(error = %e, lost_frames = n, "recording failed during shutdown; giving up: the recording ends at its last committed frame");
+            return true;
+        }
+        match shared.policy {
+            OnRecordError::Stall => {
+                note_failure(shared, &e, "holding the mod and retrying the whole batch");
+                nap(shared, backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                // RocksDB fails every write after an I/O error until it is reopened.
+                if let Err(e) = w.reopen() {
+                    tracing::debug!(error = %e, "reopening the data dir failed; retrying");
+                }
+            }
+            OnRecordError::Continue => {
+                let n = w.discard_staged();
+                lost.increment(n as u64);
+                shared.health.lock().lost_frames += n as u64;
+                note_failure(
+                    shared,
+                    &e,
+                    "batch dropped and recorded as a gap (on-record-error=continue)",
+                );
+                // Frames keep flowing meanwhile: reopen at most once a second.
+                if last_reopen.elapsed() >= Duration::from_secs(1) {
+                    *last_reopen = Instant::now();
+                    if let Err(e) = w.reopen() {
+                        tracing::debug!(error = %e, "reopening the data dir failed");
+                    } else if w.commit().is_ok() {
+                        // The gap record is in; else it goes with the next commit.
+                        note_success(shared);
+                    }
+                }
+                return false;
+            }
+        }
+    }
+}
+
+fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared: &Shared) {
+    lower_own_priority();
+    let lost = metrics::counter!("gabp_record_lost_frames_total");
     let mut flushes = Vec::new();
+    let mut gave_up = false;
+    let mut last_reopen = Instant::now();
     // Batches are kept until their commit so their byte budget is released only then.
     let mut held = Vec::with_capacity(MAX_BATCH);
     let mut last_commit = Instant::now();
@@ -271,37 +486,13 @@ fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordE
                 apply(&mut w, msg, &mut flushes);
             }
         }
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let started = Instant::now();
-            match w.commit() {
-                Ok(n) => {
-                    frames.increment(n as u64);
-                    commits.record(started.elapsed().as_secs_f64());
-                    break;
-                }
-                Err(e) => {
-                    errors.increment(1);
-                    w.note_error();
-                    match policy {
-                        OnRecordError::Stall => {
-                            tracing::error!(error = %e, retry_in = ?backoff, "recording failed; holding the mod until it succeeds");
-                            std::thread::sleep(backoff);
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
-                        }
-                        OnRecordError::Continue => {
-                            let n = w.discard_staged();
-                            lost.increment(n as u64);
-                            tracing::error!(error = %e, lost_frames = n, "recording failed; batch dropped (on-record-error=continue)");
-                            // Try to record the loss itself; if that fails too, it stays counted.
-                            if w.commit().is_err() {
-                                w.discard_staged();
-                            }
-                            break;
-                        }
-                    }
-                }
-            }
+        if gave_up {
+            // Shutdown gave up on a failing disk: count, do not retry.
+            let n = w.discard_staged();
+            lost.increment(n as u64);
+            shared.health.lock().lost_frames += n as u64;
+        } else {
+            gave_up = commit_with_policy(&mut w, shared, &mut last_reopen);
         }
         held.clear();
         last_commit = Instant::now();
@@ -309,11 +500,14 @@ fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, policy: OnRecordE
             let _ = done.send(());
         }
     }
+    if gave_up {
+        return;
+    }
     // Every sender is gone: whatever is open was ended by its route; commit what remains.
     if let Err(e) = w.commit() {
-        tracing::error!(error = %e, "final recorder commit failed");
+        tracing::error!(error = %e, "final recorder commit failed; the recording ends at its last committed frame");
     }
-    if let Err(e) = w.store().sync() {
+    if let Some(Err(e)) = w.store().map(|s| s.sync()) {
         tracing::error!(error = %e, "final WAL sync failed");
     }
 }

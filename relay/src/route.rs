@@ -292,6 +292,7 @@ impl Route {
             "listen": self.cfg.listen.to_string(),
             "recording": self.recorder.is_some(),
             "recorderLag": self.recorder.as_ref().map(|r| r.lag()),
+            "recorderHealth": self.recorder.as_ref().map(|r| r.health()),
             "session": session,
             "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
             "pendingRequests": self.pending.len(),

@@ -113,7 +113,8 @@ impl Relay {
             }
             None => None,
         };
-        let (store, recorder, recorder_thread) = if cfg.records() {
+        let (recorder, recorder_thread) = if cfg.records() {
+            crate::recorder::private_file_modes();
             let store = Store::open(
                 &cfg.data_dir,
                 StoreOptions {
@@ -121,26 +122,31 @@ impl Relay {
                     compression: cfg.compression,
                     read_only: false,
                     wal_compression: cfg.wal_compression,
+                    allow_symlinked_dir: cfg.allow_symlinked_data_dir,
                 },
             )?;
-            let (rec, thread) = Recorder::start(store.clone(), cfg.on_record_error);
-            (Some(store), Some(rec), Some(thread))
-        } else {
-            (None, None, None)
-        };
-        if let Some(store) = &store {
-            apply_retention(store, &cfg);
-            let (store, c, retain) = (store.clone(), cancel.clone(), cfg.clone());
-            if retain.retain.max_age.is_some() || retain.retain.max_bytes.is_some() {
+            apply_retention(&store, &cfg);
+            // The recorder thread holds the only handle (it reopens the store after I/O
+            // errors), so later retention runs there too.
+            let (rec, thread) = Recorder::start(store, cfg.on_record_error);
+            let r = cfg.retain;
+            if r.max_age.is_some() || r.max_bytes.is_some() {
+                let (rec, c) = (rec.clone(), cancel.clone());
                 tracker.spawn(async move {
                     loop {
                         tokio::select! { _ = c.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(60)) => {} }
-                        let (s, r) = (store.clone(), retain.clone());
-                        let _ = tokio::task::spawn_blocking(move || apply_retention(&s, &r)).await;
+                        rec.send(crate::recorder::RecMsg::Retain {
+                            max_age_ns: r.max_age.map(|d| d.as_nanos() as u64),
+                            max_bytes: r.max_bytes,
+                        })
+                        .await;
                     }
                 });
             }
-        }
+            (Some(rec), Some(thread))
+        } else {
+            (None, None)
+        };
         let mut routes = Vec::new();
         let mut addrs = Vec::new();
         for rc in cfg.routes.clone() {
@@ -176,6 +182,9 @@ impl Relay {
     pub async fn shutdown(mut self) -> bool {
         let deadline = Instant::now() + self.shutdown_timeout;
         self.cancel.cancel();
+        if let Some(t) = &self.recorder_thread {
+            t.begin_stop();
+        }
         self.tracker.close();
         let clean = tokio::time::timeout_at(deadline.into(), self.tracker.wait())
             .await

@@ -240,6 +240,20 @@ async fn kill_9_mid_recording_leaves_a_clean_prefix() {
     for _ in 0..20_000 {
         c.next_event().await.expect("event");
     }
+    // Kill once a synced batch is surely in (reads are read-only: they work while it records;
+    // on a loaded machine the low-priority recorder may lag the bridge by a while).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        if v["sessions"][0]["events"].as_u64().unwrap_or(0) > 1000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing recorded: {v}"
+        );
+    }
     s.child.start_kill().expect("kill -9");
     s.child.wait().await.expect("reaped");
     let out = output(&["sessions", "check", "--data-dir", data, "--json"]).await;
@@ -249,7 +263,7 @@ async fn kill_9_mid_recording_leaves_a_clean_prefix() {
     let out = output(&["sessions", "--data-dir", data, "--json"]).await;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let s0 = &v["sessions"][0];
-    assert_eq!(s0["end"], "crash");
+    assert_eq!(s0["end"], "crash", "{v}");
     assert!(
         s0["events"].as_u64().expect("events") > 1000,
         "synced batches survived: {s0}"

@@ -1,20 +1,26 @@
-//! A disk that fills up while recording, on a real (tiny) tmpfs: the failure is never silent,
-//! and the configured policy applies. `continue` keeps relaying and counts the loss; `stall`
-//! holds the mod (nothing more is read, so nothing is lost) while bridges stay served.
+//! A disk that fills up while recording, on a real tmpfs, under both policies: fill it, see the
+//! policy at work, free it, and then find a recording that passes `sessions check` and matches
+//! what the mod sent, frame for frame. Under `stall` nothing is lost (the mod is held while the
+//! disk is full); under `continue` the loss is an announced, counted gap. A shutdown during a
+//! stall finishes within its bound and leaves a consistent prefix.
 //!
-//! Mounting needs root, which CI and the development machines have; elsewhere the test says it
-//! could not mount and checks nothing else.
+//! Mounting needs root, which CI and the development machines have. Without it the tests fail
+//! as root (something is wrong) and print a loud SKIPPED otherwise.
 
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_sim::{ModSim, ModSimConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+const EVENTS: u64 = 30_000;
 
-struct Mount(std::path::PathBuf);
+struct Mount(PathBuf);
 
 impl Drop for Mount {
     fn drop(&mut self) {
@@ -25,15 +31,27 @@ impl Drop for Mount {
     }
 }
 
-fn tiny_fs(dir: &std::path::Path) -> Option<Mount> {
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn tmpfs(dir: &Path, size: &str) -> Option<Mount> {
     let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0700"),
+            "tmpfs",
+        ])
         .arg(dir)
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("cannot mount a tmpfs here (not root?): disk-full test not run");
+        assert!(!is_root(), "cannot mount a tmpfs although running as root");
+        eprintln!("SKIPPED: cannot mount a tmpfs (not root): disk-full tests NOT RUN");
     }
     ok.then(|| Mount(dir.to_path_buf()))
 }
@@ -52,18 +70,60 @@ async fn metric(addr: &str, name: &str) -> f64 {
         .sum()
 }
 
-async fn run(policy: &str) {
+/// Polls `f` until it holds, within `secs`.
+async fn until<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn run(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(BIN).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("finished")
+    .expect("ran")
+}
+
+/// Writes zeros into `path` until the file system is full.
+fn fill(path: &Path) {
+    let mut f = std::fs::File::create(path).expect("ballast");
+    let block = vec![0u8; 64 * 1024];
+    while f.write_all(&block).is_ok() {}
+    let _ = f.sync_all();
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    _mount: Mount,
+    mnt: PathBuf,
+    data: PathBuf,
+    sim: ModSim,
+    child: Child,
+    metrics: String,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+async fn start(policy: &str, rate: f64) -> Option<Setup> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(_mount) = tiny_fs(dir.path()) else {
-        return;
-    };
-    let data = dir.path().join("data");
+    let mount = tmpfs(dir.path(), "96m")?;
+    let mnt = dir.path().to_path_buf();
+    let data = mnt.join("data");
     let sim = ModSim::start(
-        &"127.0.0.1:0".parse::<Addr>().expect("addr"),
+        &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
             token: "m".into(),
-            rate: None,
+            rate: Some(rate),
             payload_bytes: 512,
+            max_events: Some(EVENTS),
             ..ModSimConfig::default()
         },
     )
@@ -80,8 +140,6 @@ async fn run(policy: &str) {
             "--token",
             "t",
             "--no-bridge-file",
-        ])
-        .args([
             "--metrics",
             "127.0.0.1:0",
             "--on-record-error",
@@ -95,19 +153,10 @@ async fn run(policy: &str) {
         .spawn()
         .expect("spawn");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut addr, mut metrics) = (None, None);
+    let mut metrics = None;
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await
     {
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            addr = Some(
-                a.split(' ')
-                    .next()
-                    .expect("addr")
-                    .parse::<Addr>()
-                    .expect("addr"),
-            );
-        }
         if let Some(m) = line.strip_prefix("metrics on http://") {
             metrics = Some(m.trim_end_matches("/metrics").to_string());
         }
@@ -115,80 +164,236 @@ async fn run(policy: &str) {
             break;
         }
     }
-    let (addr, metrics) = (addr.expect("listen line"), metrics.expect("metrics line"));
-    let (mut c, _) = Client::connect_hello(&addr, "t").await.expect("hello");
-    c.subscribe(&["world/tick", "player/move", "chat/message"])
-        .await
-        .expect("subscribe");
-    // Read until the recorder has failed at least once (6 MiB fill up within ~20k frames).
-    let mut read = 0u64;
-    let failed = tokio::time::timeout(Duration::from_secs(60), async {
-        c.set_wait(Duration::from_secs(3));
-        loop {
-            if c.next_event().await.is_err() {
-                // Events stopped: under `stall` that is the policy at work, after a failure.
-                return metric(&metrics, "gabp_record_errors_total").await > 0.0;
-            }
-            read += 1;
-            if read.is_multiple_of(5000) && metric(&metrics, "gabp_record_errors_total").await > 0.0
-            {
-                return true;
-            }
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(l)) = err.next_line().await {
+            all += &l;
+            all.push('\n');
         }
+        all
+    });
+    Some(Setup {
+        _dir: dir,
+        _mount: mount,
+        mnt,
+        data,
+        sim,
+        child,
+        metrics: metrics.expect("metrics line"),
+        stderr,
     })
-    .await
-    .expect("the disk fills in time");
-    assert!(failed, "events stopped before the recorder failed");
-    match policy {
-        "continue" => {
-            // Relaying goes on past the full disk.
-            for _ in 0..50_000 {
-                c.next_event()
-                    .await
-                    .expect("events keep flowing under continue");
+}
+
+impl Setup {
+    async fn recorded(&self) -> f64 {
+        metric(&self.metrics, "gabp_recorded_frames_total").await
+    }
+
+    /// Fills the disk once some frames are recorded; returns once the recorder has failed.
+    async fn fill_disk(&self) {
+        until(30, "frames recorded", || async {
+            self.recorded().await > 2000.0
+        })
+        .await;
+        fill(&self.mnt.join("ballast"));
+        until(30, "the recorder fails", || async {
+            metric(&self.metrics, "gabp_record_errors_total").await > 0.0
+        })
+        .await;
+        assert_eq!(
+            metric(&self.metrics, "gabp_recorder_healthy").await,
+            0.0,
+            "the failure shows in the health gauge"
+        );
+    }
+
+    fn free_disk(&self) {
+        std::fs::remove_file(self.mnt.join("ballast")).expect("free the disk");
+    }
+
+    /// Waits until the mod is held: what it sent stops growing, short of everything.
+    async fn assert_mod_held(&self) {
+        let mut last = (self.sim.emitted(), Instant::now());
+        until(30, "the mod is held", || {
+            let now = self.sim.emitted();
+            if now != last.0 {
+                last = (now, Instant::now());
             }
-            assert!(
-                metric(&metrics, "gabp_record_lost_frames_total").await > 0.0,
-                "the loss is counted"
-            );
-        }
-        _ => {
-            // Stall: the mod is no longer read, so events stop; the relay still answers.
-            c.set_wait(Duration::from_millis(1500));
-            let mut drained = 0;
-            while c.next_event().await.is_ok() {
-                drained += 1;
-                assert!(drained < 1_000_000, "events never stopped under stall");
+            let held = last.1.elapsed() > Duration::from_millis(1500);
+            async move { held }
+        })
+        .await;
+        assert!(
+            self.sim.emitted() < EVENTS,
+            "the mod finished although the disk was full: the queue absorbed everything"
+        );
+    }
+
+    async fn stop(mut self) -> (std::process::ExitStatus, String, Duration, PathBuf, Self) {
+        let pid = self.child.id().expect("running").to_string();
+        let t = Instant::now();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits")
+            .expect("status");
+        let took = t.elapsed();
+        let stderr = (&mut self.stderr).await.expect("stderr");
+        let data = self.data.clone();
+        (status, stderr, took, data, self)
+    }
+}
+
+/// The mod's seqs per channel in the recording, from `export`.
+async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
+    let out = run(&[
+        "export",
+        "latest",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
+        if v["dir"] == "mod->relay" {
+            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["mod_seq"].as_u64()) {
+                assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
+                seqs.entry(ch.to_string()).or_default().push(seq);
             }
-            c.set_wait(Duration::from_secs(5));
-            let status = c
-                .call("relay/status", serde_json::json!({}))
-                .await
-                .expect("status while stalled");
-            assert_eq!(status["recording"], true);
         }
     }
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().expect("pid").to_string()])
-        .status();
-    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+    seqs
+}
+
+async fn check_json(data: &Path) -> (Option<i32>, serde_json::Value) {
+    let out = run(&[
+        "sessions",
+        "check",
+        "--json",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+    ])
+    .await;
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).expect("json"),
+    )
+}
+
+#[tokio::test]
+async fn full_disk_under_stall_holds_the_mod_and_loses_nothing() {
+    let Some(s) = start("stall", 6000.0).await else {
+        return;
+    };
+    s.fill_disk().await;
+    s.assert_mod_held().await;
+    s.free_disk();
+    until(60, "the mod finishes once the disk is back", || async {
+        s.sim.emitted() == EVENTS
+    })
+    .await;
+    until(30, "the recorder is healthy again", || async {
+        metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
+    })
+    .await;
+    let (status, stderr, _, data, _s) = s.stop().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("recording failed"), "{stderr}");
+    assert!(stderr.contains("recording works again"), "{stderr}");
+    let (code, check) = check_json(&data).await;
+    assert_eq!(code, Some(0), "{check}");
+    assert_eq!(check["sessions"][0]["gaps"], 0);
+    // Frame for frame: every event the mod sent, in order, once.
+    let seqs = recorded_seqs(&data).await;
+    let total: usize = seqs.values().map(Vec::len).sum();
+    assert_eq!(total as u64, EVENTS);
+    for (ch, v) in &seqs {
+        assert_eq!(*v, (0..v.len() as u64).collect::<Vec<_>>(), "channel {ch}");
+    }
+}
+
+#[tokio::test]
+async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
+    let Some(s) = start("continue", 6000.0).await else {
+        return;
+    };
+    s.fill_disk().await;
+    until(30, "frames are lost", || async {
+        metric(&s.metrics, "gabp_record_lost_frames_total").await > 0.0
+    })
+    .await;
+    s.free_disk();
+    until(60, "the mod finishes", || async {
+        s.sim.emitted() == EVENTS
+    })
+    .await;
+    until(30, "the recorder is healthy again", || async {
+        metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
+    })
+    .await;
+    let (status, stderr, _, data, _s) = s.stop().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("recording failed"), "{stderr}");
+    let (code, check) = check_json(&data).await;
+    assert_eq!(code, Some(0), "an announced gap passes the check: {check}");
+    let lost = check["sessions"][0]["lost_frames"].as_u64().expect("lost");
+    assert!(check["sessions"][0]["gaps"].as_u64() >= Some(1), "{check}");
+    assert!(lost > 0);
+    let seqs = recorded_seqs(&data).await;
+    let total: u64 = seqs.values().map(|v| v.len() as u64).sum();
+    assert_eq!(total + lost, EVENTS, "recorded + announced lost = sent");
+    let mut missing = 0;
+    for (ch, v) in &seqs {
+        assert!(v.windows(2).all(|w| w[0] < w[1]), "channel {ch} in order");
+        let last = *v.last().expect("events");
+        missing += last + 1 - v.len() as u64;
+    }
+    // The disk came back before the mod finished: every loss is inside the recording, and the
+    // seqs missing from it are exactly the frames the gaps announce.
+    assert_eq!(missing, lost);
+    let v = serde_json::from_slice::<serde_json::Value>(
+        &run(&[
+            "sessions",
+            "--json",
+            "--data-dir",
+            data.to_str().expect("utf8"),
+        ])
         .await
-        .expect("exits")
-        .expect("output");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .stdout,
+    )
+    .expect("json");
+    assert_eq!(v["sessions"][0]["lostFrames"].as_u64(), Some(lost));
+}
+
+#[tokio::test]
+async fn shutdown_during_a_stall_finishes_in_time_with_a_consistent_prefix() {
+    let Some(s) = start("stall", 6000.0).await else {
+        return;
+    };
+    s.fill_disk().await;
+    s.assert_mod_held().await;
+    let (status, stderr, took, data, s) = s.stop().await;
+    assert!(took < Duration::from_secs(11), "shutdown took {took:?}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(
-        stderr.contains("recording failed"),
-        "the failure is logged: {stderr}"
+        stderr.contains("giving up"),
+        "it says what it did: {stderr}"
     );
-    sim.stop();
-}
-
-#[tokio::test]
-async fn full_disk_under_continue_keeps_relaying_and_counts_the_loss() {
-    run("continue").await;
-}
-
-#[tokio::test]
-async fn full_disk_under_stall_holds_the_mod() {
-    run("stall").await;
+    s.free_disk();
+    let (code, check) = check_json(&data).await;
+    assert_eq!(code, Some(0), "the committed prefix is consistent: {check}");
+    let seqs = recorded_seqs(&data).await;
+    for (ch, v) in &seqs {
+        assert_eq!(*v, (0..v.len() as u64).collect::<Vec<_>>(), "channel {ch}");
+    }
 }

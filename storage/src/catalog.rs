@@ -1,7 +1,11 @@
-//! The session catalog: one JSON entry per session, rewritten with every group commit.
+//! The session catalog: one small JSON entry per session (counters and state), rewritten with
+//! every group commit, and the [`Gap`] records of frames lost under `continue`.
 //!
 //! Because the entry is written in the same `WriteBatch` as the frames it counts, after a crash
-//! the catalog always agrees with the frames that survived.
+//! the catalog always agrees with the frames that survived. The welcome and channel names are
+//! written once under `details` keys of their own (see [`crate::keys`]) and filled into
+//! [`SessionMeta`] by [`crate::Store::session`]; entries of older data dirs still carry them
+//! inline and read the same.
 
 use serde::{Deserialize, Serialize};
 
@@ -89,13 +93,15 @@ pub struct SessionMeta {
     pub app_name: Option<String>,
     /// The mod's `app.version`.
     pub app_version: Option<String>,
-    /// The mod's welcome result, whole.
+    /// The mod's welcome result, whole (stored under its own key; see the module doc).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub welcome: Option<serde_json::Value>,
     /// Version of the relay that recorded it.
     pub relay_version: String,
     /// Bridges that attached.
     pub bridges: Vec<BridgeInfo>,
-    /// Channel names; a frame's channel id indexes this list.
+    /// Channel names; a frame's channel id indexes this list (stored under keys of their own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub channels: Vec<String>,
     /// Frames recorded.
     pub frames: u64,
@@ -109,6 +115,43 @@ pub struct SessionMeta {
     pub record_errors: u64,
     /// Frames lost to recording failures under the `continue` policy.
     pub lost_frames: u64,
+}
+
+/// Frames lost to failed writes under `--on-record-error continue`, recorded where they would
+/// have been so that `sessions check` can tell an announced gap from a hole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gap {
+    /// The frame number the lost frames would have started at (the next stored frame's).
+    pub frame: u64,
+    /// Frames lost.
+    pub frames: u64,
+    /// Body bytes lost.
+    pub bytes: u64,
+    /// Per channel: (channel id, first relay seq lost, how many).
+    pub channels: Vec<(u32, u64, u64)>,
+}
+
+impl Gap {
+    /// Adds a further loss at the same place.
+    pub fn merge(
+        &mut self,
+        frames: u64,
+        bytes: u64,
+        runs: impl IntoIterator<Item = (u32, u64, u64)>,
+    ) {
+        self.frames += frames;
+        self.bytes += bytes;
+        for (ch, first, n) in runs {
+            match self
+                .channels
+                .iter_mut()
+                .find(|c| c.0 == ch && c.1 + c.2 == first)
+            {
+                Some(c) => c.2 += n,
+                None => self.channels.push((ch, first, n)),
+            }
+        }
+    }
 }
 
 impl SessionMeta {

@@ -4,8 +4,32 @@
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// Another process holds the data dir.
-    #[error("data dir {0} is in use by another process")]
-    Locked(String),
+    #[error("data dir {path} is in use by another process{}", pid.map(|p| format!(" (pid {p}, a running relay?)")).unwrap_or_default())]
+    Locked {
+        /// The directory.
+        path: String,
+        /// The holder of RocksDB's lock, when it can be found.
+        pid: Option<u32>,
+    },
+    /// The data dir does not exist (read commands never create it).
+    #[error("no data dir at {0}")]
+    NoDataDir(String),
+    /// The data dir exists but cannot be opened without RocksDB discarding or guessing data.
+    #[error("data dir {path} cannot be read safely ({reason}); nothing was changed: run `gabp-relay repair --data-dir {path}` (it copies the dir first)")]
+    Damaged {
+        /// The directory.
+        path: String,
+        /// A short reason.
+        reason: String,
+    },
+    /// The data dir is not safe to record into (owner, permissions, symlink).
+    #[error("refusing data dir {path}: {reason}")]
+    Unsafe {
+        /// The directory.
+        path: String,
+        /// A short reason.
+        reason: String,
+    },
     /// The data dir could not be created or opened.
     #[error("cannot open data dir {path}: {reason}")]
     Open {

@@ -5,6 +5,13 @@
 //! | `frames`      | session id (16) · first frame number (8)         | a chunk ([`crate::chunk`]) |
 //! | `chan_index`  | session id (16) · channel id (4) · relay seq (8) | [`IndexEntry`]             |
 //! | `catalog`     | session id (16)                                  | JSON [`crate::SessionMeta`]|
+//! | `details`     | session id (16) · kind (1) · number (8)          | see [`Detail`]             |
+//!
+//! The catalog entry holds only counters and state: it is rewritten with every group commit, so
+//! what can grow with the mod (its welcome, every channel name) lives under `details` keys of
+//! its own, each written once: kind 1 the welcome (number 0, JSON), kind 2 a channel's name
+//! (number = channel id, UTF-8), kind 3 a gap (number = the frame number it sits before, JSON
+//! [`crate::catalog::Gap`]): frames lost to a failed write under `--on-record-error continue`.
 //!
 //! Frames are packed into chunks (many frames per value, as MCAP does): one RocksDB put per
 //! frame was measured far slower than one per chunk. A chunk's key is the number of its first
@@ -23,6 +30,41 @@ pub const CF_FRAMES: &str = "frames";
 pub const CF_CHAN_INDEX: &str = "chan_index";
 /// Column family of the session catalog.
 pub const CF_CATALOG: &str = "catalog";
+/// Column family of per-session details written once (welcome, channel names, gaps).
+pub const CF_DETAILS: &str = "details";
+
+/// Kinds of `details` records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Detail {
+    /// The mod's welcome result (number 0).
+    Welcome = 1,
+    /// A channel's name (number = channel id).
+    Channel = 2,
+    /// Frames lost before frame `number` (under `continue`).
+    Gap = 3,
+}
+
+/// Length of a `details` key.
+pub const DETAIL_KEY_LEN: usize = 25;
+
+/// `details` key.
+pub fn detail_key(session: SessionId, kind: Detail, n: u64) -> [u8; DETAIL_KEY_LEN] {
+    let mut k = [0u8; DETAIL_KEY_LEN];
+    k[..16].copy_from_slice(session.as_bytes());
+    k[16] = kind as u8;
+    k[17..].copy_from_slice(&n.to_be_bytes());
+    k
+}
+
+/// Splits a `details` key into (session, kind byte, number).
+pub fn parse_detail_key(k: &[u8]) -> Option<(SessionId, u8, u64)> {
+    if k.len() != DETAIL_KEY_LEN {
+        return None;
+    }
+    let session = SessionId::from_slice(&k[..16]).ok()?;
+    Some((session, k[16], u64::from_be_bytes(k[17..].try_into().ok()?)))
+}
 
 /// Length of a frames key.
 pub const FRAME_KEY_LEN: usize = 24;
@@ -141,6 +183,17 @@ mod tests {
             frame_key(fixed, 0x1122),
             [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 0, 0, 0, 0, 0, 0, 0x11, 0x22]
         );
+        assert_eq!(
+            detail_key(fixed, Detail::Channel, 7),
+            [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 2, 0, 0, 0, 0, 0, 0, 0, 7]
+        );
+        assert_eq!(detail_key(fixed, Detail::Welcome, 0)[16], 1);
+        assert_eq!(detail_key(fixed, Detail::Gap, 0)[16], 3);
+        assert_eq!(
+            parse_detail_key(&detail_key(s, Detail::Gap, 9)),
+            Some((s, 3, 9))
+        );
+        assert!(detail_key(s, Detail::Gap, u64::MAX).as_slice() < session_end(s).as_slice());
         let e = IndexEntry {
             frame_no: 9,
             chunk: 8,

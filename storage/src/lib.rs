@@ -6,6 +6,7 @@
 //! - [`store`]: opening the data dir, listing, deleting, retention, crash recovery.
 //! - [`writer`]: group-committed writes of frames, index and catalog in one `WriteBatch`.
 //! - [`reader`]: streaming reads of a session in arrival order, or one channel from a seq.
+//! - [`repair`]: `gabp-relay repair`, which copies a damaged data dir aside before fixing it.
 //! - [`check`]: verifies that a session's frames, index and catalog agree.
 //!
 //! The API is synchronous: the relay runs the writer on a dedicated thread, never on an async
@@ -19,10 +20,11 @@ pub mod chunk;
 pub mod error;
 pub mod keys;
 pub mod reader;
+pub mod repair;
 pub mod store;
 pub mod writer;
 
-pub use catalog::{BridgeInfo, EndReason, SessionMeta, SessionState};
+pub use catalog::{BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
 pub use chunk::{Direction, FrameRecord};
 pub use error::StoreError;
 pub use store::{Compression, Durability, Store, StoreOptions};

@@ -4,16 +4,22 @@
 //! [`SessionWriter::commit`] once per tick. Records accumulate into chunks; a commit seals every
 //! open chunk, writes the touched catalog entries and syncs the WAL when durability is `batch`.
 //! Because a commit is one atomic batch, a crash leaves a clean prefix: whole commits only.
+//!
+//! A failed commit keeps everything it tried to write: calling [`SessionWriter::commit`] again
+//! retries the whole batch (after [`SessionWriter::reopen`], which clears RocksDB's sticky
+//! background error once the disk or descriptors are back). [`SessionWriter::discard_staged`]
+//! instead drops it and records a [`Gap`] where the frames would have been.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use rocksdb::{WriteBatch, WriteOptions};
 
-use crate::catalog::{BridgeInfo, EndReason, SessionMeta, SessionState};
+use crate::catalog::{BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
 use crate::chunk::{ChunkBuilder, Direction, FrameRecord};
-use crate::error::StoreError;
-use crate::keys::{self, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_FRAMES};
-use crate::store::{encode_meta, Durability, Store};
+use crate::error::StoreError as E;
+use crate::keys::{self, Detail, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
+use crate::store::{encode_meta, Durability, Store, StoreOptions};
 use crate::SessionId;
 
 /// A chunk is sealed at this many frames (a measured sweet spot; see BENCHMARKS.md).
@@ -30,13 +36,22 @@ struct Open {
     chunk_first: u64,
     /// (channel, first relay seq, its frame number, count) for the open chunk.
     runs: Vec<(u32, u64, u64, u32)>,
+    /// Per channel since the last commit: (first relay seq, count), for a gap record.
+    staged_runs: HashMap<u32, (u64, u64)>,
+    /// `details` records (welcome, channel names) not yet committed; written once.
+    pending: Vec<([u8; keys::DETAIL_KEY_LEN], Vec<u8>)>,
+    /// Frames lost since the last commit, not yet recorded.
+    gap: Option<Gap>,
     dirty: bool,
     ended: bool,
 }
 
 /// Writes sessions into a [`Store`]. Not thread-safe by design: one recorder thread owns it.
 pub struct SessionWriter {
-    store: Store,
+    /// `None` only between a failed reopen and the next attempt.
+    store: Option<Store>,
+    path: PathBuf,
+    opts: StoreOptions,
     open: HashMap<SessionId, Open>,
     batch: WriteBatch,
     staged: usize,
@@ -55,20 +70,45 @@ impl SessionWriter {
     /// A writer over an open (read-write) store.
     pub fn new(store: Store) -> SessionWriter {
         SessionWriter {
-            store,
+            path: store.path().to_path_buf(),
+            opts: store.opts.clone(),
+            store: Some(store),
             open: HashMap::new(),
             batch: WriteBatch::default(),
             staged: 0,
         }
     }
 
-    /// The store written to.
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// The store written to (`None` while a reopen is failing).
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
     }
 
-    /// Starts a session; its catalog entry is written with the next commit.
+    /// Closes and reopens the database: RocksDB keeps failing every write after an I/O error
+    /// (a full disk, no descriptors) until it is reopened. Staged work is kept. The writer must
+    /// hold the only handle on the store, or RocksDB's lock is still held.
+    pub fn reopen(&mut self) -> Result<(), E> {
+        drop(self.store.take());
+        self.store = Some(Store::reopen(&self.path, self.opts.clone())?);
+        Ok(())
+    }
+
+    /// Starts a session; its catalog entry is written with the next commit, its welcome under
+    /// a key of its own.
     pub fn begin(&mut self, mut meta: SessionMeta) {
+        let mut pending = Vec::new();
+        if let Some(w) = meta.welcome.take() {
+            pending.push((
+                keys::detail_key(meta.id, Detail::Welcome, 0),
+                serde_json::to_vec(&w).expect("a JSON value serializes"),
+            ));
+        }
+        for (i, name) in std::mem::take(&mut meta.channels).into_iter().enumerate() {
+            pending.push((
+                keys::detail_key(meta.id, Detail::Channel, i as u64),
+                name.into_bytes(),
+            ));
+        }
         meta.state = Some(SessionState::Recording);
         meta.last_ns = meta.last_ns.max(meta.started_ns);
         let committed = SessionMeta {
@@ -85,6 +125,9 @@ impl SessionWriter {
                 chunk: ChunkBuilder::default(),
                 chunk_first: 0,
                 runs: Vec::new(),
+                staged_runs: HashMap::new(),
+                pending,
+                gap: None,
                 dirty: true,
                 ended: false,
             },
@@ -94,12 +137,10 @@ impl SessionWriter {
     /// Names channel `channel` of `session`.
     pub fn define_channel(&mut self, session: SessionId, channel: u32, name: &str) {
         if let Some(o) = self.open.get_mut(&session) {
-            let i = channel as usize;
-            if o.meta.channels.len() <= i {
-                o.meta.channels.resize(i + 1, String::new());
-            }
-            o.meta.channels[i] = name.to_string();
-            o.dirty = true;
+            o.pending.push((
+                keys::detail_key(session, Detail::Channel, channel as u64),
+                name.as_bytes().to_vec(),
+            ));
         }
     }
 
@@ -144,6 +185,7 @@ impl SessionWriter {
                 Some(run) => run.3 += 1,
                 None => o.runs.push((ch, seq, frame_no, 1)),
             }
+            o.staged_runs.entry(ch).or_insert((seq, 0)).1 += 1;
         }
         o.meta.frames += 1;
         o.meta.bytes += rec.body.len() as u64;
@@ -154,7 +196,9 @@ impl SessionWriter {
         o.dirty = true;
         self.staged += 1;
         if o.chunk.count() >= CHUNK_FRAMES || o.chunk.len() >= CHUNK_BYTES {
-            seal(&self.store, &mut self.batch, session, o);
+            if let Some(store) = &self.store {
+                seal(store, &mut self.batch, session, o);
+            }
         }
         Some(frame_no)
     }
@@ -183,56 +227,95 @@ impl SessionWriter {
         self.open.keys().copied().collect()
     }
 
-    /// Writes everything appended since the last commit as one atomic batch.
-    pub fn commit(&mut self) -> Result<usize, StoreError> {
-        let catalog = self.store.cf(CF_CATALOG);
+    /// Writes everything appended since the last commit as one atomic batch. On failure
+    /// nothing is lost: the next call retries the whole batch.
+    pub fn commit(&mut self) -> Result<usize, E> {
+        let Some(store) = self.store.as_ref() else {
+            return Err(E::Open {
+                path: self.path.display().to_string(),
+                reason: "closed after an error, not reopened yet".into(),
+            });
+        };
         for (id, o) in self.open.iter_mut() {
             if !o.chunk.is_empty() {
-                seal(&self.store, &mut self.batch, *id, o);
+                seal(store, &mut self.batch, *id, o);
+            }
+        }
+        // Frames stay in `self.batch` until they land; what is added per commit (details,
+        // gaps, catalog entries) goes into this copy, so a retry does not repeat it.
+        let mut batch = WriteBatch::from_data(self.batch.data());
+        let (catalog, details) = (store.cf(CF_CATALOG), store.cf(CF_DETAILS));
+        for (id, o) in self.open.iter() {
+            for (k, v) in &o.pending {
+                batch.put_cf(details, k, v);
+            }
+            if let Some(g) = &o.gap {
+                batch.put_cf(
+                    details,
+                    keys::detail_key(*id, Detail::Gap, g.frame),
+                    serde_json::to_vec(g).expect("a gap serializes"),
+                );
             }
             if o.dirty {
-                self.batch
-                    .put_cf(catalog, keys::catalog_key(*id), encode_meta(&o.meta));
+                batch.put_cf(catalog, keys::catalog_key(*id), encode_meta(&o.meta));
             }
         }
         let mut wo = WriteOptions::default();
-        wo.set_sync(self.store.opts.durability == Durability::Batch);
-        let batch = std::mem::take(&mut self.batch);
-        self.store.db.write_opt(batch, &wo)?;
+        wo.set_sync(self.opts.durability == Durability::Batch);
+        store.db.write_opt(batch, &wo)?;
+        self.batch.clear();
         let n = std::mem::take(&mut self.staged);
         self.open.retain(|_, o| {
             o.dirty = false;
             o.committed = o.meta.clone();
             o.committed_next = o.next_frame;
+            o.staged_runs.clear();
+            o.pending.clear();
+            o.gap = None;
             !o.ended
         });
         Ok(n)
     }
 
-    /// Drops everything appended since the last commit (after a failed commit, under the
-    /// `continue` policy). Frame numbers roll back so the recording keeps no holes; the loss
-    /// is counted in `lost_frames`. Returns how many frames were dropped.
+    /// Drops the frames appended since the last commit (after a failed commit, under the
+    /// `continue` policy, or when giving up at shutdown). Frame numbers roll back, and the loss
+    /// becomes a [`Gap`] record written with the next commit, so `sessions check` can tell it
+    /// from a hole; it is also counted in `lost_frames`. Returns how many frames were dropped.
     pub fn discard_staged(&mut self) -> usize {
         self.batch = WriteBatch::default();
         let lost = std::mem::take(&mut self.staged);
         for o in self.open.values_mut() {
             let lost_here = o.meta.frames - o.committed.frames;
-            let (errors, ended, end_reason, ended_ns, bridges, channels) = (
+            let lost_bytes = o.meta.bytes - o.committed.bytes;
+            let (errors, ended, end_reason, ended_ns, bridges, anomalies) = (
                 o.meta.record_errors,
                 o.meta.state,
                 o.meta.end_reason,
                 o.meta.ended_ns,
                 o.meta.bridges.clone(),
-                o.meta.channels.clone(),
+                o.meta.anomalies,
             );
+            let lost_before = o.meta.lost_frames;
             o.meta = o.committed.clone();
             o.meta.state = ended.or(Some(SessionState::Recording));
             o.meta.end_reason = end_reason;
             o.meta.ended_ns = ended_ns;
             o.meta.bridges = bridges;
-            o.meta.channels = channels;
             o.meta.record_errors = errors;
-            o.meta.lost_frames += lost_here;
+            o.meta.anomalies = anomalies;
+            o.meta.lost_frames = lost_before + lost_here;
+            if lost_here > 0 {
+                let mut runs: Vec<(u32, u64, u64)> =
+                    o.staged_runs.drain().map(|(c, (s, n))| (c, s, n)).collect();
+                runs.sort_unstable();
+                o.gap
+                    .get_or_insert_with(|| Gap {
+                        frame: o.committed_next,
+                        ..Gap::default()
+                    })
+                    .merge(lost_here, lost_bytes, runs);
+            }
+            o.staged_runs.clear();
             o.next_frame = o.committed_next;
             o.chunk = ChunkBuilder::default();
             o.runs.clear();

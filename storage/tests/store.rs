@@ -125,11 +125,53 @@ fn discarded_batch_leaves_no_hole() {
         w.append(id, &event(0, i, i));
     }
     assert_eq!(w.discard_staged(), 10);
+    // Relay seqs go on after the loss: the gap record explains the jump.
+    for i in 20..25 {
+        w.append(id, &event(0, i, i));
+    }
     w.end(id, EndReason::Clean, 99);
     w.commit().expect("commit");
     let m = store.session(id).expect("read").expect("present");
-    assert_eq!((m.frames, m.lost_frames), (10, 10));
-    assert!(store.check_session(id).expect("check").ok());
+    assert_eq!((m.frames, m.lost_frames), (15, 10));
+    let r = store.check_session(id).expect("check");
+    assert!(r.ok(), "{:?}", r.problems);
+    assert_eq!((r.gaps, r.lost_frames), (1, 10));
+    let g = store.gaps(id).expect("gaps");
+    assert_eq!(g[0].frame, 10);
+    assert_eq!(g[0].channels, vec![(0, 10, 10)]);
+}
+
+#[test]
+fn check_finds_an_unannounced_hole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
+    let mut w = SessionWriter::new(store.clone());
+    let m = meta("r");
+    let id = m.id;
+    w.begin(m);
+    w.define_channel(id, 0, "a");
+    for i in 0..600 {
+        w.append(id, &event(0, i, i));
+    }
+    w.end(id, EndReason::Clean, 999);
+    w.commit().expect("commit");
+    drop(w);
+    // Delete the middle chunk (frames 256..512) behind the writer's back.
+    store.delete_chunk_for_test(id, 256).expect("delete");
+    let r = store.check_session(id).expect("check");
+    assert!(!r.ok());
+    assert!(
+        r.problems.iter().any(|p| p.contains("a hole")),
+        "{:?}",
+        r.problems
+    );
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains("catalog counts 600 frames")),
+        "{:?}",
+        r.problems
+    );
 }
 
 #[test]
@@ -138,7 +180,7 @@ fn retention_deletes_oldest_ended_sessions_and_lock_is_exclusive() {
     let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
     assert!(matches!(
         Store::open(dir.path(), StoreOptions::default()),
-        Err(gabp_storage::StoreError::Locked(_))
+        Err(gabp_storage::StoreError::Locked { .. })
     ));
     let ro = Store::open_for_reading(dir.path()).expect("read-only while locked");
     assert!(ro.sessions().expect("list").is_empty());

@@ -1,0 +1,214 @@
+//! Running out of file descriptors while recording (EMFILE when RocksDB opens its next
+//! write-ahead log or table file) is survived: under `stall` the mod is held, the failure is
+//! logged, and once descriptors are free again the recorder reopens the data dir and goes on;
+//! the recording then holds every event the mod sent.
+//!
+//! The relay runs under `prlimit --nofile`; idle TCP connections (which it accepts and keeps
+//! until `--frame-timeout`) take up every remaining descriptor until recording needs a new file.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gabp_sim::{ModSim, ModSimConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+const EVENTS: u64 = 40_000;
+const NOFILE: usize = 96;
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[tokio::test]
+async fn descriptors_running_out_then_coming_back_loses_nothing() {
+    if std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: no prlimit(1): EMFILE test NOT RUN");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse().expect("addr"),
+        ModSimConfig {
+            token: "m".into(),
+            rate: Some(8000.0),
+            payload_bytes: 4096,
+            max_events: Some(EVENTS),
+            ..ModSimConfig::default()
+        },
+    )
+    .expect("mod");
+    let mut child = Command::new("prlimit")
+        .arg(format!("--nofile={NOFILE}:{NOFILE}"))
+        .arg("--")
+        .arg(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            &sim.addr().to_string(),
+            "--upstream-token",
+            "m",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "t",
+            "--no-bridge-file",
+            "--frame-timeout",
+            "120s",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let pid = child.id().expect("pid");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut addr = None;
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(20), out.next_line()).await
+    {
+        if let Some(a) = line.split(" listening on ").nth(1) {
+            addr = Some(a.split(' ').next().expect("addr").to_string());
+        }
+        if line.starts_with("recording") {
+            break;
+        }
+    }
+    let addr = addr.expect("listen line");
+    let (log_tx, mut log_rx) = tokio::sync::mpsc::channel::<String>(100_000);
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = err.next_line().await {
+            let _ = log_tx.send(l).await;
+        }
+    });
+    let mut log = String::new();
+    // Take every free descriptor with idle connections.
+    let mut held = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while open_fds(pid) < NOFILE && Instant::now() < deadline {
+        let before = open_fds(pid);
+        held.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect"),
+        );
+        // Wait until the relay has accepted it (or cannot: then the table is full).
+        let t = Instant::now();
+        while open_fds(pid) == before && t.elapsed() < Duration::from_millis(300) {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert!(
+        open_fds(pid) >= NOFILE - 1,
+        "could not use up the descriptors"
+    );
+    // Recording needs a new file within 64 MiB of frames (the next write-ahead log).
+    let failed = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(l) = log_rx.recv().await {
+            log += &l;
+            log.push('\n');
+            if l.contains("recording failed") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        failed.is_ok(),
+        "recording never failed for lack of descriptors: {log}"
+    );
+    assert!(
+        log.contains("Too many open files") || log.contains("os error 24"),
+        "{log}"
+    );
+    let emitted_at_failure = sim.emitted();
+    assert!(emitted_at_failure < EVENTS);
+    drop(held);
+    let recovered = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(l) = log_rx.recv().await {
+            log += &l;
+            log.push('\n');
+            if l.contains("recording works again") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(recovered.is_ok(), "never recovered: {log}");
+    let t = Instant::now();
+    while sim.emitted() < EVENTS {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the mod never finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Wait until everything is recorded (read-only reads work while the relay records).
+    let d = data.to_str().expect("utf8");
+    let t = Instant::now();
+    loop {
+        let o = Command::new(BIN)
+            .args(["sessions", "--json", "--data-dir", d])
+            .output()
+            .await
+            .expect("sessions");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        if v["sessions"][0]["events"].as_u64() == Some(EVENTS) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "not all recorded: {v}"
+        );
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0), "{log}");
+    let check = Command::new(BIN)
+        .args(["sessions", "check", "--data-dir", d])
+        .output()
+        .await
+        .expect("check");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let exp = Command::new(BIN)
+        .args(["export", "latest", "--data-dir", d])
+        .output()
+        .await
+        .expect("export");
+    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for line in exp.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
+        if let (Some(ch), Some(s), "mod->relay") = (
+            v["channel"].as_str(),
+            v["mod_seq"].as_u64(),
+            v["dir"].as_str().unwrap_or(""),
+        ) {
+            seqs.entry(ch.to_string()).or_default().push(s);
+        }
+    }
+    assert_eq!(seqs.values().map(Vec::len).sum::<usize>() as u64, EVENTS);
+    for (ch, v) in &seqs {
+        assert_eq!(*v, (0..v.len() as u64).collect::<Vec<_>>(), "channel {ch}");
+    }
+    sim.stop();
+}

@@ -1,0 +1,163 @@
+//! `gabp-relay repair`: the one path that lets RocksDB salvage a damaged data dir, and only
+//! after a full copy of it has been made, so nothing it discards is lost for good.
+//!
+//! In order, keeping as much as can be read: a missing `CURRENT` is rewritten to name the newest
+//! manifest; then a read-write open replays the write-ahead logs skipping unreadable records,
+//! or else stopping at the first one; only if both fail (a corrupt manifest, a lost table) does RocksDB's own RepairDB
+//! rebuild the manifest from the table files (it cannot map log records of column families it
+//! finds no table for, so it comes last).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::StoreError;
+use crate::store::{lock_holder, Store, StoreOptions};
+use crate::SessionId;
+
+/// What a repair did.
+#[derive(Debug, Clone)]
+pub struct RepairReport {
+    /// Where the untouched copy of the data dir was kept.
+    pub backup: PathBuf,
+    /// Files and bytes in the data dir before.
+    pub before: (usize, u64),
+    /// Files and bytes in the data dir after.
+    pub after: (usize, u64),
+    /// Sessions in the catalog after the repair.
+    pub sessions: usize,
+    /// Sessions a dead relay left `recording`, now marked ended by crash.
+    pub crashed: Vec<SessionId>,
+    /// What was done, one short line each.
+    pub steps: Vec<String>,
+}
+
+fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
+    let mut n = (0, 0);
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let m = e.metadata()?;
+        if m.is_dir() {
+            let (f, b) = usage(&e.path())?;
+            n = (n.0 + f, n.1 + b);
+        } else {
+            n = (n.0 + 1, n.1 + m.len());
+        }
+    }
+    Ok(n)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o700).create(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        let dest = to.join(e.file_name());
+        if ty.is_dir() {
+            copy_dir(&e.path(), &dest)?;
+        } else if ty.is_file() {
+            std::fs::copy(e.path(), &dest)?;
+            std::fs::File::open(&dest)?.sync_all()?;
+        }
+    }
+    std::fs::File::open(to)?.sync_all()
+}
+
+/// Copies `path` aside to `<path>.bak-<unix seconds>`, then lets RocksDB repair it (rebuilding
+/// the manifest from the table files and turning write-ahead logs into tables), then opens it
+/// as the relay would, marking sessions of a dead relay as ended by crash.
+pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
+    let p = path.display().to_string();
+    if !path.is_dir() {
+        return Err(StoreError::NoDataDir(p));
+    }
+    if path.join("LOCK").exists() {
+        if let Some(pid) = lock_holder(path) {
+            return Err(StoreError::Locked {
+                path: p,
+                pid: Some(pid),
+            });
+        }
+    }
+    let before = usage(path)?;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "gabp-data".into());
+    let backup = path.with_file_name(format!("{name}.bak-{secs}"));
+    if backup.exists() {
+        return Err(StoreError::Open {
+            path: p,
+            reason: format!("{} already exists; nothing repaired", backup.display()),
+        });
+    }
+    if let Err(e) = copy_dir(path, &backup) {
+        // Only our own partial copy is removed; the data dir is untouched.
+        let _ = std::fs::remove_dir_all(&backup);
+        return Err(StoreError::Open {
+            path: p,
+            reason: format!(
+                "cannot keep a copy at {} ({e}); nothing repaired",
+                backup.display()
+            ),
+        });
+    }
+    let mut steps = Vec::new();
+    if !path.join("CURRENT").exists() {
+        let newest = std::fs::read_dir(path)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| Some((n.strip_prefix("MANIFEST-")?.parse::<u64>().ok()?, n)))
+            .max();
+        if let Some((_, name)) = newest {
+            std::fs::write(path.join("CURRENT"), format!("{name}\n"))?;
+            steps.push(format!("rewrote CURRENT to name {name}"));
+        }
+    }
+    let mut opened = None;
+    for (mode, what) in [
+        (
+            rocksdb::DBRecoveryMode::SkipAnyCorruptedRecord,
+            "replayed the write-ahead logs, skipping records that could not be read",
+        ),
+        (
+            rocksdb::DBRecoveryMode::PointInTime,
+            "replayed the write-ahead logs up to the first record that could not be read",
+        ),
+    ] {
+        match Store::open_salvaging(path, mode) {
+            Ok(s) => {
+                steps.push(what.to_string());
+                opened = Some(s);
+                break;
+            }
+            Err(e) => steps.push(format!("could not open it that way: {e}")),
+        }
+    }
+    let store = match opened {
+        Some(s) => s,
+        None => {
+            steps.push("rebuilt it with RocksDB's repair (manifest from the table files)".into());
+            let mut o = rocksdb::Options::default();
+            o.create_missing_column_families(true);
+            rocksdb::DB::repair(&o, path).map_err(|e| StoreError::Open {
+                path: p.clone(),
+                reason: format!("repair failed ({e}); the copy is at {}", backup.display()),
+            })?;
+            Store::reopen(path, StoreOptions::default())?
+        }
+    };
+    let crashed = store.recover_crashed()?;
+    let sessions = store.sessions()?.len();
+    drop(store);
+    Ok(RepairReport {
+        backup,
+        before,
+        after: usage(path)?,
+        sessions,
+        crashed,
+        steps,
+    })
+}
