@@ -674,7 +674,6 @@ async fn config_secrets_are_refused_and_never_echoed() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains("writable by group or others"), "{err}");
     }
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     // Owned by another user (root's tests can arrange it; root-owned configs stay accepted).
     let foreign = config_file(dir.path(), "foreign.toml", &route_toml("token = \"t0k\"\n"));
     match std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)) {
@@ -687,23 +686,26 @@ async fn config_secrets_are_refused_and_never_echoed() {
         Err(e) => eprintln!("SKIPPED the foreign-owner case: cannot chown as this user ({e})"),
     }
     // The same config, owned by us and private, starts.
-    let mut s = serve(&["--config", &path]).await;
-    let mut c = Client::connect(&s.addr).await.expect("connect");
-    let r = c
-        .request(
-            "session/hello",
-            serde_json::json!({"token": "t0k", "bridgeVersion": "x", "platform": "linux", "launchId": "l"}),
-        )
+    let sim = start_mod(Some(100.0));
+    let good = config_file(
+        dir.path(),
+        "good.toml",
+        &format!(
+            "[[route]]\nname = \"a\"\nupstream = \"{}\"\nupstream_token = \"modtok\"\nlisten = \"127.0.0.1:0\"\nrecord = false\ntoken = \"t0k\"\n",
+            sim.addr()
+        ),
+    );
+    let mut s = serve(&["--config", &good]).await;
+    let (_c, _) = Client::connect_hello(&s.addr, "t0k")
         .await
-        .expect("answer");
-    // Token accepted (a wrong one is -31000); no mod runs behind this route.
-    assert_eq!(r["error"]["code"], -32000, "{r}");
+        .expect("hello with the configured token");
     sigterm(&s.child);
     let status = tokio::time::timeout(Duration::from_secs(15), s.child.wait())
         .await
         .expect("exits")
         .expect("status");
     assert_eq!(status.code(), Some(0));
+    sim.stop();
 }
 
 #[tokio::test]
