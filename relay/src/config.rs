@@ -573,15 +573,15 @@ mod tests {
 
     #[test]
     fn secrets_are_never_echoed_and_never_empty() {
-        let e = FileConfig::parse(
-            "[[route]]\nname = \"a\"\ntoken = hunter2secret\n",
-            "r.toml",
-        )
-        .expect_err("unquoted");
+        let e = FileConfig::parse("[[route]]\nname = \"a\"\ntoken = hunter2secret\n", "r.toml")
+            .expect_err("unquoted");
         assert!(e.to_string().contains("line 3: invalid token"), "{e}");
         assert!(!e.to_string().contains("hunter2secret"), "{e}");
-        let e = FileConfig::parse("[[route]]\nname = \"a\"\nupstream_token = 4242424242\n", "r.toml")
-            .expect_err("a number");
+        let e = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream_token = 4242424242\n",
+            "r.toml",
+        )
+        .expect_err("a number");
         assert!(!e.to_string().contains("4242424242"), "{e}");
         let empty = FileConfig::parse(
             "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\ntoken = \" \"\n",
@@ -589,7 +589,10 @@ mod tests {
         )
         .expect("parses");
         let e = empty.routes("r.toml").expect_err("empty token");
-        assert!(e.to_string().contains("field token: must not be empty"), "{e}");
+        assert!(
+            e.to_string().contains("field token: must not be empty"),
+            "{e}"
+        );
     }
 
     #[test]

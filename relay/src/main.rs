@@ -758,7 +758,11 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let paths = if a.no_bridge_file {
         Vec::new()
     } else {
-        bridge_file_paths(&cfg.routes, a.bridge_file.as_ref(), cfg.bridge_file.as_ref())
+        bridge_file_paths(
+            &cfg.routes,
+            a.bridge_file.as_ref(),
+            cfg.bridge_file.as_ref(),
+        )
     };
     check_bridge_files(&cfg.routes, &paths)?;
     let relay = Relay::start_with(
@@ -892,7 +896,13 @@ fn sessions(a: SessionsArgs) -> Result<()> {
             } else {
                 outln!(
                     "{:<36}  {:<12} {:<14} {:<20} {:>9} {:>10} {:>12}  END",
-                    "SESSION", "ROUTE", "APP", "START (UTC)", "DURATION", "FRAMES", "BYTES"
+                    "SESSION",
+                    "ROUTE",
+                    "APP",
+                    "START (UTC)",
+                    "DURATION",
+                    "FRAMES",
+                    "BYTES"
                 );
                 for m in &list {
                     outln!(

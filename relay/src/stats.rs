@@ -246,7 +246,12 @@ pub fn render(s: &SessionStats) -> String {
     let _ = writeln!(
         o,
         "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies",
-        s.session, name(&s.route), s.duration_s, s.frames, s.bytes, s.anomalies
+        s.session,
+        name(&s.route),
+        s.duration_s,
+        s.frames,
+        s.bytes,
+        s.anomalies
     );
     let _ = writeln!(
         o,
@@ -275,7 +280,14 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-            name(&m.method), m.calls, m.errors, m.unanswered, m.p50_ms, m.p90_ms, m.p99_ms, m.max_ms
+            name(&m.method),
+            m.calls,
+            m.errors,
+            m.unanswered,
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            m.max_ms
         );
     }
     let _ = writeln!(
@@ -287,7 +299,10 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "{:<6} {:<28} {:>10} {:>12}",
-            b.conn, name(&b.bridge_version), b.dropped, b.drop_notices
+            b.conn,
+            name(&b.bridge_version),
+            b.dropped,
+            b.drop_notices
         );
     }
     o

@@ -31,7 +31,11 @@ async fn serve(args: &[&str]) -> Serve {
     let mut child = relay()
         .arg("serve")
         .args(args)
-        .args(if own_file { None } else { Some("--no-bridge-file") })
+        .args(if own_file {
+            None
+        } else {
+            Some("--no-bridge-file")
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -771,7 +775,14 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
         let mut child = relay()
             .args(["serve", "--upstream", &sim.addr().to_string()])
             .args(["--upstream-token", "modtok", "--listen", "127.0.0.1:0"])
-            .args(["--token", "tok", "--data-dir", data, "--shutdown-timeout", "5s"])
+            .args([
+                "--token",
+                "tok",
+                "--data-dir",
+                data,
+                "--shutdown-timeout",
+                "5s",
+            ])
             .args(["--bridge-file", bridge_file.to_str().expect("utf8")])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -795,7 +806,10 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
         signal(&child, "HUP");
         until("the SIGHUP is logged", || log.lock().contains("SIGHUP")).await;
         assert!(log.lock().contains("not supported yet"), "{}", log.lock());
-        assert!(child.try_wait().expect("poll").is_none(), "alive after SIGHUP");
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "alive after SIGHUP"
+        );
         for _ in 0..50 {
             tokio::time::timeout(Duration::from_secs(10), c.next_event())
                 .await
@@ -809,7 +823,10 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
             .expect("exits within the shutdown bound")
             .expect("status");
         assert_eq!(status.code(), Some(0), "SIG{stop}: {}", log.lock());
-        assert!(!bridge_file.exists(), "SIG{stop} removed the discovery file");
+        assert!(
+            !bridge_file.exists(),
+            "SIG{stop} removed the discovery file"
+        );
     }
     let out = output(&["sessions", "--data-dir", data, "--json"]).await;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -832,7 +849,11 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
             .expect("exits")
             .expect("output");
         assert_eq!(out.status.code(), Some(0), "{args:?}");
-        assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     sim.stop();
 }
@@ -904,7 +925,11 @@ async fn mod_chosen_names_are_escaped_and_cut_in_tables_exact_in_json() {
                 !line.chars().any(|c| c.is_control()),
                 "{args:?} line {i} holds a control character: {line:?}"
             );
-            assert!(line.chars().count() < 200, "{args:?} line {i} is {} chars", line.len());
+            assert!(
+                line.chars().count() < 200,
+                "{args:?} line {i} is {} chars",
+                line.len()
+            );
         }
         assert!(!table.contains('\r'));
     }
@@ -997,7 +1022,14 @@ async fn out_of_range_durations_are_usage_errors_not_panics() {
     };
     let mut cases = Vec::new();
     for flag in ["--request-timeout", "--frame-timeout", "--shutdown-timeout"] {
-        for v in ["0", "0ms", "99999999999999d", "1e400", "999999999999999999999999999999s", "-1s"] {
+        for v in [
+            "0",
+            "0ms",
+            "99999999999999d",
+            "1e400",
+            "999999999999999999999999999999s",
+            "-1s",
+        ] {
             cases.push(serve_with(flag, v));
         }
     }
@@ -1006,9 +1038,26 @@ async fn out_of_range_durations_are_usage_errors_not_panics() {
         cases.push(vec!["demo", "--rate", rate, "--no-record"]);
         cases.push(vec!["mod-sim", "--rate", rate]);
     }
-    cases.push(vec!["mod-sim", "--tool-latency", "99999999999999999999999999d"]);
-    cases.push(vec!["export", "latest", "--from", "99999999999999999999999999d", "--data-dir", "/nonexistent/gabp"]);
-    cases.push(vec!["sessions", "--retain", "99999999999999999999999999d", "--data-dir", "/nonexistent/gabp"]);
+    cases.push(vec![
+        "mod-sim",
+        "--tool-latency",
+        "99999999999999999999999999d",
+    ]);
+    cases.push(vec![
+        "export",
+        "latest",
+        "--from",
+        "99999999999999999999999999d",
+        "--data-dir",
+        "/nonexistent/gabp",
+    ]);
+    cases.push(vec![
+        "sessions",
+        "--retain",
+        "99999999999999999999999999d",
+        "--data-dir",
+        "/nonexistent/gabp",
+    ]);
     for args in &cases {
         let out = output(args).await;
         let err = String::from_utf8_lossy(&out.stderr);
@@ -1047,8 +1096,24 @@ async fn errors_are_one_line_said_once_and_usage_is_exit_2() {
             "--",
             "mod",
         ][..],
-        &["export", "latest", "--from", "3s", "--to", "1s", "--data-dir", "/nonexistent/gabp"],
-        &["replay", "latest", "--listen", "0.0.0.0:0", "--data-dir", "/nonexistent/gabp"],
+        &[
+            "export",
+            "latest",
+            "--from",
+            "3s",
+            "--to",
+            "1s",
+            "--data-dir",
+            "/nonexistent/gabp",
+        ],
+        &[
+            "replay",
+            "latest",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            "/nonexistent/gabp",
+        ],
     ] {
         let out = output(args).await;
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -1095,7 +1160,15 @@ async fn replay_backs_off_when_out_of_descriptors() {
     sim.stop();
     // The replay gets few descriptors; the test then holds every one it could accept.
     let mut child = Command::new("prlimit")
-        .args(["--nofile=40:40", "--", BIN, "replay", "latest", "--data-dir", data])
+        .args([
+            "--nofile=40:40",
+            "--",
+            BIN,
+            "replay",
+            "latest",
+            "--data-dir",
+            data,
+        ])
         .args(["--listen", "127.0.0.1:0", "--token", "tok"])
         .env_remove("GABP_RELAY_DATA_DIR")
         .stdout(Stdio::piped())
@@ -1114,7 +1187,11 @@ async fn replay_backs_off_when_out_of_descriptors() {
         .expect("addr");
     let mut held = Vec::new();
     for _ in 0..64 {
-        held.push(Client::connect(&addr).await.expect("connect (queued at worst)"));
+        held.push(
+            Client::connect(&addr)
+                .await
+                .expect("connect (queued at worst)"),
+        );
     }
     until("the replay runs out of descriptors", || {
         log.lock().contains("cannot accept")
@@ -1125,14 +1202,22 @@ async fn replay_backs_off_when_out_of_descriptors() {
     let before = cpu_ticks(pid);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let used = cpu_ticks(pid) - before;
-    assert!(used < 30, "the replay used {used} ticks of CPU in 1 s while out of descriptors");
-    assert_eq!(log.lock().matches("cannot accept").count(), 1, "logged once");
+    assert!(
+        used < 30,
+        "the replay used {used} ticks of CPU in 1 s while out of descriptors"
+    );
+    assert_eq!(
+        log.lock().matches("cannot accept").count(),
+        1,
+        "logged once"
+    );
     // Descriptors free again: new bridges are served.
     drop(held);
-    let (mut c, _) = tokio::time::timeout(Duration::from_secs(10), Client::connect_hello(&addr, "tok"))
-        .await
-        .expect("served again in time")
-        .expect("hello after descriptors came back");
+    let (mut c, _) =
+        tokio::time::timeout(Duration::from_secs(10), Client::connect_hello(&addr, "tok"))
+            .await
+            .expect("served again in time")
+            .expect("hello after descriptors came back");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
     signal(&child, "TERM");
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
