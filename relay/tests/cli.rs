@@ -1202,6 +1202,7 @@ async fn replay_backs_off_when_out_of_descriptors() {
     let before = cpu_ticks(pid);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let used = cpu_ticks(pid) - before;
+    eprintln!("replay out of descriptors: {used} CPU ticks in 1 s");
     assert!(
         used < 30,
         "the replay used {used} ticks of CPU in 1 s while out of descriptors"
