@@ -220,12 +220,19 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(86400);
 
 /// Parses a timeout: a duration from 1 ms to 24 h.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
+    let too_long = || format!("timeout {s:?} is too long (at most 24h)");
+    let d = parse_duration(s).map_err(|e| {
+        if e.contains("too long") {
+            too_long()
+        } else {
+            e
+        }
+    })?;
     if d < Duration::from_millis(1) {
         return Err(format!("timeout {s:?} is too short (at least 1ms)"));
     }
     if d > MAX_TIMEOUT {
-        return Err(format!("timeout {s:?} is too long (at most 24h)"));
+        return Err(too_long());
     }
     Ok(d)
 }
@@ -563,7 +570,9 @@ mod tests {
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("99999999999999999999999d").is_err());
         assert!(parse_timeout("0").is_err());
-        assert!(parse_timeout("99999999999999d").is_err());
+        assert!(parse_timeout("99999999999999d")
+            .expect_err("too long")
+            .contains("at most 24h"));
         assert_eq!(parse_timeout("24h"), Ok(Duration::from_secs(86400)));
         let r: Retention = "7d,10GiB".parse().expect("valid");
         assert_eq!(r.max_age, Some(Duration::from_secs(7 * 86400)));
