@@ -206,10 +206,39 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "d" => n * 86400.0,
         _ => return Err(format!("invalid duration {s:?}")),
     };
+    // Bounded so that no later `Instant + duration` or nanosecond count can overflow.
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("invalid duration {s:?}"));
     }
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!("duration {s:?} is too long (at most 100 years)"));
+    }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// The longest duration accepted anywhere.
+const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
+
+/// The longest timeout accepted: a day.
+const MAX_TIMEOUT: Duration = Duration::from_secs(86400);
+
+/// Parses a timeout: a duration from 1 ms to 24 h.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let too_long = || format!("timeout {s:?} is too long (at most 24h)");
+    let d = parse_duration(s).map_err(|e| {
+        if e.contains("too long") {
+            too_long()
+        } else {
+            e
+        }
+    })?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("timeout {s:?} is too short (at least 1ms)"));
+    }
+    if d > MAX_TIMEOUT {
+        return Err(too_long());
+    }
+    Ok(d)
 }
 
 fn parse_size(s: &str) -> Option<u64> {
@@ -361,20 +390,67 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// Reads a token file; an empty one is refused (it would let anyone in with an empty token).
 fn read_token_file(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path)
+    let token = std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
-        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    if token.is_empty() {
+        return Err(format!("token file {} is empty", path.display()));
+    }
+    Ok(token)
+}
+
+/// The effective user id of this process.
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::geteuid()
+    }
+}
+
+/// Refuses a config that someone other than this user (or root) could have written: its
+/// `upstream_command` runs as this user and its tokens guard the routes.
+fn check_trusted(meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let (uid, me) = (meta.uid(), euid());
+    if uid != me && uid != 0 {
+        return Err(format!(
+            "owned by uid {uid}, not by this user (uid {me}) or root; refusing to load a config another user controls"
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "writable by group or others (mode {mode:04o}); refusing to load it (chmod go-w fixes this)"
+        ));
+    }
+    Ok(())
+}
+
+/// The key of a `key = value` line, if it names a secret (a token), so its value is never
+/// repeated in an error message.
+fn secret_key(line: &str) -> Option<&str> {
+    let key = line.split('=').next()?.trim().trim_matches(['"', '\'']);
+    key.contains("token").then_some(key)
 }
 
 impl FileConfig {
     /// Reads and parses a config file.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        use std::io::Read;
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let err = |message: String| ConfigError {
             file: file.clone(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        // Checked on the opened file, so the file read is the file checked.
+        let mut f = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+        check_trusted(&f.metadata().map_err(|e| err(e.to_string()))?).map_err(err)?;
+        let mut text = String::new();
+        f.read_to_string(&mut text)
+            .map_err(|e| err(e.to_string()))?;
         FileConfig::parse(&text, &file)
     }
 
@@ -383,10 +459,14 @@ impl FileConfig {
         toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
-                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
-            let message = match line {
-                Some(l) => format!("line {l}: {}", e.message()),
-                None => e.message().to_string(),
+                .map(|s| text.as_bytes()[..s.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1);
+            let secret = line.and_then(|l| text.lines().nth(l - 1).and_then(secret_key));
+            let message = match (line, secret) {
+                (Some(l), Some(key)) => {
+                    format!("line {l}: invalid {key}: expected a quoted string (the value is not shown)")
+                }
+                (Some(l), None) => format!("line {l}: {}", e.message()),
+                (None, _) => e.message().to_string(),
             };
             ConfigError {
                 file: file.into(),
@@ -418,6 +498,13 @@ impl FileConfig {
             };
             let listen: Addr = r.listen.parse().map_err(|m| err(&r.name, "listen", m))?;
             let (token, generated) = match (&r.token, &r.token_file) {
+                (Some(t), None) if t.trim().is_empty() => {
+                    return Err(err(
+                        &r.name,
+                        "token",
+                        "must not be empty (leave it out to have one generated)".into(),
+                    ))
+                }
                 (Some(t), None) => (t.clone(), false),
                 (None, Some(p)) => (
                     read_token_file(p).map_err(|m| err(&r.name, "token_file", m))?,
@@ -452,7 +539,7 @@ impl FileConfig {
             }
             if let Some(v) = &r.request_timeout {
                 rc.request_timeout =
-                    parse_duration(v).map_err(|m| err(&r.name, "request_timeout", m))?;
+                    parse_timeout(v).map_err(|m| err(&r.name, "request_timeout", m))?;
             }
             if let Some(v) = r.subscribe_all {
                 rc.subscribe_all = v;
@@ -488,10 +575,46 @@ mod tests {
         assert_eq!(parse_duration("200ms"), Ok(Duration::from_millis(200)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("99999999999999999999999d").is_err());
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("99999999999999d")
+            .expect_err("too long")
+            .contains("at most 24h"));
+        assert_eq!(parse_timeout("24h"), Ok(Duration::from_secs(86400)));
         let r: Retention = "7d,10GiB".parse().expect("valid");
         assert_eq!(r.max_age, Some(Duration::from_secs(7 * 86400)));
         assert_eq!(r.max_bytes, Some(10 << 30));
         assert!("7 parsecs".parse::<Retention>().is_err());
+    }
+
+    #[test]
+    fn secrets_are_never_echoed_and_never_empty() {
+        let e = FileConfig::parse("[[route]]\nname = \"a\"\ntoken = hunter2secret\n", "r.toml")
+            .expect_err("unquoted");
+        assert!(e.to_string().contains("line 3: invalid token"), "{e}");
+        assert!(!e.to_string().contains("hunter2secret"), "{e}");
+        let e = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream_token = 4242424242\n",
+            "r.toml",
+        )
+        .expect_err("a number");
+        assert!(!e.to_string().contains("4242424242"), "{e}");
+        let empty = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\ntoken = \" \"\n",
+            "r.toml",
+        )
+        .expect("parses");
+        let e = empty.routes("r.toml").expect_err("empty token");
+        assert!(
+            e.to_string().contains("field token: must not be empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_on_their_own_line() {
+        let e = FileConfig::parse("data_dir = \"/x\"\nbogus = 1\n", "r.toml").expect_err("unknown");
+        assert!(e.to_string().starts_with("r.toml: line 2:"), "{e}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     let token = crate::auth::generate_token();
     let mod_cfg = ModSimConfig {
         token: token.clone(),
-        rate: Some(opts.rate),
+        rate: (opts.rate > 0.0).then_some(opts.rate),
         payload_bytes: 256,
         tool_latency: Duration::from_millis(1),
         quirks: true,

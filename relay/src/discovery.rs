@@ -1,6 +1,7 @@
 //! The bridge discovery file: how a bridge finds a route (token, transport, address, metadata),
 //! in the shape of the GABP transport spec's `bridge.json`. Written atomically (temp file +
-//! rename) with mode 0600 because it holds the token, and removed on clean exit.
+//! rename) with mode 0600 because it holds the token, and removed on exit. The file names the
+//! relay's pid: a file left by a relay that is gone is replaced, a running relay's never is.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -41,6 +42,66 @@ pub fn contents(route: &str, addr: &Addr, token: &str, launch_id: &str) -> serde
     })
 }
 
+/// Who holds an existing discovery file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// No file (or not one a relay wrote): free to write.
+    Free,
+    /// Written by a relay that is gone (killed with SIGKILL, say): replace it.
+    Stale(u32),
+    /// Written by a relay that is still running: leave it alone.
+    Live(u32),
+}
+
+/// The pid recorded in the discovery file at `path`, if it is a relay's discovery file.
+pub fn recorded_pid(path: &Path) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    u32::try_from(v["metadata"]["pid"].as_u64()?).ok()
+}
+
+/// Whether a relay process `pid` is running: the pid exists, and where /proc tells, its
+/// program is gabp-relay (so a reused pid does not keep a stale file alive forever).
+pub fn relay_running(pid: u32) -> bool {
+    let Ok(raw) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if raw <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::kill(raw, 0) };
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    if !exists {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(comm) if comm.trim_end().starts_with("gabp-relay") => true,
+        // Renamed or linked binaries: the same executable as this one.
+        Ok(_) => std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .is_some_and(|exe| std::env::current_exe().is_ok_and(|me| me == exe)),
+        Err(_) => true,
+    }
+}
+
+/// Who holds the discovery file at `path`.
+pub fn holder(path: &Path) -> Holder {
+    match recorded_pid(path) {
+        Some(pid) if pid == std::process::id() => Holder::Free,
+        Some(pid) if relay_running(pid) => Holder::Live(pid),
+        Some(pid) => Holder::Stale(pid),
+        None => Holder::Free,
+    }
+}
+
+/// Removes the discovery file at `path` if this process wrote it (never another relay's).
+pub fn remove_own(path: &Path) {
+    if recorded_pid(path) == Some(std::process::id()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// Writes `value` to `path` atomically with mode 0600 (parent directories created 0700).
 pub fn write(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
@@ -75,6 +136,30 @@ pub fn write(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn holder_tells_own_dead_and_foreign_pids_apart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("bridge.json");
+        assert_eq!(holder(&path), Holder::Free, "no file");
+        let with_pid = |pid: u32| {
+            std::fs::write(&path, json!({"metadata": {"pid": pid}}).to_string()).expect("write")
+        };
+        with_pid(std::process::id());
+        assert_eq!(holder(&path), Holder::Free, "this process's own file");
+        let mut gone = std::process::Command::new("true").spawn().expect("spawn");
+        let gone_pid = gone.id();
+        gone.wait().expect("reaped");
+        with_pid(gone_pid);
+        assert_eq!(holder(&path), Holder::Stale(gone_pid));
+        // pid 1 runs, but is not a relay: a reused pid does not pin a stale file.
+        with_pid(1);
+        assert_eq!(holder(&path), Holder::Stale(1));
+        std::fs::write(&path, "not json").expect("write");
+        assert_eq!(holder(&path), Holder::Free);
+        remove_own(&path);
+        assert!(path.exists(), "not this process's file: kept");
+    }
 
     #[test]
     fn written_atomically_with_mode_0600() {

@@ -17,6 +17,7 @@
 //! - [`replay`], [`export`], [`stats`]: reading recordings back.
 //! - [`transport`]: the stdio upstream (a mod started as a child process).
 //! - [`discovery`]: the bridge discovery file.
+//! - [`display`]: untrusted names made safe for tables.
 //! - [`wrap`]: running the relay invisibly between a launcher and a game.
 //! - [`demo`]: the built-in demo (simulated mod, relay, bridges in one process).
 
@@ -25,6 +26,7 @@ pub mod bridge;
 pub mod config;
 pub mod demo;
 pub mod discovery;
+pub mod display;
 pub mod export;
 pub mod hub;
 pub mod metrics;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gabp_relay::config::{self, FileConfig, OnRecordError, Retention};
+use gabp_relay::display;
 use gabp_relay::{OnSlow, Relay, RelayConfig, RouteConfig, Upstream};
 use gabp_sim::Addr;
 use gabp_storage::{Compression, Durability, Store};
@@ -134,7 +135,7 @@ struct ServeArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// How long a forwarded request may wait for the mod.
-    #[arg(long, value_parser = config::parse_duration)]
+    #[arg(long, value_parser = config::parse_timeout)]
     request_timeout: Option<Duration>,
     /// Per-bridge outbox bound in events.
     #[arg(long)]
@@ -149,7 +150,7 @@ struct ServeArgs {
     #[arg(long)]
     max_bridges: Option<usize>,
     /// How long a connection may take to say hello, or a frame to arrive whole.
-    #[arg(long, value_parser = config::parse_duration)]
+    #[arg(long, value_parser = config::parse_timeout)]
     frame_timeout: Option<Duration>,
     /// How long a bridge's socket may accept nothing before the bridge is cut (reset).
     #[arg(long, value_parser = config::parse_duration)]
@@ -161,12 +162,22 @@ struct ServeArgs {
     #[arg(long)]
     allow_remote: bool,
     /// Bound on the whole shutdown.
-    #[arg(long, value_parser = config::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = config::parse_timeout, default_value = "10s")]
     shutdown_timeout: Duration,
 }
 
 fn parse_on_slow(s: &str) -> Result<OnSlow, String> {
     s.parse()
+}
+
+/// Events per second: a finite number from 0 up to a billion.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1e9).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "invalid rate {s:?}: expected events per second from 0 to 1000000000"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -181,7 +192,7 @@ struct DemoArgs {
     #[arg(long, default_value_t = 3)]
     bridges: usize,
     /// Events per second from the simulated mod.
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, default_value_t = 20_000.0, value_parser = parse_rate)]
     rate: f64,
     /// Do not record.
     #[arg(long)]
@@ -315,7 +326,7 @@ struct ModSimArgs {
     #[arg(long, env = "GABP_TOKEN", default_value = "", hide_env_values = true)]
     token: String,
     /// Events per second; 0 for as fast as possible.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = 1000.0, value_parser = parse_rate)]
     rate: f64,
     /// Event body size in bytes.
     #[arg(long, default_value_t = 256)]
@@ -360,14 +371,45 @@ fn main() {
     match runtime.block_on(run(cli)) {
         Ok(()) => {}
         Err(e) => {
-            eprintln!("gabp-relay: {}", format!("{e:#}").replace('\n', " "));
-            std::process::exit(if e.downcast_ref::<UsageError>().is_some() {
-                2
-            } else {
-                1
+            // A reader that went away (`gabp-relay sessions | head -1`) is not a failure.
+            let broken_pipe = e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             });
+            if broken_pipe {
+                std::process::exit(0);
+            }
+            eprintln!("gabp-relay: {}", one_line(&e));
+            let usage = e.downcast_ref::<UsageError>().is_some()
+                || e.downcast_ref::<config::ConfigError>().is_some();
+            std::process::exit(if usage { 2 } else { 1 });
         }
     }
+}
+
+/// The error and its causes as one line, each cause said once: a cause whose text the line
+/// already holds (an error that prints its source) is left out.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line += ": ";
+        }
+        line += &text;
+    }
+    line.replace(['\n', '\r'], " ")
+}
+
+/// `println!` for a command's output that returns an error instead of panicking when stdout
+/// is closed or full.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*).context("cannot write the output")?
+    };
 }
 
 /// A usage problem found after parsing (exit code 2).
@@ -401,13 +443,21 @@ async fn run(cli: Cli) -> Result<()> {
             let meta = store.resolve(&a.session)?;
             let stats = gabp_relay::stats::compute(&store, &meta)?;
             if a.dir.json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                outln!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
-                print!("{}", gabp_relay::stats::render(&stats));
+                write!(std::io::stdout(), "{}", gabp_relay::stats::render(&stats))
+                    .context("cannot write the output")?;
             }
             Ok(())
         }
         Cmd::Export(a) => {
+            if let (Some(from), Some(to)) = (a.from, a.to) {
+                if from >= to {
+                    return Err(usage(format!(
+                        "--from {from:?} is not before --to {to:?}: nothing to export"
+                    )));
+                }
+            }
             let store = Store::open_for_reading(&a.dir.data_dir)?;
             let meta = store.resolve(&a.session)?;
             let filter = gabp_relay::export::ExportFilter {
@@ -459,7 +509,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::ModSim(a) => mod_sim(a).await,
         Cmd::Token => {
-            println!("{}", gabp_relay::auth::generate_token());
+            outln!("{}", gabp_relay::auth::generate_token());
             Ok(())
         }
     }
@@ -487,7 +537,7 @@ fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
         .parse()
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
     let (token, generated) = match &a.token {
-        Some(t) if t.is_empty() => return Err(usage("--token must not be empty")),
+        Some(t) if t.trim().is_empty() => return Err(usage("--token must not be empty")),
         Some(t) => (t.clone(), false),
         None => (gabp_relay::auth::generate_token(), true),
     };
@@ -516,6 +566,11 @@ where
 }
 
 fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
+    if !a.command.is_empty() && a.upstream.as_deref() != Some("stdio") {
+        return Err(usage(
+            "a command after -- is the stdio mod's: it needs --upstream stdio",
+        ));
+    }
     let file = match &a.config {
         Some(p) => Some((FileConfig::load(p)?, p.display().to_string())),
         None => None,
@@ -598,6 +653,16 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         ),
         (None, None) => None,
     };
+    let allow_remote = a.allow_remote || f.and_then(|f| f.allow_remote).unwrap_or(false);
+    if let Some(r) = routes
+        .iter()
+        .find(|r| !allow_remote && !r.listen.is_local())
+    {
+        return Err(usage(format!(
+            "refusing to listen on {}: not a loopback address (pass --allow-remote to allow it)",
+            r.listen
+        )));
+    }
     Ok(RelayConfig {
         routes,
         data_dir: a
@@ -612,53 +677,105 @@ fn relay_config(a: &ServeArgs) -> Result<RelayConfig> {
         on_record_error,
         retain,
         metrics,
-        allow_remote: a.allow_remote || f.and_then(|f| f.allow_remote).unwrap_or(false),
+        allow_remote,
         shutdown_timeout: a.shutdown_timeout,
         bridge_file: f.and_then(|f| f.bridge_file.clone()),
     })
 }
 
-/// Installs the SIGINT and SIGTERM handlers at once (not at the first poll), so a supervisor
-/// that signals right after reading the start-up lines never meets the default action.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("installing the SIGINT handler");
-    async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+/// The signals that end a command. Installed before anything else starts, so a SIGHUP (a
+/// closed terminal, `systemctl reload`) never kills the process with the discovery file left
+/// behind: SIGINT and SIGTERM shut down cleanly, SIGHUP is logged and ignored.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let on = |k| signal(k).context("cannot install the signal handlers");
+        Ok(Signals {
+            int: on(SignalKind::interrupt())?,
+            term: on(SignalKind::terminate())?,
+            hup: on(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for SIGINT or SIGTERM; returns its name.
+    async fn shutdown(&mut self) -> &'static str {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return "SIGINT",
+                _ = self.term.recv() => return "SIGTERM",
+                _ = self.hup.recv() => tracing::warn!(
+                    "SIGHUP received: reloading the configuration is not supported yet (token and identity reload is planned with issue 15); still running with the configuration it started with"
+                ),
+            }
         }
     }
 }
 
-/// Writes each route's discovery file; returns the paths written (removed again at exit).
-fn write_bridge_files(
-    relay: &Relay,
+/// Where each route's discovery file goes, as (route index, path).
+fn bridge_file_paths(
+    routes: &[RouteConfig],
     flag: Option<&PathBuf>,
     from_config: Option<&PathBuf>,
-) -> Vec<PathBuf> {
-    let mut written = Vec::new();
-    for (i, r) in relay.routes.iter().enumerate() {
+) -> Vec<(usize, PathBuf)> {
+    let mut paths = Vec::new();
+    for (i, r) in routes.iter().enumerate() {
         let path = match flag.or(from_config) {
-            Some(p) if relay.routes.len() > 1 && !p.to_string_lossy().contains("{route}") => {
+            Some(p) if routes.len() > 1 && !p.to_string_lossy().contains("{route}") => {
                 let p = p.to_string_lossy();
-                PathBuf::from(p.replace(".json", &format!("-{}.json", r.cfg.name)))
+                PathBuf::from(p.replace(".json", &format!("-{}.json", r.name)))
             }
-            Some(p) => PathBuf::from(p.to_string_lossy().replace("{route}", &r.cfg.name)),
-            None => match gabp_relay::discovery::default_path(&r.cfg.name) {
+            Some(p) => PathBuf::from(p.to_string_lossy().replace("{route}", &r.name)),
+            None => match gabp_relay::discovery::default_path(&r.name) {
                 Some(p) => p,
                 None => continue,
             },
         };
+        paths.push((i, path));
+    }
+    paths
+}
+
+/// Refuses to start where a running relay owns a route's discovery file (it must be neither
+/// overwritten nor, at this relay's exit, deleted); a file left by a dead relay is replaced.
+fn check_bridge_files(routes: &[RouteConfig], paths: &[(usize, PathBuf)]) -> Result<()> {
+    use gabp_relay::discovery::{holder, Holder};
+    for (i, path) in paths {
+        match holder(path) {
+            Holder::Live(pid) => bail!(
+                "route {}: a running relay (pid {pid}) owns the discovery file {}; stop it, or give this relay another --route-name, --bridge-file or --no-bridge-file",
+                routes[*i].name,
+                path.display()
+            ),
+            Holder::Stale(pid) => tracing::info!(
+                path = %path.display(),
+                pid,
+                "replacing a discovery file left by a relay that is no longer running"
+            ),
+            Holder::Free => {}
+        }
+    }
+    Ok(())
+}
+
+/// Writes each route's discovery file; returns the paths written (removed again at exit).
+fn write_bridge_files(relay: &Relay, paths: &[(usize, PathBuf)]) -> Vec<PathBuf> {
+    let mut written = Vec::new();
+    for (i, path) in paths {
+        let r = &relay.routes[*i];
         let body = gabp_relay::discovery::contents(
             &r.cfg.name,
-            &relay.addrs[i],
+            &relay.addrs[*i],
             &r.cfg.token,
             &r.launch_id,
         );
-        match gabp_relay::discovery::write(&path, &body) {
-            Ok(()) => written.push(path),
+        match gabp_relay::discovery::write(path, &body) {
+            Ok(()) => written.push(path.clone()),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cannot write the bridge discovery file")
             }
@@ -668,17 +785,24 @@ fn write_bridge_files(
 }
 
 async fn serve(a: ServeArgs) -> Result<()> {
+    let mut signals = Signals::install()?;
     let cfg = relay_config(&a)?;
+    let paths = if a.no_bridge_file {
+        Vec::new()
+    } else {
+        bridge_file_paths(
+            &cfg.routes,
+            a.bridge_file.as_ref(),
+            cfg.bridge_file.as_ref(),
+        )
+    };
+    check_bridge_files(&cfg.routes, &paths)?;
     let relay = Relay::start_with(
         cfg.clone(),
         std::sync::Arc::new(gabp_relay::transport::AnyConnector::default()),
     )
     .await?;
-    let bridge_files = if a.no_bridge_file {
-        Vec::new()
-    } else {
-        write_bridge_files(&relay, a.bridge_file.as_ref(), cfg.bridge_file.as_ref())
-    };
+    let bridge_files = write_bridge_files(&relay, &paths);
     // What the operator needs to connect, on stdout; best effort, so a closed stdout (a
     // supervisor that stopped reading) never takes the relay down. The recording line comes last.
     let mut text = String::new();
@@ -706,16 +830,17 @@ async fn serve(a: ServeArgs) -> Result<()> {
     } else {
         "recording off\n".to_string()
     };
-    let stop = shutdown_signal();
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     drop(out);
-    stop.await;
-    tracing::info!("shutting down");
-    let clean = relay.shutdown().await;
+    let sig = signals.shutdown().await;
+    tracing::info!("{sig} received: shutting down");
+    // The discovery files go first: bridges stop finding a relay that is leaving, and they are
+    // gone even if the shutdown overruns its bound.
     for p in &bridge_files {
-        let _ = std::fs::remove_file(p);
+        gabp_relay::discovery::remove_own(p);
     }
+    let clean = relay.shutdown().await;
     if !clean {
         bail!("shutdown did not finish within {:?}", a.shutdown_timeout);
     }
@@ -724,6 +849,7 @@ async fn serve(a: ServeArgs) -> Result<()> {
 
 async fn wrap(a: WrapArgs) -> Result<i32> {
     use gabp_relay::wrap::{free_port, spawn_game, LaunchEnv};
+    let mut signals = Signals::install()?;
     let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
     let game_port = free_port()?;
     let game_token = gabp_relay::auth::generate_token();
@@ -753,7 +879,7 @@ async fn wrap(a: WrapArgs) -> Result<i32> {
     tracing::info!(route = %name, listen = %relay.addrs[0], game_port, "wrapping the game; launchers connect to the relay");
     let status = tokio::select! {
         s = game.wait() => s?,
-        _ = shutdown_signal() => {
+        _ = signals.shutdown() => {
             // Forward the signal and let the game decide how to end.
             if let Some(pid) = game.id() {
                 let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
@@ -801,21 +927,27 @@ fn sessions(a: SessionsArgs) -> Result<()> {
                         })
                     })
                     .collect();
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&serde_json::json!({ "sessions": v }))?
                 );
             } else {
-                println!(
+                outln!(
                     "{:<36}  {:<12} {:<14} {:<20} {:>9} {:>10} {:>12}  END",
-                    "SESSION", "ROUTE", "APP", "START (UTC)", "DURATION", "FRAMES", "BYTES"
+                    "SESSION",
+                    "ROUTE",
+                    "APP",
+                    "START (UTC)",
+                    "DURATION",
+                    "FRAMES",
+                    "BYTES"
                 );
                 for m in &list {
-                    println!(
+                    outln!(
                         "{:<36}  {:<12} {:<14} {:<20} {:>8.1}s {:>10} {:>12}  {}",
                         m.id,
-                        m.route,
-                        m.app_name.as_deref().unwrap_or("-"),
+                        display::name(&m.route),
+                        m.app_name.as_deref().map_or("-".into(), display::name),
                         utc(m.started_ns),
                         m.duration_ns() as f64 / 1e9,
                         m.frames,
@@ -828,7 +960,7 @@ fn sessions(a: SessionsArgs) -> Result<()> {
         SessionsCmd::Rm { session } => {
             let meta = store.resolve(&session)?;
             store.delete_session(meta.id)?;
-            println!("removed session {}", meta.id);
+            outln!("removed session {}", meta.id);
         }
         SessionsCmd::Check { session } => {
             let ids: Vec<_> = match session {
@@ -841,7 +973,7 @@ fn sessions(a: SessionsArgs) -> Result<()> {
             }
             let bad = reports.iter().filter(|r| !r.ok()).count();
             if a.dir.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(
                         &serde_json::json!({ "ok": bad == 0, "sessions": reports })
@@ -849,7 +981,7 @@ fn sessions(a: SessionsArgs) -> Result<()> {
                 );
             } else {
                 for r in &reports {
-                    println!(
+                    outln!(
                         "{}  {}  {} frames, {} chunks, {} index entries, {} channels",
                         r.session,
                         if r.ok() { "ok" } else { "FAILED" },
@@ -859,7 +991,7 @@ fn sessions(a: SessionsArgs) -> Result<()> {
                         r.channels
                     );
                     for p in &r.problems {
-                        println!("    {p}");
+                        outln!("    {}", display::text(p, 300));
                     }
                 }
             }
@@ -894,17 +1026,19 @@ fn utc(ns: u64) -> String {
 }
 
 async fn replay(a: ReplayArgs) -> Result<()> {
-    let store = Store::open_for_reading(&a.dir.data_dir)?;
-    let meta = store.resolve(&a.session)?;
+    let mut signals = Signals::install()?;
+    // Usage first: a bad --listen is reported before the data dir is touched.
     let listen: Addr = a
         .listen
         .parse()
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
     if !a.allow_remote && !listen.is_local() {
         return Err(usage(format!(
-            "refusing to listen on {listen}: not a loopback address (pass --allow-remote)"
+            "refusing to listen on {listen}: not a loopback address (pass --allow-remote to allow it)"
         )));
     }
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    let meta = store.resolve(&a.session)?;
     let (token, generated) = match a.token {
         Some(t) => (t, false),
         None => (gabp_relay::auth::generate_token(), true),
@@ -922,17 +1056,19 @@ async fn replay(a: ReplayArgs) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;
-    println!(
-        "replaying session {} ({} events) on {}",
+    // Best effort, as in serve: a closed stdout does not stop the replay.
+    let mut text = format!(
+        "replaying session {} ({} events) on {}\n",
         rec.meta.id,
         rec.event_count(),
         bound
     );
     if generated {
-        println!("token {token}");
+        text += &format!("token {token}\n");
     }
-    use std::io::Write as _;
-    std::io::stdout().flush()?;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    drop(out);
     let cancel = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(gabp_relay::replay::serve(
         listener,
@@ -940,7 +1076,7 @@ async fn replay(a: ReplayArgs) -> Result<()> {
         opts,
         cancel.clone(),
     ));
-    shutdown_signal().await;
+    signals.shutdown().await;
     cancel.cancel();
     let _ = server.await;
     Ok(())
@@ -968,6 +1104,7 @@ async fn mod_sim(a: ModSimArgs) -> Result<()> {
         tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
         return Ok(());
     }
+    let mut signals = Signals::install()?;
     let listen = match (a.listen, std::env::var("GABP_SERVER_PORT").ok()) {
         (Some(l), _) => l,
         (None, Some(port)) => format!("127.0.0.1:{port}"),
@@ -978,9 +1115,10 @@ async fn mod_sim(a: ModSimArgs) -> Result<()> {
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
     let sim = gabp_sim::ModSim::start(&listen, cfg)
         .with_context(|| format!("cannot listen on {listen}"))?;
-    println!("simulated mod listening on {}", sim.addr());
-    std::io::stdout().flush()?;
-    shutdown_signal().await;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "simulated mod listening on {}", sim.addr()).and_then(|()| out.flush());
+    drop(out);
+    signals.shutdown().await;
     sim.stop();
     Ok(())
 }

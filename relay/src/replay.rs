@@ -185,10 +185,30 @@ pub async fn serve(
     opts: ReplayOptions,
     cancel: CancellationToken,
 ) {
+    // Accept errors (EMFILE above all) repeat at once until a descriptor frees up: back off
+    // instead of spinning, and log once per run of errors.
+    let mut failing = false;
     loop {
         let conn = tokio::select! {
             _ = cancel.cancelled() => return,
-            c = listener.accept() => match c { Ok(c) => c, Err(_) => continue },
+            c = listener.accept() => c,
+        };
+        let conn = match conn {
+            Ok(c) => {
+                failing = false;
+                c
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "replay cannot accept connections; retrying every 100 ms");
+                    failing = true;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                }
+                continue;
+            }
         };
         let (rec, opts, cancel) = (rec.clone(), opts.clone(), cancel.clone());
         tokio::spawn(async move { serve_bridge(conn, rec, opts, cancel).await });

@@ -305,12 +305,18 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
 
 /// The human-readable table.
 pub fn render(s: &SessionStats) -> String {
+    use crate::display::name;
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(
         o,
         "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies",
-        s.session, s.route, s.duration_s, s.frames, s.bytes, s.anomalies
+        s.session,
+        name(&s.route),
+        s.duration_s,
+        s.frames,
+        s.bytes,
+        s.anomalies
     );
     let _ = writeln!(
         o,
@@ -321,7 +327,7 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "{:<28} {:>10} {:>10.1} {:>10.1} {:>9} {:>6} {:>8}",
-            c.channel,
+            name(&c.channel),
             c.events,
             c.rate_per_s,
             c.payload_mean,
@@ -339,7 +345,14 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
-            m.method, m.calls, m.errors, m.unanswered, m.p50_ms, m.p90_ms, m.p99_ms, m.max_ms
+            name(&m.method),
+            m.calls,
+            m.errors,
+            m.unanswered,
+            m.p50_ms,
+            m.p90_ms,
+            m.p99_ms,
+            m.max_ms
         );
     }
     let _ = writeln!(
@@ -351,7 +364,10 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "{:<6} {:<28} {:>10} {:>12}",
-            b.conn, b.bridge_version, b.dropped, b.drop_notices
+            b.conn,
+            name(&b.bridge_version),
+            b.dropped,
+            b.drop_notices
         );
     }
     o

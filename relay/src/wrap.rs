@@ -44,7 +44,16 @@ impl LaunchEnv {
         let port = port.parse::<u16>().map_err(|_| {
             WrapError::Env(format!("GABP_SERVER_PORT={port:?} is not a port number"))
         })?;
-        let token = std::env::var("GABP_TOKEN").unwrap_or_default();
+        // An empty token would let anyone in: refused, as `serve --token ''` is.
+        let token = std::env::var("GABP_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| {
+                WrapError::Env(
+                    "GABP_TOKEN is not set or empty: wrap runs under a launcher that sets it"
+                        .into(),
+                )
+            })?;
         let game_id = std::env::var("GABS_GAME_ID").ok().filter(|s| !s.is_empty());
         Ok(LaunchEnv {
             port,

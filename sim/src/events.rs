@@ -48,7 +48,14 @@ impl EventTemplate {
             pad,
             counter: 0,
             id_prefix: rng.gen(),
-            channels: channels.to_vec(),
+            // JSON-escaped once, so any name (quotes, control characters) makes a valid body.
+            channels: channels
+                .iter()
+                .map(|c| {
+                    let quoted = serde_json::to_string(c).expect("a string serializes");
+                    quoted[1..quoted.len() - 1].to_string()
+                })
+                .collect(),
             pick: rand::rngs::SmallRng::seed_from_u64(seed ^ 0x9e37_79b9),
             body: String::with_capacity(payload_bytes + 200),
         }

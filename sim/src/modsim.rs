@@ -170,7 +170,7 @@ impl ModSim {
                 )
             }
             Addr::Unix(p) => {
-                let _ = std::fs::remove_file(p);
+                crate::net::remove_stale_socket(p)?;
                 let l = UnixListener::bind(p)?;
                 (
                     addr.clone(),

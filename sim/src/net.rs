@@ -1,7 +1,8 @@
 //! Transport addresses, listeners and connections: TCP and unix sockets behind one type.
 //!
 //! Addresses are written `HOST:PORT` or `unix:PATH`. Unix sockets are created with mode 0600
-//! and a stale socket file (one nobody is listening on) is replaced; a live one is an error.
+//! and a stale socket file (one nobody is listening on) is replaced; a live one, or a path that
+//! is not a socket, is an error.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -143,15 +144,7 @@ impl Listener {
         match addr {
             Addr::Tcp(a) => Ok(Listener::Tcp(TcpListener::bind(a).await?)),
             Addr::Unix(path) => {
-                if path.exists() {
-                    if UnixStream::connect(path).await.is_ok() {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::AddrInUse,
-                            format!("{} is in use by a live listener", path.display()),
-                        ));
-                    }
-                    std::fs::remove_file(path)?;
-                }
+                remove_stale_socket(path)?;
                 let listener = bind_unix_private(path)?;
                 Ok(Listener::Unix(listener, path.clone()))
             }
@@ -175,7 +168,35 @@ impl Listener {
     }
 }
 
-/// Binds inside a fresh 0700 directory, restricts the socket to 0600, then renames it into
+/// Makes `path` free for a new unix socket: nothing there is fine, a socket nobody listens on
+/// is removed; a live socket, or anything that is not a socket (a config file given as
+/// `unix:relay.toml` by mistake), is an error and is left untouched.
+pub fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            ),
+        ));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("{} is in use by a live listener", path.display()),
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+/// Binds inside a fresh 0700 directory, restricts the socket to 0600, then links it into
 /// place, so the socket is never reachable by others, not even for an instant.
 fn bind_unix_private(path: &std::path::Path) -> std::io::Result<UnixListener> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -192,7 +213,8 @@ fn bind_unix_private(path: &std::path::Path) -> std::io::Result<UnixListener> {
     let staged = private.join("sock");
     let bound = UnixListener::bind(&staged).and_then(|l| {
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
-        std::fs::rename(&staged, path)?;
+        // A link, not a rename: it fails rather than replace a file that appeared meanwhile.
+        std::fs::hard_link(&staged, path)?;
         Ok(l)
     });
     let _ = std::fs::remove_dir_all(&private);

@@ -1,0 +1,67 @@
+//! Showing untrusted names in tables: channels, app names, routes, methods and bridge strings
+//! are chosen by a mod or a bridge, so before they reach a terminal their control characters
+//! (escape sequences, CR, NUL, bidirectional overrides) are escaped and their length is capped.
+//! JSON output never goes through here: it stays exact.
+
+use std::borrow::Cow;
+
+/// Characters a name may show in a table column.
+pub const NAME_CHARS: usize = 48;
+
+/// `s` escaped and cut to [`NAME_CHARS`] characters, for a table cell.
+pub fn name(s: &str) -> String {
+    text(s, NAME_CHARS)
+}
+
+/// `s` with control and text-direction characters escaped (`\n`, `\r`, `\t`, `\\`, others as
+/// `\u{1b}`), cut to at most `max` characters with a trailing `…` when it was longer.
+pub fn text(s: &str, max: usize) -> String {
+    let mut out = String::new();
+    let mut shown = 0;
+    for c in s.chars() {
+        let piece: Cow<str> = match c {
+            '\n' => "\\n".into(),
+            '\r' => "\\r".into(),
+            '\t' => "\\t".into(),
+            '\\' => "\\\\".into(),
+            c if hidden(c) => format!("\\u{{{:x}}}", u32::from(c)).into(),
+            c => c.to_string().into(),
+        };
+        // Whole escapes only: one is never cut in half.
+        let width = piece.chars().count();
+        if shown + width > max {
+            out.push('…');
+            return out;
+        }
+        out.push_str(&piece);
+        shown += width;
+    }
+    out
+}
+
+/// Characters that change how a terminal shows what follows, or show nothing themselves.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_and_truncates() {
+        assert_eq!(name("world/tick"), "world/tick");
+        assert_eq!(name("a\u{1b}[2Jb\r\0c"), "a\\u{1b}[2Jb\\r\\u{0}c");
+        assert_eq!(name("rtl\u{202e}x"), "rtl\\u{202e}x");
+        assert_eq!(name("tab\there\\"), "tab\\there\\\\");
+        assert_eq!(name("héllo✓"), "héllo✓");
+        let long = "x".repeat(100_000);
+        let shown = name(&long);
+        assert_eq!(shown.chars().count(), NAME_CHARS + 1);
+        assert!(shown.ends_with('…'));
+        // An escape is never cut in half.
+        let s = format!("{}\u{1b}", "y".repeat(NAME_CHARS - 2));
+        assert!(name(&s).ends_with("yy…"), "{}", name(&s));
+    }
+}
