@@ -307,8 +307,17 @@ async fn run_state(state: State) {
     let token = h.token.clone();
     let dir = h.shutdown().await;
     let frames = recorded_frames(dir.path());
-    let bytes: usize = frames.iter().map(|f| f.body.len()).sum();
-    assert!(bytes < 256 << 20, "{bytes} bytes recorded");
+    // What the bridges caused to be written: everything but the mod's own frames, whose volume
+    // depends on how long the run took on a busy machine, not on what the hostile clients did.
+    let bridge_bytes: usize = frames
+        .iter()
+        .filter(|f| f.dir != gabp_storage::Direction::ModToRelay)
+        .map(|f| f.body.len())
+        .sum();
+    assert!(
+        bridge_bytes < 64 << 20,
+        "{bridge_bytes} bytes of bridge traffic recorded"
+    );
     for f in &frames {
         assert!(
             !String::from_utf8_lossy(&f.body).contains(&token),
