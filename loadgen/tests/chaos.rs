@@ -54,7 +54,6 @@ fn signal(sig: &str, pid: u32) {
 }
 
 #[test]
-#[ignore = "relay bugs of issue 11 (un-ignore once merged): /metrics grows with each distinct method name (115 -> 43,753..355,036 lines in a 3 s phase), and the relay overran its shutdown bound and exited 1 after the mix"]
 fn honest_bridges_keep_every_event_beside_hostile_clients() {
     const BRIDGES: u64 = 4;
     let out = Command::new(env!("CARGO_BIN_EXE_gabp-loadgen"))
