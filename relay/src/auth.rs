@@ -6,7 +6,8 @@
 //!
 //! Redaction, for everything a bridge connection records: a valid hello is recorded with its
 //! token replaced; any frame has every occurrence of the route's secrets replaced at the byte
-//! level, whatever its validity; and a frame that failed strict parsing and could spell a token
+//! level, whatever its validity, and inside decoded strings when the frame has `\u` escapes;
+//! and a frame that failed strict parsing and could spell a token
 //! in a way the byte-level pass cannot see (a `token` key, `\u` escapes) is withheld: a short
 //! note stands in its place.
 
@@ -93,9 +94,60 @@ pub const REDACTED: &str = "[redacted]";
 /// ordinary text and mangle recordings; tokens are 32 hex digits when generated).
 const MIN_SECRET: usize = 8;
 
-/// `body` with every occurrence of each secret replaced by [`REDACTED`]; the same buffer (no
-/// copy) when none occurs.
+/// `body` with every occurrence of each secret replaced by [`REDACTED`], whether written plain
+/// or spelled with JSON `\u` escapes; the same buffer (no copy) when none occurs.
 pub fn redact(body: &Bytes, secrets: &[&str]) -> Bytes {
+    // A `\u` escape can spell any character of a token, so a byte search cannot see it (and a
+    // byte-level replacement could cut an escape in half): such frames (rare: bridges and mods
+    // write ASCII-safe text mostly unescaped) are decoded and their strings searched. One that
+    // cannot be decoded is withheld.
+    if memchr::memmem::find(body, b"\\u").is_none() || secrets.iter().all(|s| s.len() < MIN_SECRET)
+    {
+        return redact_bytes(body, secrets);
+    }
+    let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
+        return withheld(body.len());
+    };
+    if redact_value(&mut msg, secrets) {
+        Bytes::from(gabp_proto::message::to_ascii_json(&msg))
+    } else {
+        body.clone()
+    }
+}
+
+/// Replaces secrets inside every decoded string and key of `v`; whether anything changed.
+fn redact_value(v: &mut Value, secrets: &[&str]) -> bool {
+    let hit = |s: &str| {
+        secrets
+            .iter()
+            .any(|secret| secret.len() >= MIN_SECRET && s.contains(secret))
+    };
+    match v {
+        Value::String(s) if hit(s) => {
+            *s = redact_str(s, secrets);
+            true
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, x| redact_value(x, secrets) | changed),
+        Value::Object(map) => {
+            let mut changed = false;
+            if map.keys().any(|k| hit(k)) {
+                let old = std::mem::take(map);
+                for (k, x) in old {
+                    map.insert(redact_str(&k, secrets), x);
+                }
+                changed = true;
+            }
+            map.values_mut()
+                .fold(changed, |changed, x| redact_value(x, secrets) | changed)
+        }
+        _ => false,
+    }
+}
+
+/// The byte-level pass of [`redact`]: every plain occurrence of each secret replaced.
+fn redact_bytes(body: &Bytes, secrets: &[&str]) -> Bytes {
     let mut out: Option<Vec<u8>> = None;
     for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
         let cur: &[u8] = out.as_deref().unwrap_or(body);
@@ -185,6 +237,30 @@ mod tests {
             &redact(&Bytes::from_static(b"short"), &["short"])[..],
             b"short"
         );
+    }
+
+    #[test]
+    fn escaped_tokens_in_valid_frames_are_redacted_and_other_escapes_kept() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        // One escaped character is enough to hide the token from a byte search.
+        let hidden = format!("\\u0030{}", &secret[1..]);
+        let all = secret
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect::<String>();
+        for spelled in [hidden, all] {
+            let body = Bytes::from(format!(
+                r#"{{"params":{{"arguments":{{"x":"a{spelled}b","{spelled}":[1,"{spelled}"]}}}}}}"#
+            ));
+            let out = redact(&body, &[secret]);
+            let decoded: Value = serde_json::from_slice(&out).expect("still JSON");
+            let text = decoded.to_string();
+            assert!(!text.contains(secret), "{text}");
+            assert_eq!(text.matches(REDACTED).count(), 3, "{text}");
+        }
+        // Escapes that spell no secret: the frame is kept byte for byte, without a copy.
+        let body = Bytes::from_static(br#"{"x":"caf\u00e9"}"#);
+        assert_eq!(redact(&body, &[secret]).as_ptr(), body.as_ptr());
     }
 
     #[test]

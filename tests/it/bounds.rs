@@ -221,6 +221,17 @@ async fn no_malformed_hello_puts_the_token_in_the_recording() {
         .await
         .expect("echo");
     assert_eq!(echo["echo"]["t"], h.token.as_str());
+    // The token spelled with JSON escapes in a valid request: one escaped character, then all.
+    let one = format!("\\u{:04x}{}", h.token.as_bytes()[0], &h.token[1..]);
+    let all: String = h.token.bytes().map(|c| format!("\\u{c:04x}")).collect();
+    for (i, spelled) in [one, all].iter().enumerate() {
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"00000000-0000-4000-8000-00000000e5c{i}","type":"request","method":"tools/call","params":{{"name":"sim/echo","arguments":{{"t":"{spelled}"}}}}}}"#
+        );
+        authed.send_body(body.as_bytes()).await.expect("send");
+        let reply = authed.next_message().await.expect("reply").expect("open");
+        assert_eq!(reply["result"]["echo"]["t"], h.token.as_str(), "{reply}");
+    }
     assert!(authed.call("tools/list", json!({})).await.is_ok());
     drop(authed);
     let token = h.token.clone();
@@ -233,8 +244,12 @@ async fn no_malformed_hello_puts_the_token_in_the_recording() {
         "the hello is recorded, redacted"
     );
     for f in &frames {
+        // Decoded too: an escaped token is still the token.
+        let decoded = serde_json::from_slice::<serde_json::Value>(&f.body)
+            .map(|v| v.to_string())
+            .unwrap_or_default();
         assert!(
-            !String::from_utf8_lossy(&f.body).contains(&token),
+            !String::from_utf8_lossy(&f.body).contains(&token) && !decoded.contains(&token),
             "token recorded in {:?}",
             String::from_utf8_lossy(&f.body)
         );
