@@ -111,8 +111,8 @@ impl State {
 pub struct Batch {
     /// Drop runs to announce first.
     pub drops: Vec<DropRun>,
-    /// Frames in the order they were queued.
-    pub frames: Vec<Frame>,
+    /// Frames in the order they were queued (a ring, so whole queues can be swapped, not copied).
+    pub frames: VecDeque<Frame>,
 }
 
 impl Batch {
@@ -370,13 +370,21 @@ impl Outbox {
         let mut st = self.state.lock();
         batch.drops.append(&mut st.drops);
         let events = st.events;
-        batch.frames.extend(st.queue.drain(..));
+        let taken = st.queue.len();
+        if batch.frames.is_empty() {
+            // The usual case: hand the whole ring over (no copy); the batch's empty ring,
+            // with the capacity it had, takes its place.
+            std::mem::swap(&mut batch.frames, &mut st.queue);
+        } else {
+            batch.frames.extend(st.queue.drain(..));
+        }
         st.events = 0;
         st.event_bytes = 0;
         st.controls = 0;
         st.control_bytes = 0;
-        // A long burst leaves a big ring behind; give it back once drained.
-        if st.queue.capacity() > 4096 {
+        // A long burst leaves a big ring behind; give it back once the bursts are over (not
+        // at every take at full rate, where it would be regrown at once).
+        if st.queue.capacity() > 4096 && taken < 256 {
             st.queue.shrink_to(256);
         }
         let closed = st.closed;

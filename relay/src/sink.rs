@@ -97,7 +97,12 @@ impl Sink {
             .iter()
             .filter(|f| matches!(f, Frame::Event(_)))
             .count() as u64;
-        self.queue.extend(self.batch.frames.drain(..));
+        if self.queue.is_empty() {
+            // Nothing left from before: take the batch's ring whole (no copy).
+            std::mem::swap(&mut self.queue, &mut self.batch.frames);
+        } else {
+            self.queue.extend(self.batch.frames.drain(..));
+        }
         staged
     }
 
@@ -214,11 +219,11 @@ mod tests {
         });
         sink.batch
             .frames
-            .push(Frame::Control(Bytes::from_static(b"CTRL")));
+            .push_back(Frame::Control(Bytes::from_static(b"CTRL")));
         let mut expected = Vec::new();
         for i in 2..200u64 {
             let body = format!("<event {i}>");
-            sink.batch.frames.push(Frame::Event(event(i, &body)));
+            sink.batch.frames.push_back(Frame::Event(event(i, &body)));
             expected.extend_from_slice(body.as_bytes());
         }
         let staged = sink.stage();
@@ -248,7 +253,7 @@ mod tests {
         let mut sink = Sink::new(1, Box::pin(a));
         sink.batch
             .frames
-            .push(Frame::Control(Bytes::from(vec![b'x'; 1000])));
+            .push_back(Frame::Control(Bytes::from(vec![b'x'; 1000])));
         sink.stage();
         let started = std::time::Instant::now();
         let err = sink
