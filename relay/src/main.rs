@@ -482,6 +482,8 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Replay(a) => replay(a).await,
         Cmd::Repair(a) => {
+            // The repaired dir and every file RocksDB writes into it stay private.
+            gabp_relay::recorder::private_file_modes();
             let r = gabp_storage::repair::repair(&a.dir.data_dir)?;
             println!(
                 "kept an untouched copy at {} ({} files, {} bytes)",
@@ -491,6 +493,14 @@ async fn run(cli: Cli) -> Result<()> {
             );
             for step in &r.steps {
                 println!("{step}");
+            }
+            if !r.lost.is_empty() {
+                bail!(
+                    "repair of {} could not recover everything: {}; the untouched copy is at {}",
+                    a.dir.data_dir.display(),
+                    r.lost.join("; "),
+                    r.backup.display()
+                );
             }
             println!(
                 "repaired {}: now {} files, {} bytes; {} session(s); {} left recording by a dead relay marked crash",

@@ -585,3 +585,41 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
     let leftovers = files_with(dir.path(), |n| n.starts_with(".gabp-export-"));
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// A relay killed before any flush (everything in the write-ahead log) with its MANIFEST
+/// destroyed: RocksDB's own repair knows only the default column family and sets the log
+/// aside, so `repair` must not call that a success. It exits 1 with one line naming what was
+/// lost and the untouched copy, never advises running itself, and leaves the dir private.
+#[tokio::test]
+async fn repair_that_loses_data_says_so_and_keeps_the_dir_private() {
+    let (_dir, data) = recorded(Left::Killed).await;
+    assert!(files_with(&data, |n| n.ends_with(".sst")).is_empty());
+    let manifest = files_with(&data, |n| n.starts_with("MANIFEST-"));
+    let noise: Vec<u8> = (0..100u32).map(|i| (i * 97 + 13) as u8).collect();
+    std::fs::write(&manifest[0], noise).expect("overwrite manifest");
+    let out = run(&["repair", "--data-dir", data.to_str().expect("utf8")]).await;
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    let line = error_line(&out);
+    assert!(
+        line.contains("could not recover") && line.contains(".bak-"),
+        "{line}"
+    );
+    assert!(!said.contains("repaired"), "{said}");
+    assert!(!said.contains("gabp-relay repair"), "{said}");
+    let backup = line.split("copy is at ").nth(1).expect("names the copy");
+    assert!(Path::new(backup.trim()).is_dir(), "{backup}");
+    // Whatever repair created is as private as the relay keeps its data dir.
+    fn walk(p: &Path) {
+        let m = mode(p);
+        if p.is_dir() {
+            assert_eq!(m, 0o700, "{}", p.display());
+            for e in std::fs::read_dir(p).expect("read dir") {
+                walk(&e.expect("entry").path());
+            }
+        } else {
+            assert_eq!(m, 0o600, "{}", p.display());
+        }
+    }
+    walk(&data);
+}

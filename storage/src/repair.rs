@@ -28,6 +28,45 @@ pub struct RepairReport {
     pub crashed: Vec<SessionId>,
     /// What was done, one short line each.
     pub steps: Vec<String>,
+    /// What the repair could not bring back (files RocksDB moved to `lost/`, sessions that
+    /// still fail their check); empty only when every session checks sound.
+    pub lost: Vec<String>,
+}
+
+/// Every file under `dir` (recursively), relative to it, with its size; empty if no such dir.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_dir() {
+            for (f, n) in files_under(&e.path()) {
+                out.push((PathBuf::from(e.file_name()).join(f), n));
+            }
+        } else {
+            out.push((PathBuf::from(e.file_name()), m.len()));
+        }
+    }
+    out
+}
+
+/// Makes the repaired tree as private as the relay keeps it: dirs 0700, files 0600
+/// (RocksDB's repair creates `lost/` and new files with the process's default modes).
+fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        if ty.is_dir() {
+            make_private(&e.path())?;
+        } else if ty.is_file() {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
 }
 
 fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
@@ -105,6 +144,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             ),
         });
     }
+    let lost_before = files_under(&path.join("lost"));
     let mut steps = Vec::new();
     if !path.join("CURRENT").exists() {
         let newest = std::fs::read_dir(path)?
@@ -133,6 +173,10 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 opened = Some(s);
                 break;
             }
+            // The reason only: the error's own advice ("run repair") makes no sense here.
+            Err(StoreError::Damaged { reason, .. }) => {
+                steps.push(format!("could not open it that way: {reason}"))
+            }
             Err(e) => steps.push(format!("could not open it that way: {e}")),
         }
     }
@@ -146,12 +190,46 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 path: p.clone(),
                 reason: format!("repair failed ({e}); the copy is at {}", backup.display()),
             })?;
-            Store::reopen(path, StoreOptions::default())?
+            Store::reopen(path, StoreOptions::default()).map_err(|e| StoreError::Open {
+                path: p.clone(),
+                reason: format!(
+                    "still unreadable after RocksDB's repair ({e}); the untouched copy is at {}",
+                    backup.display()
+                ),
+            })?
         }
     };
     let crashed = store.recover_crashed()?;
-    let sessions = store.sessions()?.len();
+    let metas = store.sessions()?;
+    let sessions = metas.len();
+    // Verify, never assume: what RocksDB set aside, and every session's own check.
+    let mut lost = Vec::new();
+    let moved: Vec<(PathBuf, u64)> = files_under(&path.join("lost"))
+        .into_iter()
+        .filter(|f| !lost_before.contains(f))
+        .collect();
+    if !moved.is_empty() {
+        let bytes: u64 = moved.iter().map(|f| f.1).sum();
+        let names: Vec<String> = moved.iter().map(|f| f.0.display().to_string()).collect();
+        lost.push(format!(
+            "{} file(s) RocksDB could not use ({bytes} bytes: {}) were moved to lost/",
+            moved.len(),
+            names.join(", ")
+        ));
+    }
+    for m in &metas {
+        let r = store.check_session(m.id)?;
+        if !r.ok() {
+            lost.push(format!(
+                "session {} is not sound ({} frames readable; {})",
+                m.id,
+                r.frames,
+                r.problems.first().map(String::as_str).unwrap_or_default()
+            ));
+        }
+    }
     drop(store);
+    make_private(path)?;
     Ok(RepairReport {
         backup,
         before,
@@ -159,5 +237,6 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         sessions,
         crashed,
         steps,
+        lost,
     })
 }
