@@ -330,6 +330,27 @@ async fn corrupt_table_is_reported_and_nothing_is_deleted() {
         out.contains("FAILED") && out.contains("unreadable"),
         "{out}"
     );
+    // Every read command that meets the damage says what to run about it.
+    let d = data.to_str().expect("utf8");
+    for args in [
+        vec!["stats", "latest", "--data-dir", d],
+        vec!["export", "latest", "--data-dir", d],
+        vec!["replay", "latest", "--data-dir", d, "--listen", "127.0.0.1:0", "--speed", "max"],
+    ] {
+        let out = run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let line = error_line(&out);
+        assert!(
+            line.contains("gabp-relay repair") && line.contains("sessions check"),
+            "{args:?}: {line}"
+        );
+    }
+    // Repair cannot rebuild a damaged block: it says so instead of "repaired".
+    let out = run(&["repair", "--data-dir", d]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = error_line(&out);
+    assert!(line.contains("not sound") && line.contains(".bak-"), "{line}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("repaired"));
 }
 
 #[tokio::test]

@@ -174,10 +174,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 break;
             }
             // The reason only: the error's own advice ("run repair") makes no sense here.
-            Err(StoreError::Damaged { reason, .. }) => {
-                steps.push(format!("could not open it that way: {reason}"))
-            }
-            Err(e) => steps.push(format!("could not open it that way: {e}")),
+            Err(e) => steps.push(format!("could not open it that way: {}", e.detail())),
         }
     }
     let store = match opened {
@@ -193,7 +190,8 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             Store::reopen(path, StoreOptions::default()).map_err(|e| StoreError::Open {
                 path: p.clone(),
                 reason: format!(
-                    "still unreadable after RocksDB's repair ({e}); the untouched copy is at {}",
+                    "still unreadable after RocksDB's repair ({}); the untouched copy is at {}",
+                    e.detail(),
                     backup.display()
                 ),
             })?
