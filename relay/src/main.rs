@@ -850,8 +850,15 @@ async fn serve(a: ServeArgs) -> Result<()> {
     for p in &bridge_files {
         gabp_relay::discovery::remove_own(p);
     }
-    let clean = relay.shutdown().await;
-    if !clean {
+    let report = relay.shutdown_report().await;
+    if report.unrecorded > 0 {
+        bail!(
+            "{} frame(s) were not recorded: the disk still failed at the shutdown bound ({:?}); the recording holds a clean prefix up to its last committed frame",
+            report.unrecorded,
+            a.shutdown_timeout
+        );
+    }
+    if !report.clean {
         bail!("shutdown did not finish within {:?}", a.shutdown_timeout);
     }
     Ok(())
