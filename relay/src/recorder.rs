@@ -281,7 +281,8 @@ impl RecorderThread {
     /// until shortly before the deadline, then give up keeping the committed prefix.
     pub fn begin_stop(&self, deadline: Instant) {
         let left = deadline.saturating_duration_since(Instant::now());
-        *self.shared.give_up_at.lock() = Some(deadline - (left / 4).min(Duration::from_millis(500)));
+        *self.shared.give_up_at.lock() =
+            Some(deadline - (left / 4).min(Duration::from_millis(500)));
         self.shared.stopping.store(true, Ordering::Relaxed);
         self.shared.set_gate();
     }
@@ -432,8 +433,7 @@ fn commit_with_policy(w: &mut SessionWriter, shared: &Shared, last_reopen: &mut 
         errors.increment(1);
         w.note_error();
         let give_up_at = *shared.give_up_at.lock();
-        if shared.stopping.load(Ordering::Relaxed)
-            && give_up_at.is_none_or(|t| Instant::now() >= t)
+        if shared.stopping.load(Ordering::Relaxed) && give_up_at.is_none_or(|t| Instant::now() >= t)
         {
             let n = w.discard_staged();
             lost.increment(n as u64);

@@ -1244,7 +1244,14 @@ async fn replay_backs_off_when_out_of_descriptors() {
 
 #[tokio::test]
 async fn useless_bounds_and_malformed_tokens_are_usage_errors() {
-    let base = ["serve", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--no-record"];
+    let base = [
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-record",
+    ];
     for extra in [
         &["--max-body", "0"][..],
         &["--max-body", "1023"],

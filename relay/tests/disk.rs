@@ -241,7 +241,9 @@ impl Setup {
     }
 
     /// Waits for the exit of a relay already sent SIGTERM; the time counts from now.
-    async fn stop_signalled(mut self) -> (std::process::ExitStatus, String, Duration, PathBuf, Self) {
+    async fn stop_signalled(
+        mut self,
+    ) -> (std::process::ExitStatus, String, Duration, PathBuf, Self) {
         let t = Instant::now();
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
@@ -390,7 +392,10 @@ async fn shutdown_during_a_stall_finishes_in_time_with_a_consistent_prefix() {
     s.assert_mod_held().await;
     let (status, stderr, took, data, s) = s.stop().await;
     // It kept retrying until close to the bound, not giving up at once, and ended within it.
-    assert!(took >= Duration::from_secs(2), "gave up after {took:?}: {stderr}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "gave up after {took:?}: {stderr}"
+    );
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
     let line: Vec<&str> = stderr

@@ -335,7 +335,16 @@ async fn corrupt_table_is_reported_and_nothing_is_deleted() {
     for args in [
         vec!["stats", "latest", "--data-dir", d],
         vec!["export", "latest", "--data-dir", d],
-        vec!["replay", "latest", "--data-dir", d, "--listen", "127.0.0.1:0", "--speed", "max"],
+        vec![
+            "replay",
+            "latest",
+            "--data-dir",
+            d,
+            "--listen",
+            "127.0.0.1:0",
+            "--speed",
+            "max",
+        ],
     ] {
         let out = run(&args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -349,7 +358,10 @@ async fn corrupt_table_is_reported_and_nothing_is_deleted() {
     let out = run(&["repair", "--data-dir", d]).await;
     assert_eq!(out.status.code(), Some(1));
     let line = error_line(&out);
-    assert!(line.contains("not sound") && line.contains(".bak-"), "{line}");
+    assert!(
+        line.contains("not sound") && line.contains(".bak-"),
+        "{line}"
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("repaired"));
 }
 
