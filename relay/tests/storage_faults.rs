@@ -656,3 +656,39 @@ async fn repair_that_loses_data_says_so_and_keeps_the_dir_private() {
     }
     walk(&data);
 }
+
+/// Files left readable by others (an older relay, a manual copy, a repair run without the
+/// private umask) are made private when a relay opens the dir to record.
+#[tokio::test]
+async fn serve_makes_files_it_finds_readable_by_others_private() {
+    let (_dir, data) = recorded(Left::Flushed).await;
+    let lost = data.join("lost");
+    std::fs::create_dir(&lost).expect("mkdir lost");
+    std::fs::write(lost.join("000001.log"), b"set aside").expect("write");
+    let open = |p: &Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).expect("chmod")
+    };
+    open(&data, 0o755);
+    open(&lost, 0o755);
+    for e in std::fs::read_dir(&data).expect("dir") {
+        let p = e.expect("entry").path();
+        if p.is_file() {
+            open(&p, 0o644);
+        }
+    }
+    open(&lost.join("000001.log"), 0o644);
+    let mut s = serve("127.0.0.1:1", &data, &[]).await;
+    signal(&s, "-TERM");
+    assert_eq!(wait_exit(&mut s).await, Some(0));
+    fn walk(p: &Path) {
+        if p.is_dir() {
+            assert_eq!(mode(p), 0o700, "{}", p.display());
+            for e in std::fs::read_dir(p).expect("read dir") {
+                walk(&e.expect("entry").path());
+            }
+        } else {
+            assert_eq!(mode(p), 0o600, "{}", p.display());
+        }
+    }
+    walk(&data);
+}

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
-use crate::store::{lock_holder, Store, StoreOptions};
+use crate::store::{lock_holder, make_private, Store, StoreOptions};
 use crate::SessionId;
 
 /// What a repair did.
@@ -50,23 +50,6 @@ fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
         }
     }
     out
-}
-
-/// Makes the repaired tree as private as the relay keeps it: dirs 0700, files 0600
-/// (RocksDB's repair creates `lost/` and new files with the process's default modes).
-fn make_private(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        let ty = e.file_type()?;
-        if ty.is_dir() {
-            make_private(&e.path())?;
-        } else if ty.is_file() {
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))?;
-        }
-    }
-    Ok(())
 }
 
 fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
@@ -227,6 +210,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         }
     }
     drop(store);
+    // RocksDB's repair creates `lost/` and new files with the process's default modes.
     make_private(path)?;
     Ok(RepairReport {
         backup,
