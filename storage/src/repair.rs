@@ -140,6 +140,16 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         }
     }
     let mut opened = None;
+    let mut salvaged = false;
+    // First as a relay opens it (only a torn last record is tolerated): if that works, no
+    // write-ahead log record needs skipping.
+    match Store::open(path, StoreOptions::default()) {
+        Ok(s) => {
+            steps.push("it opens as it is: no write-ahead log record had to be skipped".into());
+            opened = Some(s);
+        }
+        Err(e) => steps.push(format!("it does not open as it is: {}", e.detail())),
+    }
     for (mode, what) in [
         (
             rocksdb::DBRecoveryMode::SkipAnyCorruptedRecord,
@@ -150,9 +160,13 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             "replayed the write-ahead logs up to the first record that could not be read",
         ),
     ] {
+        if opened.is_some() {
+            break;
+        }
         match Store::open_salvaging(path, mode) {
             Ok(s) => {
                 steps.push(what.to_string());
+                salvaged = true;
                 opened = Some(s);
                 break;
             }
@@ -185,6 +199,13 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
     let sessions = metas.len();
     // Verify, never assume: what RocksDB set aside, and every session's own check.
     let mut lost = Vec::new();
+    if salvaged {
+        // What the unreadable records held (and, cut at the first, all after it) is gone here.
+        lost.push(
+            "write-ahead log records that could not be read were dropped (what they held is only in the copy)"
+                .to_string(),
+        );
+    }
     let moved: Vec<(PathBuf, u64)> = files_under(&path.join("lost"))
         .into_iter()
         .filter(|f| !lost_before.contains(f))
