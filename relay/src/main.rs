@@ -138,16 +138,16 @@ struct ServeArgs {
     #[arg(long, value_parser = config::parse_timeout)]
     request_timeout: Option<Duration>,
     /// Per-bridge outbox bound in events.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_positive)]
     outbox_frames: Option<usize>,
     /// Per-bridge outbox bound in bytes.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_outbox_bytes)]
     outbox_bytes: Option<usize>,
     /// Largest accepted frame body in bytes.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_max_body)]
     max_body: Option<usize>,
     /// Bridges connected at once.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_positive)]
     max_bridges: Option<usize>,
     /// How long a connection may take to say hello, or a frame to arrive whole.
     #[arg(long, value_parser = config::parse_timeout)]
@@ -168,6 +168,43 @@ struct ServeArgs {
 
 fn parse_on_slow(s: &str) -> Result<OnSlow, String> {
     s.parse()
+}
+
+/// A whole number of at least `min` (a bound of 0 would make the relay useless, not safe).
+fn parse_at_least(s: &str, min: usize) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n >= min => Ok(n),
+        _ => Err(format!("expected a whole number of at least {min}")),
+    }
+}
+
+fn parse_positive(s: &str) -> Result<usize, String> {
+    parse_at_least(s, 1)
+}
+
+/// Outbox bytes: at least 1 KiB, room for one small frame.
+fn parse_outbox_bytes(s: &str) -> Result<usize, String> {
+    parse_at_least(s, 1024)
+}
+
+/// Largest frame body: at least 1 KiB, enough for a welcome and a small event.
+fn parse_max_body(s: &str) -> Result<usize, String> {
+    parse_at_least(s, 1024)
+}
+
+/// A token is sent in a JSON hello and compared exactly: whitespace or control characters in
+/// it are a copy-paste accident (a trailing newline), never a secret worth accepting. Checked
+/// after parsing, not by clap, whose message would echo the token.
+fn check_token(t: &str) -> Result<&str> {
+    if t.is_empty() {
+        return Err(usage("--token must not be empty"));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(usage(
+            "--token contains whitespace or control characters (a pasted newline?)",
+        ));
+    }
+    Ok(t)
 }
 
 /// Events per second: a finite number from 0 up to a billion.
@@ -482,6 +519,8 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Replay(a) => replay(a).await,
         Cmd::Repair(a) => {
+            // The repaired dir and every file RocksDB writes into it stay private.
+            gabp_relay::recorder::private_file_modes();
             let r = gabp_storage::repair::repair(&a.dir.data_dir)?;
             println!(
                 "kept an untouched copy at {} ({} files, {} bytes)",
@@ -491,6 +530,14 @@ async fn run(cli: Cli) -> Result<()> {
             );
             for step in &r.steps {
                 println!("{step}");
+            }
+            if !r.lost.is_empty() {
+                bail!(
+                    "repair of {} could not recover everything: {}; the untouched copy is at {}",
+                    a.dir.data_dir.display(),
+                    r.lost.join("; "),
+                    r.backup.display()
+                );
             }
             println!(
                 "repaired {}: now {} files, {} bytes; {} session(s); {} left recording by a dead relay marked crash",
@@ -538,7 +585,7 @@ fn route_from_flags(a: &ServeArgs) -> Result<Option<RouteConfig>> {
         .map_err(|e: String| usage(format!("--listen: {e}")))?;
     let (token, generated) = match &a.token {
         Some(t) if t.trim().is_empty() => return Err(usage("--token must not be empty")),
-        Some(t) => (t.clone(), false),
+        Some(t) => (check_token(t)?.to_string(), false),
         None => (gabp_relay::auth::generate_token(), true),
     };
     let mut r = RouteConfig::new(&a.route_name, upstream, listen, token);
@@ -840,8 +887,15 @@ async fn serve(a: ServeArgs) -> Result<()> {
     for p in &bridge_files {
         gabp_relay::discovery::remove_own(p);
     }
-    let clean = relay.shutdown().await;
-    if !clean {
+    let report = relay.shutdown_report().await;
+    if report.unrecorded > 0 {
+        bail!(
+            "{} frame(s) were not recorded: the disk still failed at the shutdown bound ({:?}); the recording holds a clean prefix up to its last committed frame",
+            report.unrecorded,
+            a.shutdown_timeout
+        );
+    }
+    if !report.clean {
         bail!("shutdown did not finish within {:?}", a.shutdown_timeout);
     }
     Ok(())
@@ -1040,7 +1094,7 @@ async fn replay(a: ReplayArgs) -> Result<()> {
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = store.resolve(&a.session)?;
     let (token, generated) = match a.token {
-        Some(t) => (t, false),
+        Some(t) => (check_token(&t)?.to_string(), false),
         None => (gabp_relay::auth::generate_token(), true),
     };
     let opts = gabp_relay::replay::ReplayOptions {

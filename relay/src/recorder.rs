@@ -96,6 +96,8 @@ pub struct Health {
     pub retries: u64,
     /// Frames given up (dropped under `continue`, or left at shutdown while failing).
     pub lost_frames: u64,
+    /// Of those, frames left unrecorded because writes still failed at the shutdown bound.
+    pub unrecorded_at_shutdown: u64,
 }
 
 #[derive(Debug)]
@@ -105,6 +107,9 @@ struct Shared {
     /// stopping. Closed, [`Recorder::send_batch`] waits: the mod reader stops reading.
     gate: watch::Sender<bool>,
     stopping: AtomicBool,
+    /// Once stopping: when to stop retrying a failing disk, a little before the shutdown bound
+    /// so that the queue can still be drained and the relay exit within it.
+    give_up_at: Mutex<Option<Instant>>,
     policy: OnRecordError,
 }
 
@@ -163,6 +168,7 @@ impl Recorder {
             }),
             gate: watch::Sender::new(true),
             stopping: AtomicBool::new(false),
+            give_up_at: Mutex::new(None),
             policy,
         });
         metrics::gauge!("gabp_recorder_healthy").set(1.0);
@@ -270,18 +276,24 @@ impl Recorder {
 }
 
 impl RecorderThread {
-    /// Shutdown has begun: if writes are failing, stop retrying, keep the committed prefix, and
-    /// let held senders through so that everything can finish within the shutdown bound.
-    pub fn begin_stop(&self) {
+    /// Shutdown has begun, to end by `deadline`: let held senders through; if writes are
+    /// failing, keep retrying (a freed disk still gets everything, and the session's end)
+    /// until shortly before the deadline, then give up keeping the committed prefix.
+    pub fn begin_stop(&self, deadline: Instant) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        *self.shared.give_up_at.lock() =
+            Some(deadline - (left / 4).min(Duration::from_millis(500)));
         self.shared.stopping.store(true, Ordering::Relaxed);
         self.shared.set_gate();
     }
 
-    /// Waits for the thread to drain its queue and exit (all senders must be dropped first).
-    pub fn join(mut self) {
+    /// Waits for the thread to drain its queue and exit (all senders must be dropped first);
+    /// returns how many frames were left unrecorded because the disk still failed at shutdown.
+    pub fn join(mut self) -> u64 {
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+        self.shared.health.lock().unrecorded_at_shutdown
     }
 }
 
@@ -354,11 +366,25 @@ fn note_success(shared: &Shared) {
     }
 }
 
-/// Sleeps up to `d`, returning early when shutdown begins.
+/// Sleeps up to `d`, returning early when shutdown begins, and during shutdown not past the
+/// moment the recorder gives up.
 fn nap(shared: &Shared, d: Duration) {
-    let until = Instant::now() + d;
-    while Instant::now() < until && !shared.stopping.load(Ordering::Relaxed) {
-        std::thread::sleep((until - Instant::now()).min(Duration::from_millis(20)));
+    let was_stopping = shared.stopping.load(Ordering::Relaxed);
+    let mut until = Instant::now() + d;
+    loop {
+        if shared.stopping.load(Ordering::Relaxed) {
+            if !was_stopping {
+                return;
+            }
+            if let Some(by) = *shared.give_up_at.lock() {
+                until = until.min(by);
+            }
+        }
+        let now = Instant::now();
+        if now >= until {
+            return;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(20)));
     }
 }
 
@@ -406,10 +432,15 @@ fn commit_with_policy(w: &mut SessionWriter, shared: &Shared, last_reopen: &mut 
         };
         errors.increment(1);
         w.note_error();
-        if shared.stopping.load(Ordering::Relaxed) {
+        let give_up_at = *shared.give_up_at.lock();
+        if shared.stopping.load(Ordering::Relaxed) && give_up_at.is_none_or(|t| Instant::now() >= t)
+        {
             let n = w.discard_staged();
             lost.increment(n as u64);
-            shared.health.lock().lost_frames += n as u64;
+            let mut h = shared.health.lock();
+            h.lost_frames += n as u64;
+            h.unrecorded_at_shutdown += n as u64;
+            drop(h);
             tracing::error!(error = %e, lost_frames = n, "recording failed during shutdown; giving up: the recording ends at its last committed frame");
             return true;
         }
@@ -417,7 +448,13 @@ fn commit_with_policy(w: &mut SessionWriter, shared: &Shared, last_reopen: &mut 
             OnRecordError::Stall => {
                 note_failure(shared, &e, "holding the mod and retrying the whole batch");
                 nap(shared, backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                // Shutting down, retry often: the bound is near.
+                let cap = if shared.stopping.load(Ordering::Relaxed) {
+                    Duration::from_millis(250)
+                } else {
+                    Duration::from_secs(2)
+                };
+                backoff = (backoff * 2).min(cap);
                 // RocksDB fails every write after an I/O error until it is reopened.
                 if let Err(e) = w.reopen() {
                     tracing::debug!(error = %e, "reopening the data dir failed; retrying");
@@ -490,7 +527,9 @@ fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared: &Shared) 
             // Shutdown gave up on a failing disk: count, do not retry.
             let n = w.discard_staged();
             lost.increment(n as u64);
-            shared.health.lock().lost_frames += n as u64;
+            let mut h = shared.health.lock();
+            h.lost_frames += n as u64;
+            h.unrecorded_at_shutdown += n as u64;
         } else {
             gave_up = commit_with_policy(&mut w, shared, &mut last_reopen);
         }

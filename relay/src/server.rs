@@ -179,11 +179,16 @@ impl Relay {
     }
 
     /// Shuts down within the configured bound; returns whether everything finished in time.
-    pub async fn shutdown(mut self) -> bool {
+    pub async fn shutdown(self) -> bool {
+        self.shutdown_report().await.clean
+    }
+
+    /// Shuts down within the configured bound, saying what did not finish.
+    pub async fn shutdown_report(mut self) -> ShutdownReport {
         let deadline = Instant::now() + self.shutdown_timeout;
         self.cancel.cancel();
         if let Some(t) = &self.recorder_thread {
-            t.begin_stop();
+            t.begin_stop(deadline);
         }
         self.tracker.close();
         let clean = tokio::time::timeout_at(deadline.into(), self.tracker.wait())
@@ -191,18 +196,34 @@ impl Relay {
             .is_ok();
         // Routes (and their recorder handles) go away; the recorder drains and syncs.
         self.routes.clear();
+        let mut unrecorded = 0;
         if let Some(thread) = self.recorder_thread.take() {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_secs(1));
             let join = tokio::task::spawn_blocking(move || thread.join());
-            if tokio::time::timeout(left, join).await.is_err() {
-                tracing::error!("recorder did not finish within the shutdown bound");
-                return false;
+            match tokio::time::timeout(left, join).await {
+                Ok(Ok(n)) => unrecorded = n,
+                _ => {
+                    tracing::error!("recorder did not finish within the shutdown bound");
+                    return ShutdownReport {
+                        clean: false,
+                        unrecorded,
+                    };
+                }
             }
         }
-        clean
+        ShutdownReport { clean, unrecorded }
     }
+}
+
+/// How a shutdown went.
+#[derive(Debug, Clone, Copy)]
+pub struct ShutdownReport {
+    /// Whether every task finished within the bound.
+    pub clean: bool,
+    /// Frames not recorded because writes still failed when the bound was near.
+    pub unrecorded: u64,
 }
 
 fn apply_retention(store: &Store, cfg: &RelayConfig) {

@@ -1241,3 +1241,33 @@ async fn replay_backs_off_when_out_of_descriptors() {
         .expect("status");
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test]
+async fn useless_bounds_and_malformed_tokens_are_usage_errors() {
+    let base = [
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-record",
+    ];
+    for extra in [
+        &["--max-body", "0"][..],
+        &["--max-body", "1023"],
+        &["--outbox-frames", "0"],
+        &["--outbox-bytes", "0"],
+        &["--max-bridges", "0"],
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let out = output(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+    }
+    for token in ["s3cret with space", "s3cret\n", "s3\u{7}cret"] {
+        let args: Vec<&str> = base.iter().copied().chain(["--token", token]).collect();
+        let out = output(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{token:?}");
+        let err = one_line(&out);
+        assert!(err.contains("--token") && !err.contains("s3"), "{err}");
+    }
+}

@@ -50,7 +50,7 @@ impl Store {
             ..CheckReport::default()
         };
         if let Err(e) = self.check_into(id, &mut r) {
-            r.problems.push(format!("unreadable: {e}"));
+            r.problems.push(format!("unreadable: {}", e.detail()));
         }
         const SHOWN: usize = 50;
         if r.problems.len() > SHOWN {
@@ -98,7 +98,7 @@ impl Store {
             let (n, rec) = match item {
                 Ok(x) => x,
                 Err(e) => {
-                    r.problems.push(format!("unreadable frame: {e}"));
+                    r.problems.push(format!("unreadable frame: {}", e.detail()));
                     break;
                 }
             };

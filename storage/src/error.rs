@@ -15,7 +15,7 @@ pub enum StoreError {
     #[error("no data dir at {0}")]
     NoDataDir(String),
     /// The data dir exists but cannot be opened without RocksDB discarding or guessing data.
-    #[error("data dir {path} cannot be read safely ({reason}); nothing was changed: run `gabp-relay repair --data-dir {path}` (it copies the dir first)")]
+    #[error("data dir {path} cannot be read safely ({reason}); no recorded data was changed: run `gabp-relay repair --data-dir {path}` (it copies the dir first)")]
     Damaged {
         /// The directory.
         path: String,
@@ -47,10 +47,34 @@ pub enum StoreError {
     /// A stored value does not decode: the data dir is damaged.
     #[error("corrupt record: {0}")]
     Corrupt(String),
-    /// RocksDB reported an error (I/O, disk full, ...).
-    #[error("storage error: {0}")]
+    /// RocksDB reported an error (I/O, disk full, a damaged block found when read, ...).
+    #[error("{}", db_line(.0))]
     Db(#[from] rocksdb::Error),
     /// A filesystem error outside RocksDB.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// A RocksDB error as one line; damage found while reading points at the two commands that
+/// deal with it (the data dir is not known here, so no `--data-dir` is named).
+fn db_line(e: &rocksdb::Error) -> String {
+    if e.kind() == rocksdb::ErrorKind::Corruption {
+        format!(
+            "the data dir is damaged ({e}): `gabp-relay sessions check` shows which sessions are affected; `gabp-relay repair` salvages what can be read (it copies the dir first)"
+        )
+    } else {
+        format!("storage error: {e}")
+    }
+}
+
+impl StoreError {
+    /// The failure without advice on what to run next, for reports that give their own
+    /// (`sessions check`, `repair`).
+    pub fn detail(&self) -> String {
+        match self {
+            StoreError::Db(e) => e.to_string(),
+            StoreError::Damaged { reason, .. } => reason.clone(),
+            other => other.to_string(),
+        }
+    }
 }

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::StoreError;
-use crate::store::{lock_holder, Store, StoreOptions};
+use crate::store::{lock_holder, make_private, Store, StoreOptions};
 use crate::SessionId;
 
 /// What a repair did.
@@ -28,6 +28,28 @@ pub struct RepairReport {
     pub crashed: Vec<SessionId>,
     /// What was done, one short line each.
     pub steps: Vec<String>,
+    /// What the repair could not bring back (files RocksDB moved to `lost/`, sessions that
+    /// still fail their check); empty only when every session checks sound.
+    pub lost: Vec<String>,
+}
+
+/// Every file under `dir` (recursively), relative to it, with its size; empty if no such dir.
+fn files_under(dir: &Path) -> Vec<(PathBuf, u64)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Ok(m) = e.metadata() else { continue };
+        if m.is_dir() {
+            for (f, n) in files_under(&e.path()) {
+                out.push((PathBuf::from(e.file_name()).join(f), n));
+            }
+        } else {
+            out.push((PathBuf::from(e.file_name()), m.len()));
+        }
+    }
+    out
 }
 
 fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
@@ -105,6 +127,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             ),
         });
     }
+    let lost_before = files_under(&path.join("lost"));
     let mut steps = Vec::new();
     if !path.join("CURRENT").exists() {
         let newest = std::fs::read_dir(path)?
@@ -117,6 +140,16 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         }
     }
     let mut opened = None;
+    let mut salvaged = false;
+    // First as a relay opens it (only a torn last record is tolerated): if that works, no
+    // write-ahead log record needs skipping.
+    match Store::open(path, StoreOptions::default()) {
+        Ok(s) => {
+            steps.push("it opens as it is: no write-ahead log record had to be skipped".into());
+            opened = Some(s);
+        }
+        Err(e) => steps.push(format!("it does not open as it is: {}", e.detail())),
+    }
     for (mode, what) in [
         (
             rocksdb::DBRecoveryMode::SkipAnyCorruptedRecord,
@@ -127,13 +160,18 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             "replayed the write-ahead logs up to the first record that could not be read",
         ),
     ] {
+        if opened.is_some() {
+            break;
+        }
         match Store::open_salvaging(path, mode) {
             Ok(s) => {
                 steps.push(what.to_string());
+                salvaged = true;
                 opened = Some(s);
                 break;
             }
-            Err(e) => steps.push(format!("could not open it that way: {e}")),
+            // The reason only: the error's own advice ("run repair") makes no sense here.
+            Err(e) => steps.push(format!("could not open it that way: {}", e.detail())),
         }
     }
     let store = match opened {
@@ -146,12 +184,55 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 path: p.clone(),
                 reason: format!("repair failed ({e}); the copy is at {}", backup.display()),
             })?;
-            Store::reopen(path, StoreOptions::default())?
+            Store::reopen(path, StoreOptions::default()).map_err(|e| StoreError::Open {
+                path: p.clone(),
+                reason: format!(
+                    "still unreadable after RocksDB's repair ({}); the untouched copy is at {}",
+                    e.detail(),
+                    backup.display()
+                ),
+            })?
         }
     };
     let crashed = store.recover_crashed()?;
-    let sessions = store.sessions()?.len();
+    let metas = store.sessions()?;
+    let sessions = metas.len();
+    // Verify, never assume: what RocksDB set aside, and every session's own check.
+    let mut lost = Vec::new();
+    if salvaged {
+        // What the unreadable records held (and, cut at the first, all after it) is gone here.
+        lost.push(
+            "write-ahead log records that could not be read were dropped (what they held is only in the copy)"
+                .to_string(),
+        );
+    }
+    let moved: Vec<(PathBuf, u64)> = files_under(&path.join("lost"))
+        .into_iter()
+        .filter(|f| !lost_before.contains(f))
+        .collect();
+    if !moved.is_empty() {
+        let bytes: u64 = moved.iter().map(|f| f.1).sum();
+        let names: Vec<String> = moved.iter().map(|f| f.0.display().to_string()).collect();
+        lost.push(format!(
+            "{} file(s) RocksDB could not use ({bytes} bytes: {}) were moved to lost/",
+            moved.len(),
+            names.join(", ")
+        ));
+    }
+    for m in &metas {
+        let r = store.check_session(m.id)?;
+        if !r.ok() {
+            lost.push(format!(
+                "session {} is not sound ({} frames readable; {})",
+                m.id,
+                r.frames,
+                r.problems.first().map(String::as_str).unwrap_or_default()
+            ));
+        }
+    }
     drop(store);
+    // RocksDB's repair creates `lost/` and new files with the process's default modes.
+    make_private(path)?;
     Ok(RepairReport {
         backup,
         before,
@@ -159,5 +240,6 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         sessions,
         crashed,
         steps,
+        lost,
     })
 }

@@ -236,6 +236,31 @@ fn prepare_writable_dir(path: &Path, allow_symlink: bool) -> Result<bool, StoreE
     Ok(std::fs::read_dir(path)?.next().is_none())
 }
 
+/// Takes group and other permissions off `dir` and everything under it (owner bits kept:
+/// dirs end 0700, RocksDB's files 0600), as the README promises for a data dir.
+pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tighten = |p: &Path, m: &std::fs::Metadata| {
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o700))
+        } else {
+            Ok(())
+        }
+    };
+    tighten(dir, &std::fs::metadata(dir)?)?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        if ty.is_dir() {
+            make_private(&e.path())?;
+        } else if ty.is_file() {
+            tighten(&e.path(), &e.metadata()?)?;
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens a data dir. Read-only opens never create, write or lock anything; a read-write
     /// open creates only a dir that holds nothing, refuses anything it cannot read, and
@@ -243,6 +268,10 @@ impl Store {
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         let store = Store::open_db(path, opts, None)?;
         if !store.opts.read_only {
+            // Files an older relay, a manual copy or a repair left readable by others.
+            if let Err(e) = make_private(path) {
+                tracing::warn!(error = %e, "could not make every file in the data dir private");
+            }
             store.recover_crashed()?;
         }
         Ok(store)
