@@ -60,7 +60,7 @@ const RECORD_LINGER: Duration = Duration::from_millis(5);
 const WAKE_EVERY: usize = 256;
 
 /// A failure that may repeat on every attempt, logged once and then summarised with a count
-/// at most every [`REPEAT_LOG_EVERY`], so a wrong token does not fill the log forever.
+/// at most every `REPEAT_LOG_EVERY` (a minute), so a wrong token does not fill the log forever.
 #[derive(Debug, Default)]
 pub struct Repeats {
     last: Option<String>,
