@@ -32,16 +32,7 @@ pub fn export(
     filter: &ExportFilter,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
-    // An entry from `Store::sessions` holds counters only: the names live under their own keys.
-    let filled;
-    let meta = if meta.channels.is_empty() {
-        let mut m = meta.clone();
-        store.fill_details(&mut m)?;
-        filled = m;
-        &filled
-    } else {
-        meta
-    };
+    let meta = &*store.with_details(meta)?;
     let ids: Vec<u32> = filter
         .channels
         .iter()

@@ -173,16 +173,7 @@ struct Method {
 
 /// Computes a session's stats.
 pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreError> {
-    // An entry from `Store::sessions` holds counters only: the names live under their own keys.
-    let filled;
-    let meta = if meta.channels.is_empty() {
-        let mut m = meta.clone();
-        store.fill_details(&mut m)?;
-        filled = m;
-        &filled
-    } else {
-        meta
-    };
+    let meta = &*store.with_details(meta)?;
     let mut chans: BTreeMap<u32, Chan> = BTreeMap::new();
     let mut methods: BTreeMap<String, Method> = BTreeMap::new();
     let mut open: HashMap<String, (String, u64)> = HashMap::new();

@@ -457,6 +457,20 @@ impl Store {
         }
     }
 
+    /// `meta` with its welcome and channel names: itself when they are there, else a copy
+    /// filled from their own keys (an entry from [`Store::sessions`] holds counters only).
+    pub fn with_details<'a>(
+        &self,
+        meta: &'a SessionMeta,
+    ) -> Result<std::borrow::Cow<'a, SessionMeta>, StoreError> {
+        if !meta.channels.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(meta));
+        }
+        let mut m = meta.clone();
+        self.fill_details(&mut m)?;
+        Ok(std::borrow::Cow::Owned(m))
+    }
+
     /// Fills in the welcome and channel names stored under their own keys.
     pub fn fill_details(&self, m: &mut SessionMeta) -> Result<(), StoreError> {
         if let Some(w) = self.detail(m.id, Detail::Welcome, 0)? {
