@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::hostile::{self, Counts, Kind};
 use crate::actors::tally::Tally;
-use crate::actors::{bridge, caller, latency_histogram, Window};
+use crate::actors::{bridge, caller, Window};
 use crate::procstat;
 use crate::report::Measurement;
 use crate::scenario::Scenario;
@@ -329,20 +329,7 @@ async fn phase(
     phase_stop.cancel();
     let mut m = Measurement::new(name, window_s);
     m.published = published;
-    let mut latency = latency_histogram();
-    for r in readers {
-        match r.await {
-            Ok(r) => {
-                m.delivered += r.events;
-                m.unannounced_gaps += r.unannounced_gaps;
-                m.dropped += r.dropped;
-                m.disconnects += u64::from(r.disconnected);
-                let _ = latency.add(&r.latency);
-            }
-            Err(e) => errors.push(format!("honest bridge: {e}")),
-        }
-    }
-    m.set_latency(&latency);
+    m.add_readers(readers, "honest bridge", &mut errors).await;
     if let Some(c) = calls {
         match c.await {
             Ok(r) => m.set_calls(&r),

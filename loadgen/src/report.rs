@@ -5,6 +5,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::actors::caller::CallResult;
+use crate::actors::latency_histogram;
+use crate::actors::tally::ReaderResult;
 
 /// Latency percentiles in microseconds.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -108,6 +110,30 @@ impl Measurement {
             fds: 0,
             errors: Vec::new(),
         }
+    }
+
+    /// Adds every reader's tally (counts and latency) and sets the rates; a reader that failed
+    /// is named in `errors` as `who`.
+    pub async fn add_readers(
+        &mut self,
+        readers: Vec<tokio::task::JoinHandle<ReaderResult>>,
+        who: &str,
+        errors: &mut Vec<String>,
+    ) {
+        let mut latency = latency_histogram();
+        for r in readers {
+            match r.await {
+                Ok(r) => {
+                    self.delivered += r.events;
+                    self.unannounced_gaps += r.unannounced_gaps;
+                    self.dropped += r.dropped;
+                    self.disconnects += u64::from(r.disconnected);
+                    let _ = latency.add(&r.latency);
+                }
+                Err(e) => errors.push(format!("{who}: {e}")),
+            }
+        }
+        self.set_latency(&latency);
     }
 
     /// Sets event latency and the per-second rates.

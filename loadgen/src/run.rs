@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::actors::broker::{self, Broker, PublishConfig, Publisher};
 use crate::actors::tally::Tally;
-use crate::actors::{bridge, caller, latency_histogram, Window};
+use crate::actors::{bridge, caller, Window};
 use crate::procstat;
 use crate::report::Measurement;
 use crate::scenario::Scenario;
@@ -193,20 +193,7 @@ async fn measure_with(
     }
     let mut m = Measurement::new(&name, window_s);
     m.published = emitted;
-    let mut latency = latency_histogram();
-    for r in readers {
-        match r.await {
-            Ok(r) => {
-                m.delivered += r.events;
-                m.unannounced_gaps += r.unannounced_gaps;
-                m.dropped += r.dropped;
-                m.disconnects += u64::from(r.disconnected);
-                let _ = latency.add(&r.latency);
-            }
-            Err(e) => errors.push(format!("reader: {e}")),
-        }
-    }
-    m.set_latency(&latency);
+    m.add_readers(readers, "reader", &mut errors).await;
     if let Some(c) = caller {
         if let Ok(r) = c.await {
             m.set_calls(&r);

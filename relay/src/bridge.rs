@@ -278,7 +278,7 @@ impl BridgeReader {
 
     /// The secrets no recording may hold.
     fn secrets(&self) -> [&str; 2] {
-        [&self.route.cfg.token, &self.route.cfg.upstream_token]
+        self.route.cfg.secrets()
     }
 
     /// Records a frame of this bridge's conversation, redacted; nothing is recorded before a

@@ -134,6 +134,11 @@ pub struct RouteConfig {
 }
 
 impl RouteConfig {
+    /// The route's secrets: what redaction removes from anything recorded.
+    pub fn secrets(&self) -> [&str; 2] {
+        [&self.token, &self.upstream_token]
+    }
+
     /// A route with default policies.
     pub fn new(name: &str, upstream: Upstream, listen: Addr, token: String) -> RouteConfig {
         RouteConfig {
