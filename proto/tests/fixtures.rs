@@ -10,9 +10,14 @@ use gabp_proto::{encode_frame, GabpCodec, Mode, Parser};
 use tokio_util::codec::Decoder;
 
 fn fixtures(dir: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../schemas/gabp")
-        .join(dir);
+    let root = Path::new(
+        // `cargo test` sets it when running: a test binary shared through one target dir by
+        // two clones must read the clone it runs in, not the one that compiled it.
+        &std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from),
+    )
+    .join("../schemas/gabp")
+    .join(dir);
     let mut out = Vec::new();
     let mut stack = vec![root.clone()];
     while let Some(d) = stack.pop() {

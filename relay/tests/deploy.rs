@@ -2,12 +2,17 @@
 //! relay's config type, the dashboard is valid JSON naming only metrics the relay exports, the
 //! scrape config points at /metrics, and the systemd unit keeps its hardening.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn deploy(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(name);
+    let p = Path::new(
+        // `cargo test` sets it when running: a test binary shared through one target dir by
+        // two clones must read the clone it runs in, not the one that compiled it.
+        &std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from),
+    )
+    .join("../deploy")
+    .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
