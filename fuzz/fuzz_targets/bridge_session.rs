@@ -115,7 +115,7 @@ async fn run(data: &[u8]) {
     })));
     let (client, server) = tokio::io::duplex(8 * 1024);
     let (sr, sw) = tokio::io::split(server);
-    let conn = gabp_sim::net::Conn::from_halves(sr, sw, "fuzz");
+    let conn = gabp_rt::net::Conn::from_halves(sr, sw, "fuzz");
     let permit = Arc::new(tokio::sync::Semaphore::new(1))
         .try_acquire_owned()
         .expect("permit");

@@ -365,13 +365,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GABP_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    gabp_rt::log::init("warn");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

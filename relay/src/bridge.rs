@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use gabp_proto::{frame_bytes, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
-use gabp_sim::clock::now_ns;
-use gabp_sim::net::Conn;
+use gabp_rt::clock::now_ns;
+use gabp_rt::net::Conn;
 use gabp_storage::{BridgeInfo, Direction};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
@@ -211,7 +211,7 @@ async fn drop_upstream(route: &Route, emptied: Vec<String>) {
 }
 
 impl BridgeReader {
-    async fn run(&mut self, read: gabp_sim::net::BoxRead) {
+    async fn run(&mut self, read: gabp_rt::net::BoxRead) {
         let route = self.route.clone();
         let outbox = self.bridge.outbox.clone();
         let timeout = route.cfg.frame_timeout;

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gabp_sim::Addr;
+use gabp_rt::Addr;
 use gabp_storage::{Compression, Durability};
 use serde::Deserialize;
 

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use gabp_sim::Addr;
+use gabp_rt::Addr;
 use serde_json::json;
 
 /// The default location: `$XDG_CONFIG_HOME/gabp-relay/bridge-{route}.json`, or under
@@ -35,7 +35,7 @@ pub fn contents(route: &str, addr: &Addr, token: &str, launch_id: &str) -> serde
         "metadata": {
             "route": route,
             "pid": std::process::id(),
-            "startedAtNs": gabp_sim::clock::now_ns(),
+            "startedAtNs": gabp_rt::clock::now_ns(),
             "launchId": launch_id,
             "relay": format!("gabp-relay/{}", crate::route::VERSION),
         }

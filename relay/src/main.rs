@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use gabp_relay::config::{self, FileConfig, OnRecordError, Retention};
 use gabp_relay::display;
 use gabp_relay::{OnSlow, Relay, RelayConfig, RouteConfig, Upstream};
-use gabp_sim::Addr;
+use gabp_rt::Addr;
 use gabp_storage::{Compression, Durability, Store};
 
 // mimalloc keeps freed memory for reuse: with glibc's allocator the relay's read buffers and
@@ -391,15 +391,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GABP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .init();
+    gabp_rt::log::init("info");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("gabp-relay")
@@ -963,7 +955,7 @@ fn sessions(a: SessionsArgs) -> Result<()> {
         SessionsCmd::Ls => {
             if let Some(r) = a.retain {
                 store.apply_retention(
-                    gabp_sim::clock::now_ns(),
+                    gabp_rt::clock::now_ns(),
                     r.max_age.map(|d| d.as_nanos() as u64),
                     r.max_bytes,
                 )?;
@@ -1106,7 +1098,7 @@ async fn replay(a: ReplayArgs) -> Result<()> {
     };
     let rec = gabp_relay::replay::Recording::load(&store, meta, &opts)?;
     drop(store);
-    let listener = gabp_sim::Listener::bind(&listen)
+    let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let bound = listener.local_addr()?;

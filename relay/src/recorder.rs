@@ -317,7 +317,7 @@ fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<oneshot::Sender<(
             max_bytes,
         } => match w
             .store()
-            .map(|s| s.apply_retention(gabp_sim::clock::now_ns(), max_age_ns, max_bytes))
+            .map(|s| s.apply_retention(gabp_rt::clock::now_ns(), max_age_ns, max_bytes))
         {
             Some(Ok(deleted)) if !deleted.is_empty() => {
                 tracing::info!(deleted = deleted.len(), "retention removed old sessions")
@@ -336,7 +336,7 @@ fn note_failure(shared: &Shared, e: &gabp_storage::StoreError, what: &str) {
         let first = h.ok;
         h.ok = false;
         h.failing_since_ns
-            .get_or_insert_with(gabp_sim::clock::now_ns);
+            .get_or_insert_with(gabp_rt::clock::now_ns);
         h.retries += 1;
         let changed = h.last_error.as_deref() != Some(line.as_str());
         h.last_error = Some(line.clone());
@@ -354,7 +354,7 @@ fn note_success(shared: &Shared) {
     let mut h = shared.health.lock();
     if !h.ok {
         let since = h.failing_since_ns.take().unwrap_or_default();
-        let secs = gabp_sim::clock::now_ns().saturating_sub(since) as f64 / 1e9;
+        let secs = gabp_rt::clock::now_ns().saturating_sub(since) as f64 / 1e9;
         h.ok = true;
         drop(h);
         metrics::gauge!("gabp_recorder_healthy").set(1.0);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use gabp_proto::{message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
-use gabp_sim::net::{BoxWrite, Conn, Listener};
+use gabp_rt::net::{BoxWrite, Conn, Listener};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use parking_lot::Mutex;
 use serde_json::{json, Value};

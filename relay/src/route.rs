@@ -165,7 +165,7 @@ impl Route {
     /// Records a frame in the current session, if any.
     pub async fn record_current(&self, dir: Direction, conn: u32, body: Bytes, json_ok: bool) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord::message(dir, conn, gabp_sim::clock::now_ns(), json_ok, body);
+            let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), json_ok, body);
             r.send(RecMsg::Frame { session: s.id, rec }).await;
         }
     }
@@ -174,7 +174,7 @@ impl Route {
     /// [`Recorder::send_detached`]).
     pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord::message(dir, conn, gabp_sim::clock::now_ns(), true, body);
+            let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), true, body);
             r.send_detached(RecMsg::Frame { session: s.id, rec });
         }
     }
@@ -220,7 +220,7 @@ impl Route {
                 FrameRecord::message(
                     Direction::RelayToMod,
                     0,
-                    gabp_sim::clock::now_ns(),
+                    gabp_rt::clock::now_ns(),
                     true,
                     body,
                 ),

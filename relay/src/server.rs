@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gabp_proto::{frame_bytes, message, ErrorCode};
-use gabp_sim::net::{Addr, Conn, Listener};
+use gabp_rt::net::{Addr, Conn, Listener};
 use gabp_storage::{Store, StoreOptions};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -232,7 +232,7 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
         return;
     }
     match store.apply_retention(
-        gabp_sim::clock::now_ns(),
+        gabp_rt::clock::now_ns(),
         r.max_age.map(|d| d.as_nanos() as u64),
         r.max_bytes,
     ) {

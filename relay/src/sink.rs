@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use gabp_proto::{encode_frame, message};
-use gabp_sim::net::BoxWrite;
+use gabp_rt::net::BoxWrite;
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 

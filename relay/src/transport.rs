@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
-use gabp_sim::net::Conn;
+use gabp_rt::net::Conn;
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, ReadBuf};
 use tokio::process::{Child, Command};

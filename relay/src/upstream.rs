@@ -19,8 +19,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
 use gabp_proto::{encode_header, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
-use gabp_sim::clock::now_ns;
-use gabp_sim::net::{BoxWrite, Conn};
+use gabp_rt::clock::now_ns;
+use gabp_rt::net::{BoxWrite, Conn};
 use gabp_storage::{Direction, EndReason, FrameRecord, SessionMeta};
 use rand::Rng;
 use serde_json::{json, Value};
@@ -222,7 +222,7 @@ async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: A
     let _ = write.shutdown().await;
 }
 
-type Frames = FramedRead<gabp_sim::net::BoxRead, GabpCodec>;
+type Frames = FramedRead<gabp_rt::net::BoxRead, GabpCodec>;
 
 /// Says hello and waits for the welcome. Frames before the answer are discarded.
 async fn handshake(

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
 
-use crate::net::{Addr, BoxRead, BoxWrite, Conn};
+use gabp_rt::net::{Addr, BoxRead, BoxWrite, Conn};
 
 /// How long a client waits for any one answer before giving up.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);

@@ -19,7 +19,7 @@ use bytes::BytesMut;
 use gabp_proto::encode_frame;
 use rand::{Rng, SeedableRng};
 
-use crate::clock::now_ns;
+use gabp_rt::clock::now_ns;
 
 /// Prebuilt event bytes: only the id, seq and time change per event.
 #[derive(Debug)]

@@ -1,7 +1,6 @@
-//! Simulated GABP peers and the transport plumbing they share with the relay.
+//! Simulated GABP peers (a dev, test, demo and load-generator dependency; the relay's core does
+//! not link it). Sockets and the clock come from `gabp-rt`.
 //!
-//! - [`net`]: addresses (`127.0.0.1:PORT`, `unix:PATH`), listeners and boxed byte streams.
-//! - [`clock`]: wall-clock nanoseconds, the one time base shared across processes.
 //! - [`events`]: event bodies, the emission schedule and closed-loop pacing, shared with the
 //!   load generator's broker publishers.
 //! - [`modsim`]: a seeded simulated mod: channels, event rate and sizes, tool calls with latency,
@@ -12,11 +11,9 @@
 //! the tests prove is what the benchmarks measure.
 
 pub mod client;
-pub mod clock;
 pub mod events;
 pub mod modsim;
-pub mod net;
 
 pub use client::Client;
+pub use gabp_rt::{Addr, Conn, Listener};
 pub use modsim::{ModSim, ModSimConfig};
-pub use net::{Addr, Conn, Listener};

@@ -26,9 +26,9 @@ use gabp_proto::{encode_frame, message, GabpCodec, Mode, Parser};
 use serde_json::{json, Value};
 use tokio_util::codec::Decoder;
 
-use crate::clock::now_ns;
 use crate::events::{EventTemplate, Pace, Schedule};
-use crate::net::Addr;
+use gabp_rt::clock::now_ns;
+use gabp_rt::net::Addr;
 
 /// How the simulated mod behaves.
 #[derive(Debug, Clone)]
@@ -170,7 +170,7 @@ impl ModSim {
                 )
             }
             Addr::Unix(p) => {
-                crate::net::remove_stale_socket(p)?;
+                gabp_rt::net::remove_stale_socket(p)?;
                 let l = UnixListener::bind(p)?;
                 (
                     addr.clone(),

@@ -45,13 +45,7 @@ impl Harness {
         tweak: impl FnOnce(&mut RelayConfig),
     ) -> Harness {
         // Relay logs show up in a failing test's output (GABP_LOG=debug for more).
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("GABP_LOG")
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-            )
-            .with_test_writer()
-            .try_init();
+        gabp_rt::log::init_for_tests();
         let sim = ModSim::start(&loopback(), mod_cfg).expect("start simulated mod");
         let dir = tempfile::tempdir().expect("tempdir");
         let token = gabp_relay::auth::generate_token();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use futures::StreamExt;
 use gabp_proto::{encode_frame, message, Mode, Parser};
-use gabp_sim::clock::now_ns;
+use gabp_rt::clock::now_ns;
 use gabp_sim::Client;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;

@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail, Result};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use gabp_proto::{message, GabpCodec, Mode, Parser};
-use gabp_sim::net::{Addr, Conn, Listener};
+use gabp_rt::net::{Addr, Conn, Listener};
 use gabp_sim::Client;
 use parking_lot::Mutex;
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use gabp_sim::clock::now_ns;
+use gabp_rt::clock::now_ns;
 use gabp_sim::events::PaceSlot;
 use hdrhistogram::Histogram;
 
