@@ -1096,8 +1096,7 @@ async fn replay(a: ReplayArgs) -> Result<()> {
         channels: a.channel,
         from: a.from,
     };
-    let rec = gabp_relay::replay::Recording::load(&store, meta, &opts)?;
-    drop(store);
+    let rec = gabp_relay::replay::Recording::open(store, meta, &opts)?;
     let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -1116,15 +1115,20 @@ async fn replay(a: ReplayArgs) -> Result<()> {
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     drop(out);
     let cancel = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(gabp_relay::replay::serve(
+    let mut server = tokio::spawn(gabp_relay::replay::serve(
         listener,
         std::sync::Arc::new(rec),
         opts,
         cancel.clone(),
     ));
-    signals.shutdown().await;
-    cancel.cancel();
-    let _ = server.await;
+    // A recording found unreadable while serving ends the replay with its one line.
+    tokio::select! {
+        _ = signals.shutdown() => {
+            cancel.cancel();
+            server.await??;
+        }
+        served = &mut server => served??,
+    }
     Ok(())
 }
 

@@ -1,7 +1,8 @@
 //! A route's shared state: the current session, the hub, pending requests, bridges.
 //!
-//! The upstream task owns the mod connection and publishes the session through a `watch`
-//! channel; bridge tasks read it to forward requests and wait on it during `session/hello`.
+//! The route's backend (the live mod or a recording, see [`crate::upstream`]) publishes the
+//! session through a `watch` channel; bridge tasks read it to forward requests and wait on it
+//! during `session/hello`.
 //! Everything here is shared behind short, synchronous locks that are never held across an
 //! `.await`.
 
@@ -26,6 +27,7 @@ use crate::metrics::RouteMetrics;
 use crate::outbox::Outbox;
 use crate::pending::{Entry, Origin, Pending};
 use crate::recorder::{RecMsg, Recorder};
+use crate::upstream::Backend;
 
 /// The relay's version, reported in welcomes and status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -41,8 +43,8 @@ pub struct SessionInfo {
     pub advertised: Vec<String>,
     /// When the welcome arrived (ns since epoch).
     pub started_ns: u64,
-    /// Bodies to the mod.
-    pub upstream: mpsc::Sender<Bytes>,
+    /// Bodies to the mod (`None` for a recorded session: nothing is sent anywhere).
+    pub upstream: Option<mpsc::Sender<Bytes>>,
     /// `advertised` as a set: a bridge leaving many channels asks once per channel.
     advertised_set: rustc_hash::FxHashSet<String>,
 }
@@ -54,7 +56,7 @@ impl SessionInfo {
         welcome: Value,
         advertised: Vec<String>,
         started_ns: u64,
-        upstream: mpsc::Sender<Bytes>,
+        upstream: Option<mpsc::Sender<Bytes>>,
     ) -> SessionInfo {
         SessionInfo {
             id,
@@ -94,6 +96,8 @@ pub struct BridgeState {
 pub struct Route {
     /// Its configuration.
     pub cfg: RouteConfig,
+    /// What stands behind the front: the live mod or a recording.
+    pub backend: Arc<dyn Backend>,
     /// Routing state.
     pub hub: Hub,
     /// Forwarded requests awaiting answers.
@@ -125,11 +129,13 @@ impl Route {
         cfg: RouteConfig,
         recorder: Option<Recorder>,
         cancel: CancellationToken,
+        backend: Arc<dyn Backend>,
     ) -> Arc<Route> {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
         Arc::new(Route {
             cfg,
+            backend,
             hub: Hub::new(),
             pending: Pending::default(),
             session: watch::channel(None).0,
@@ -201,6 +207,9 @@ impl Route {
     /// Sends the relay's own request to the mod (subscriptions), tracked so the answer is
     /// recognised.
     pub async fn send_internal(&self, session: &SessionInfo, method: &str, params: Value) {
+        let Some(upstream) = &session.upstream else {
+            return;
+        };
         let id = Uuid::new_v4();
         let body = message::request(&id.to_string(), method, params);
         let now = Instant::now();
@@ -214,7 +223,7 @@ impl Route {
                 deadline: now + self.cfg.request_timeout,
             },
         );
-        if session.upstream.send(body.clone()).await.is_ok() {
+        if upstream.send(body.clone()).await.is_ok() {
             self.record(
                 session.id,
                 FrameRecord::message(
@@ -288,7 +297,7 @@ impl Route {
         json!({
             "relay": { "name": "gabp-relay", "version": VERSION },
             "route": self.cfg.name,
-            "upstream": self.cfg.upstream.to_string(),
+            "upstream": self.backend.describe(&self.cfg),
             "listen": self.cfg.listen.to_string(),
             "recording": self.recorder.is_some(),
             "recorderLag": self.recorder.as_ref().map(|r| r.lag()),

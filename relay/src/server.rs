@@ -4,25 +4,21 @@
 //! integration tests both use it. Shutdown follows one deadline: stop accepting, let each
 //! connection finish its frame, flush writers, end sessions, drain and sync the recorder.
 
-use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gabp_proto::{frame_bytes, message, ErrorCode};
-use gabp_rt::net::{Addr, Conn, Listener};
+use gabp_rt::net::{Addr, Listener};
 use gabp_storage::{Store, StoreOptions};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bridge::Closer;
 use crate::config::RelayConfig;
 use crate::pending::Origin;
 use crate::recorder::{Recorder, RecorderThread};
 use crate::route::Route;
-use crate::upstream::{self, Connector, SocketConnector};
+use crate::upstream::{Backend, Connector, Live, SocketConnector};
 
 /// Why a relay could not start.
 #[derive(Debug, thiserror::Error)]
@@ -160,10 +156,9 @@ impl Relay {
                 addr: rc.listen.to_string(),
                 source,
             })?);
-            let route = Route::new(rc, recorder.clone(), cancel.child_token());
-            tracker.spawn(upstream::run(route.clone(), connector.clone()));
-            tracker.spawn(accept_loop(route.clone(), listener, tracker.clone()));
-            tracker.spawn(sweeper(route.clone()));
+            let backend = Arc::new(Live::new(connector.clone()));
+            let route = Route::new(rc, recorder.clone(), cancel.child_token(), backend);
+            serve_route(&route, listener, &tracker);
             routes.push(route);
         }
         drop(recorder);
@@ -244,63 +239,18 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
     }
 }
 
-async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker) {
-    let permits = Arc::new(Semaphore::new(route.cfg.max_bridges));
-    loop {
-        let conn = tokio::select! {
-            _ = route.cancel.cancelled() => return,
-            c = accept(&listener) => c,
-        };
-        let (conn, closer) = match conn {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of descriptors and the like: pause instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        match permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                tracker.spawn(crate::bridge::serve(route.clone(), conn, permit, closer));
-            }
-            Err(_) => {
-                tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
-                tracker.spawn(async move {
-                    let mut w = conn.write;
-                    let body = message::error_response(
-                        None,
-                        ErrorCode::LimitExceeded,
-                        "too many bridges connected",
-                        None,
-                    );
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        w.write_all(&frame_bytes(&body)),
-                    )
-                    .await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        }
-    }
-}
-
-/// Accepts one connection, with a second descriptor of its socket kept to reset it if the
-/// bridge has to be cut.
-async fn accept(listener: &Listener) -> std::io::Result<(Conn, Closer)> {
-    match listener {
-        Listener::Tcp(l) => {
-            let (s, _) = l.accept().await?;
-            let closer = Closer::of(s.as_fd());
-            Ok((Conn::tcp(s), closer))
-        }
-        Listener::Unix(l, _) => {
-            let (s, _) = l.accept().await?;
-            let closer = Closer::of(s.as_fd());
-            Ok((Conn::unix(s), closer))
-        }
-    }
+/// Serves `route` on `listener`: its backend, the bridge front, and the sweeper, all tracked by
+/// `tracker` and stopped by the route's cancellation. The one way any route is served, live or
+/// replayed.
+pub fn serve_route(route: &Arc<Route>, listener: Listener, tracker: &TaskTracker) {
+    let backend: Arc<dyn Backend> = route.backend.clone();
+    tracker.spawn(backend.run(route.clone()));
+    tracker.spawn(crate::bridge::accept_loop(
+        route.clone(),
+        listener,
+        tracker.clone(),
+    ));
+    tracker.spawn(sweeper(route.clone()));
 }
 
 /// Times out pending requests and publishes queue-depth gauges.

@@ -1,5 +1,6 @@
 //! Streaming reads of a recorded session: every frame in arrival order, or one channel from a
-//! given relay seq. Memory stays at one chunk whatever the session's size.
+//! given relay seq; one frame by number; the first frame at a time offset; event counts from
+//! the channel index. Memory stays at one chunk whatever the session's size.
 
 use rocksdb::{Direction as ScanDirection, IteratorMode, DB};
 
@@ -168,6 +169,140 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// Every index entry of a session, as (channel, first relay seq, entry), streamed.
+    pub fn index_iter(
+        &self,
+        session: SessionId,
+    ) -> impl Iterator<Item = Result<(u32, u64, IndexEntry), StoreError>> + '_ {
+        let start = keys::index_key(session, 0, 0);
+        self.db
+            .iterator_cf(
+                self.cf(CF_CHAN_INDEX),
+                IteratorMode::From(&start, ScanDirection::Forward),
+            )
+            .map_while(move |item| match item {
+                Err(e) => Some(Err(e.into())),
+                Ok((k, v)) => match keys::parse_index_key(&k) {
+                    Some((s, c, seq)) if s == session => Some(
+                        IndexEntry::decode(&v)
+                            .map(|e| (c, seq, e))
+                            .ok_or_else(|| StoreError::Corrupt("index entry".into())),
+                    ),
+                    _ => None,
+                },
+            })
+    }
+
+    /// Frame number `n` of `session`, if recorded (one chunk is read).
+    pub fn frame_at(&self, session: SessionId, n: u64) -> Result<Option<FrameRecord>, StoreError> {
+        match self.frames_from(session, n).next() {
+            Some(Ok((m, rec))) if m == n => Ok(Some(rec)),
+            Some(Ok(_)) | None => Ok(None),
+            Some(Err(e)) => Err(e),
+        }
+    }
+
+    /// The number one past the session's last frame (0 when it has none): read from its last
+    /// chunk, not by counting.
+    pub fn frame_end(&self, session: SessionId) -> Result<u64, StoreError> {
+        let last = keys::frame_key(session, u64::MAX);
+        let mut rev = self.db.iterator_cf(
+            self.cf(CF_FRAMES),
+            IteratorMode::From(&last, ScanDirection::Reverse),
+        );
+        match rev.next() {
+            Some(item) => {
+                let (k, v) = item?;
+                match keys::parse_frame_key(&k) {
+                    Some((s, first)) if s == session => {
+                        Ok(first + chunk::decode(bytes::Bytes::from(v.into_vec()))?.len() as u64)
+                    }
+                    _ => Ok(0),
+                }
+            }
+            None => Ok(0),
+        }
+    }
+
+    /// The first frame received at or after `time_ns` (ns since epoch), found by bisection
+    /// (a few chunk reads, whatever the session's length); `frame_end` if there is none.
+    /// Receive times are monotonic up to the interleaving of concurrent writers (well under a
+    /// millisecond), so a caller needing exactness reads from a little earlier and filters.
+    pub fn frame_at_time(&self, session: SessionId, time_ns: u64) -> Result<u64, StoreError> {
+        let (mut lo, mut hi) = (0, self.frame_end(session)?);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.frame_at(session, mid)? {
+                Some(rec) if rec.time_ns < time_ns => lo = mid + 1,
+                Some(_) => hi = mid,
+                // A hole (a gap under `continue`): look after it.
+                None => lo = mid + 1,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Events (frames with a relay seq) from frame `from` on, on channels `wanted` accepts,
+    /// counted from the channel index: only the chunk holding `from` is read.
+    pub fn count_events(
+        &self,
+        session: SessionId,
+        from: u64,
+        wanted: impl Fn(u32) -> bool,
+    ) -> Result<u64, StoreError> {
+        let holding = self.chunk_holding(session, from)?;
+        let mut n = 0u64;
+        // Channels whose run in the chunk holding `from` starts before it: only some of that
+        // run's frames count, so that one chunk is read.
+        let mut partial = Vec::new();
+        for item in self.index_iter(session) {
+            let (channel, _, e) = item?;
+            if !wanted(channel) {
+                continue;
+            }
+            if e.frame_no >= from {
+                n += u64::from(e.count);
+            } else if holding == Some(e.chunk) {
+                partial.push(channel);
+            }
+        }
+        if let (Some(first), false) = (holding, partial.is_empty()) {
+            let value = self
+                .db
+                .get_cf(self.cf(CF_FRAMES), keys::frame_key(session, first))?
+                .ok_or_else(|| StoreError::Corrupt("chunk named by the index".into()))?;
+            let recs = chunk::decode(bytes::Bytes::from(value))?;
+            n += recs
+                .iter()
+                .enumerate()
+                .filter(|(i, r)| {
+                    first + *i as u64 >= from
+                        && r.relay_seq.is_some()
+                        && r.channel.is_some_and(|c| partial.contains(&c))
+                })
+                .count() as u64;
+        }
+        Ok(n)
+    }
+
+    /// The key (first frame number) of the chunk holding frame `n`, if any.
+    fn chunk_holding(&self, session: SessionId, n: u64) -> Result<Option<u64>, StoreError> {
+        let target = keys::frame_key(session, n);
+        let mut rev = self.db.iterator_cf(
+            self.cf(CF_FRAMES),
+            IteratorMode::From(&target, ScanDirection::Reverse),
+        );
+        match rev.next() {
+            Some(item) => {
+                let (k, _) = item?;
+                Ok(keys::parse_frame_key(&k)
+                    .filter(|(s, _)| *s == session)
+                    .map(|(_, first)| first))
+            }
+            None => Ok(None),
+        }
     }
 
     /// Every chunk key (first frame number) of a session, with its record count.

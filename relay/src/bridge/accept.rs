@@ -1,0 +1,92 @@
+//! Accepting bridges: the route's connection cap (a permit moved into each connection task;
+//! past the cap a connection gets one error frame and is closed), and descriptor exhaustion
+//! (a failing accept is retried every 100 ms and logged once per run, never spun on).
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_rt::net::{Conn, Listener};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use super::Closer;
+use crate::route::Route;
+
+/// Pause after a failed accept.
+const RETRY_ACCEPT: Duration = Duration::from_millis(100);
+
+/// Accepts bridges for `route` until it is cancelled; each is served by [`super::serve`] under a
+/// permit of the route's connection cap.
+pub async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker) {
+    let permits = Arc::new(Semaphore::new(route.cfg.max_bridges));
+    let mut failing = false;
+    loop {
+        let conn = tokio::select! {
+            _ = route.cancel.cancelled() => return,
+            c = accept(&listener) => c,
+        };
+        let (conn, closer) = match conn {
+            Ok(c) => {
+                failing = false;
+                c
+            }
+            Err(e) => {
+                // Out of descriptors and the like: the error repeats at once until a descriptor
+                // frees up, so pause instead of spinning, and log once per run of errors.
+                if !failing {
+                    tracing::warn!(route = %route.cfg.name, error = %e, "cannot accept connections; retrying every 100 ms");
+                    failing = true;
+                }
+                tokio::select! {
+                    _ = route.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(RETRY_ACCEPT) => {}
+                }
+                continue;
+            }
+        };
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tracker.spawn(super::serve(route.clone(), conn, permit, closer));
+            }
+            Err(_) => {
+                tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
+                tracker.spawn(async move {
+                    let mut w = conn.write;
+                    let body = message::error_response(
+                        None,
+                        ErrorCode::LimitExceeded,
+                        "too many bridges connected",
+                        None,
+                    );
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        w.write_all(&frame_bytes(&body)),
+                    )
+                    .await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        }
+    }
+}
+
+/// Accepts one connection, with a second descriptor of its socket kept to reset it if the
+/// bridge has to be cut.
+async fn accept(listener: &Listener) -> std::io::Result<(Conn, Closer)> {
+    match listener {
+        Listener::Tcp(l) => {
+            let (s, _) = l.accept().await?;
+            let closer = Closer::of(s.as_fd());
+            Ok((Conn::tcp(s), closer))
+        }
+        Listener::Unix(l, _) => {
+            let (s, _) = l.accept().await?;
+            let closer = Closer::of(s.as_fd());
+            Ok((Conn::unix(s), closer))
+        }
+    }
+}
+

@@ -1,0 +1,118 @@
+//! The relay's own handshake: a bridge's `session/hello` is checked (token in constant time,
+//! failures throttled per source), then answered with the session's welcome plus the relay's
+//! extension (and the backend's, e.g. `replay`).
+
+use bytes::Bytes;
+use gabp_proto::{message, ErrorCode};
+use gabp_rt::clock::now_ns;
+use gabp_storage::{BridgeInfo, Direction};
+use serde_json::{json, Value};
+
+use super::reader::BridgeReader;
+use crate::auth;
+use crate::recorder::RecMsg;
+use crate::route::VERSION;
+
+impl BridgeReader {
+    pub(super) async fn hello(&mut self, id: &str, body: &Bytes, params: Option<std::ops::Range<usize>>) {
+        let route = self.route.clone();
+        let p: Value = params
+            .and_then(|p| serde_json::from_slice(&body[p]).ok())
+            .unwrap_or(Value::Null);
+        if self.authed {
+            // Recorded without its token (and without any other secret).
+            let rec = auth::redact_hello(body, &self.secrets());
+            self.record(Direction::BridgeToRelay, rec, true).await;
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::InvalidRequest,
+                    "session already established",
+                )
+                .await;
+        }
+        let source = auth::source_of(&self.bridge.peer);
+        if !auth::token_matches(&route.cfg.token, p["token"].as_str().unwrap_or("")) {
+            route.metrics.auth_failures.increment(1);
+            let delay = route.throttle.fail(&source);
+            tracing::warn!(route = %route.cfg.name, peer = %self.bridge.peer, "security: rejected session/hello with a wrong token");
+            tokio::time::sleep(delay).await;
+            return self
+                .reply_error(Some(id), ErrorCode::BadToken, "invalid token")
+                .await;
+        }
+        route.throttle.succeed(&source);
+        let mut rx = route.session.subscribe();
+        let session = tokio::time::timeout(route.cfg.hello_wait, rx.wait_for(|s| s.is_some()))
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .and_then(|s| s.clone());
+        let Some(session) = session else {
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::ModUnavailable,
+                    "the mod is not connected; try again later",
+                )
+                .await;
+        };
+        let mut welcome = session.welcome.clone();
+        if !welcome.is_object() {
+            welcome = json!({});
+        }
+        if !welcome["capabilities"].is_object() {
+            welcome["capabilities"] = json!({});
+        }
+        if !welcome["capabilities"]["extensions"].is_object() {
+            welcome["capabilities"]["extensions"] = json!({});
+        }
+        welcome["capabilities"]["extensions"]["relay"] = json!({
+            "name": "gabp-relay",
+            "version": VERSION,
+            "route": route.cfg.name,
+            "sessionId": session.id.to_string(),
+            "backpressure": {
+                "policy": route.cfg.on_slow.as_str(),
+                "outboxFrames": route.cfg.outbox_frames,
+                "outboxBytes": route.cfg.outbox_bytes,
+                "droppedChannel": "relay/dropped",
+            },
+            "methods": ["relay/status"],
+        });
+        route.backend.extend_welcome(&mut welcome);
+        self.authed = true;
+        // The first frame this bridge has recorded: its hello, without the token.
+        let rec = auth::redact_hello(body, &self.secrets());
+        self.record(Direction::BridgeToRelay, rec, true).await;
+        // Free-form strings from the bridge: capped, and never carrying a secret.
+        let field = |name: &str, max: usize| -> String {
+            auth::redact_str(p[name].as_str().unwrap_or_default(), &self.secrets())
+                .chars()
+                .take(max)
+                .collect()
+        };
+        let info = BridgeInfo {
+            conn: self.bridge.conn,
+            bridge_version: field("bridgeVersion", 128),
+            platform: field("platform", 32),
+            launch_id: field("launchId", 128),
+            peer: self.bridge.peer.clone(),
+            attached_ns: now_ns(),
+            detached_ns: None,
+            dropped: 0,
+            policy: route.cfg.on_slow.as_str().into(),
+        };
+        *self.bridge.info.lock() = Some(info.clone());
+        if let Some(rec) = &route.recorder {
+            rec.send(RecMsg::Bridge {
+                session: session.id,
+                info: Box::new(info),
+            })
+            .await;
+        }
+        tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, peer = %self.bridge.peer, "bridge attached");
+        self.reply(message::result_response(id, welcome)).await;
+    }
+
+}

@@ -1,0 +1,351 @@
+//! Reading one bridge: strict parsing, the frame timeout, the pre-hello limits, and what the
+//! relay answers itself (`events/*`, `relay/*`); every other request goes to the route's
+//! backend. Nothing is recorded before a successful hello.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use gabp_proto::{frame_bytes, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
+use gabp_storage::Direction;
+use serde_json::{json, Value};
+use tokio_util::codec::FramedRead;
+
+use super::MAX_PREHELLO_ERRORS;
+use crate::auth;
+use crate::pending::ByteBudget;
+use crate::route::{BridgeState, Route};
+use crate::upstream::Request;
+
+/// Relay replies a bridge may leave unread before the relay stops reading its requests (a
+/// bridge that never reads is then cut by the write deadline, never queued without bound).
+const CONTROL_PAUSE: usize = 1 << 20;
+/// Bad frames recorded per connection (with their error replies); later ones are only counted,
+/// so a client that sends garbage cannot fill the disk.
+const MAX_BAD_RECORDED: u32 = 16;
+/// A read buffer grown past this by one big frame is given back once empty.
+const READ_BUFFER_KEEP: usize = 1 << 20;
+
+/// One bridge's reading side and its conversation state.
+pub(super) struct BridgeReader {
+    pub(super) route: Arc<Route>,
+    pub(super) bridge: Arc<BridgeState>,
+    parser: Parser,
+    pub(super) authed: bool,
+    /// Frames refused before a successful hello.
+    prehello_errors: u32,
+    /// Bad frames recorded so far.
+    bad_recorded: u32,
+    /// Set when the connection must close after the reply just queued.
+    done: bool,
+    /// Bytes of this bridge's forwarded requests still held by the relay.
+    budget: Arc<ByteBudget>,
+}
+
+/// The id of a rejected frame, if it can be read at all (so the error can be matched).
+fn lenient_id(body: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let id = v.get("id")?.as_str()?;
+    (id.len() <= 64).then(|| id.to_string())
+}
+
+/// Channel names from subscribe params: `None` if there are more than `cap` (checked before
+/// anything else, so a huge list costs nothing), otherwise de-duplicated in order, in O(n).
+fn channels(params: &Value, cap: usize) -> Option<Vec<String>> {
+    let list = params["channels"].as_array().map_or(&[][..], |a| &a[..]);
+    if list.len() > cap {
+        return None;
+    }
+    let mut seen: HashSet<&str> = HashSet::with_capacity(list.len());
+    Some(
+        list.iter()
+            .filter_map(Value::as_str)
+            .filter(|c| seen.insert(*c))
+            .map(String::from)
+            .collect(),
+    )
+}
+
+impl BridgeReader {
+    /// A reader for a bridge that has not said hello yet.
+    pub(super) fn new(
+        route: Arc<Route>,
+        bridge: Arc<BridgeState>,
+        budget: Arc<ByteBudget>,
+    ) -> BridgeReader {
+        BridgeReader {
+            route,
+            bridge,
+            parser: Parser::new(),
+            authed: false,
+            prehello_errors: 0,
+            bad_recorded: 0,
+            done: false,
+            budget,
+        }
+    }
+
+    pub(super) async fn run(&mut self, read: gabp_rt::net::BoxRead) {
+        let route = self.route.clone();
+        let outbox = self.bridge.outbox.clone();
+        let timeout = route.cfg.frame_timeout;
+        let pause = CONTROL_PAUSE.min(route.cfg.outbox_bytes / 4).max(1);
+        let mut frames =
+            FramedRead::with_capacity(read, GabpCodec::new(route.cfg.max_body), 64 * 1024);
+        let connected = Instant::now();
+        let mut tick = tokio::time::interval((timeout / 4).max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut partial_since: Option<Instant> = None;
+        loop {
+            if self.done {
+                return;
+            }
+            if outbox.control_bytes() > pause {
+                // The bridge is not reading its replies: read no more requests until it does
+                // (one that never does is cut by the write deadline).
+                outbox.control_below(pause / 2).await;
+            }
+            let next = tokio::select! {
+                biased;
+                n = frames.next() => n,
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if !self.authed && now.duration_since(connected) > timeout {
+                        tracing::info!(peer = %self.bridge.peer, "closing bridge: no session/hello within {timeout:?}");
+                        return self.reply_error(None, ErrorCode::NoSession, "no session/hello in time; closing").await;
+                    }
+                    if frames.read_buffer().is_empty() {
+                        partial_since = None;
+                    } else if now.duration_since(*partial_since.get_or_insert(now)) > timeout {
+                        tracing::info!(peer = %self.bridge.peer, "closing bridge: frame not completed within {timeout:?}");
+                        return self.reply_error(None, ErrorCode::InvalidRequest, "frame not completed in time; closing").await;
+                    }
+                    continue;
+                }
+            };
+            partial_since = None;
+            match next {
+                None => return,
+                Some(Err(e)) => {
+                    route.metrics.bad_frames.increment(1);
+                    tracing::debug!(peer = %self.bridge.peer, error = %e, "closing bridge: broken framing");
+                    let code = if matches!(e, gabp_proto::FrameError::TooLarge { .. }) {
+                        ErrorCode::TooLarge
+                    } else {
+                        ErrorCode::InvalidRequest
+                    };
+                    let msg = match e {
+                        gabp_proto::FrameError::Io(_) | gabp_proto::FrameError::Truncated => return,
+                        other => format!("{other}; closing the connection"),
+                    };
+                    return self.reply_error(None, code, &msg).await;
+                }
+                Some(Ok(frame)) => self.on_frame(frame.body).await,
+            }
+            // One big frame grew the read buffer: give the memory back once it is empty.
+            if frames.read_buffer().is_empty() && frames.read_buffer().capacity() > READ_BUFFER_KEEP
+            {
+                *frames.read_buffer_mut() = BytesMut::with_capacity(64 * 1024);
+            }
+        }
+    }
+
+    /// The secrets no recording may hold.
+    pub(super) fn secrets(&self) -> [&str; 2] {
+        self.route.cfg.secrets()
+    }
+
+    /// Records a frame of this bridge's conversation, redacted; nothing is recorded before a
+    /// successful hello (that traffic is only counted).
+    pub(super) async fn record(&self, dir: Direction, body: Bytes, json_ok: bool) {
+        if !self.authed || self.route.recorder.is_none() {
+            return;
+        }
+        let body = auth::redact(&body, &self.secrets());
+        self.route
+            .record_current(dir, self.bridge.conn, body, json_ok)
+            .await;
+    }
+
+    /// Queues a reply the relay wrote itself, and records it.
+    pub(super) async fn reply(&mut self, body: Bytes) {
+        if self.bridge.outbox.push_control(frame_bytes(&body)) {
+            self.record(Direction::RelayToBridge, body, true).await;
+        }
+    }
+
+    /// Sends an error reply (recorded). Before a successful hello, only a few are sent: then
+    /// the connection closes.
+    pub(super) async fn reply_error(&mut self, id: Option<&str>, code: ErrorCode, msg: &str) {
+        self.error_reply(id, code, msg, true).await;
+    }
+
+    async fn error_reply(&mut self, id: Option<&str>, code: ErrorCode, msg: &str, record: bool) {
+        if !self.authed {
+            self.prehello_errors += 1;
+            if self.prehello_errors >= MAX_PREHELLO_ERRORS {
+                self.done = true;
+            }
+        }
+        let body = message::error_response(id, code, msg, None);
+        if record {
+            self.reply(body).await;
+        } else {
+            self.bridge.outbox.push_control(frame_bytes(&body));
+        }
+    }
+
+    async fn on_frame(&mut self, body: Bytes) {
+        let route = self.route.clone();
+        route.metrics.bridge_in.increment(1);
+        if !self.authed {
+            route.metrics.unauthenticated.increment(1);
+        }
+        let view = match self.parser.parse(&body, Mode::Strict) {
+            Ok(v) => v,
+            Err(e) => {
+                route.metrics.bad_frames.increment(1);
+                let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
+                if record {
+                    self.bad_recorded += 1;
+                    let (rec, json_ok) = auth::redact_unparsed(&body, &self.secrets());
+                    self.record(Direction::BridgeToRelay, rec, json_ok).await;
+                }
+                let id = lenient_id(&body);
+                return self
+                    .error_reply(id.as_deref(), e.code(), &e.to_string(), record)
+                    .await;
+            }
+        };
+        let id = view
+            .id
+            .as_deref()
+            .expect("strict views have an id")
+            .to_string();
+        if view.kind != MsgType::Request {
+            drop(view);
+            self.record(Direction::BridgeToRelay, body, true).await;
+            return self
+                .reply_error(
+                    Some(&id),
+                    ErrorCode::InvalidRequest,
+                    "bridges may only send requests",
+                )
+                .await;
+        }
+        let method = view
+            .method
+            .as_deref()
+            .expect("requests have a method")
+            .to_string();
+        let params: Option<std::ops::Range<usize>> = view.params.clone();
+        let id_span = view.id_span.clone().expect("strict views have an id span");
+        drop(view);
+        if method == "session/hello" {
+            return self.hello(&id, &body, params).await;
+        }
+        if !self.authed {
+            return self
+                .reply_error(
+                    Some(&id),
+                    ErrorCode::NoSession,
+                    "no session: send session/hello first",
+                )
+                .await;
+        }
+        if method == "relay/status" {
+            // Answered before it is recorded, so the status stays visible even while a failing
+            // disk holds the recorder (policy `stall`).
+            self.reply(message::result_response(&id, route.status()))
+                .await;
+            return self.record(Direction::BridgeToRelay, body, true).await;
+        }
+        self.record(Direction::BridgeToRelay, body.clone(), true)
+            .await;
+        let params_value = || -> Value {
+            params
+                .clone()
+                .and_then(|p| serde_json::from_slice(&body[p]).ok())
+                .unwrap_or(Value::Null)
+        };
+        match method.as_str() {
+            "events/subscribe" => self.subscribe(&id, &params_value()).await,
+            "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
+            m if m.starts_with("relay/") => {
+                self.reply_error(Some(&id), ErrorCode::MethodNotFound, "unknown relay method")
+                    .await
+            }
+            _ => {
+                let req = Request {
+                    bridge: &self.bridge,
+                    id: &id,
+                    id_span,
+                    method: &method,
+                    params,
+                    body,
+                    budget: &self.budget,
+                };
+                if let Err(no) = route.backend.request(&route, req).await {
+                    self.reply_error(Some(&id), no.code, no.message).await;
+                }
+            }
+        }
+    }
+
+
+    async fn subscribe(&mut self, id: &str, params: &Value) {
+        let route = self.route.clone();
+        let cap = route.cfg.max_subscriptions;
+        let within_cap = channels(params, cap).filter(|chans| {
+            let mut subs = self.bridge.subs.lock();
+            let new = chans.iter().filter(|c| !subs.contains(*c)).count();
+            let ok = subs.len() + new <= cap;
+            if ok {
+                subs.extend(chans.iter().cloned());
+            }
+            ok
+        });
+        let Some(chans) = within_cap else {
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many subscriptions for one bridge",
+                )
+                .await;
+        };
+        route.backend.subscribe(&route, &self.bridge, &chans).await;
+        self.reply(message::result_response(id, json!({ "subscribed": chans })))
+            .await;
+        // After the reply is queued: a recorded timeline starts now, so its first event never
+        // overtakes the answer to the subscribe that started it.
+        route.backend.subscribed(&route, &self.bridge);
+    }
+
+    async fn unsubscribe(&mut self, id: &str, params: &Value) {
+        let route = self.route.clone();
+        let Some(chans) = channels(params, route.cfg.max_subscriptions) else {
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many channels in one request",
+                )
+                .await;
+        };
+        {
+            let mut subs = self.bridge.subs.lock();
+            for c in &chans {
+                subs.remove(c);
+            }
+        }
+        route.backend.unsubscribe(&route, &self.bridge, &chans).await;
+        self.reply(message::result_response(
+            id,
+            json!({ "unsubscribed": chans }),
+        ))
+        .await;
+    }
+}

@@ -1,0 +1,90 @@
+//! Writing to a bridge: its writer task, and the upstream's direct write when that task is idle.
+//!
+//! The writer drains the bridge's outbox in batches: relay/dropped notices first (they describe
+//! gaps before what follows), then frames in the order they were queued, coalesced into few
+//! write calls. A socket that takes nothing for the write deadline gets the bridge cut.
+
+use std::sync::Arc;
+
+use gabp_storage::Direction;
+
+use crate::outbox::{CutReason, Outbox};
+use crate::route::{BridgeState, Route};
+use crate::sink::{Sink, Staged};
+
+/// The bridge's writer task: writes whatever the mod reader did not write directly (control
+/// frames, notices, bursts a full socket held back), waiting for the socket as long as it keeps
+/// taking bytes; a socket that takes nothing for the write deadline gets the bridge cut.
+pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
+    let outbox = &bridge.outbox;
+    let deadline = route.cfg.write_deadline;
+    loop {
+        // The slot is empty only while this task holds the sink, so this always succeeds;
+        // the mod reader writes in place under the slot's lock and never takes it out.
+        let Some(mut sink) = outbox.sink_slot().lock().take() else {
+            outbox.ready().await;
+            continue;
+        };
+        let open = outbox.take(&mut sink.batch).is_some();
+        let staged = sink.stage();
+        let written = sink.flush(deadline).await;
+        record_staged(&route, &sink, staged);
+        match written {
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                // Dropping the sink here lets the connection task reset the socket.
+                return outbox.cut(CutReason::WriteDeadline);
+            }
+            Err(_) => {
+                // A write failure means the bridge is gone: stop queueing for it.
+                outbox.close();
+                return;
+            }
+            Ok(()) if !open => {
+                let _ = tokio::time::timeout(deadline, sink.shutdown()).await;
+                return;
+            }
+            Ok(()) => {}
+        }
+        *outbox.sink_slot().lock() = Some(sink);
+        if !outbox.has_queued() {
+            outbox.ready().await;
+        }
+    }
+}
+
+/// The mod reader's write to one bridge after a burst of events: if the bridge's writer is
+/// idle, write what is queued right here without waiting (no wake-up, no context switch);
+/// otherwise, or if the socket takes only part of it, wake the writer to do the rest.
+pub fn write_from_reader(route: &Route, outbox: &Outbox) {
+    outbox.clear_wake_mark();
+    let Some(mut slot) = outbox.sink_slot().try_lock() else {
+        return outbox.wake();
+    };
+    let Some(sink) = slot.as_mut().filter(|s| s.is_idle()) else {
+        drop(slot);
+        return outbox.wake();
+    };
+    if outbox.take(&mut sink.batch).is_none() {
+        // Closed and drained: the writer shuts the socket.
+        drop(slot);
+        return outbox.wake();
+    }
+    let staged = sink.stage();
+    let result = sink.write_now();
+    record_staged(route, sink, staged);
+    drop(slot);
+    match result {
+        Ok(true) => {}
+        Ok(false) => outbox.wake(),
+        Err(_) => outbox.close(),
+    }
+}
+
+/// Counts what was staged and records its `relay/dropped` notices. Never waits on the
+/// recorder: under `stall` that would freeze this bridge (and the mod reader).
+fn record_staged(route: &Route, sink: &Sink, staged: Staged) {
+    route.metrics.bridge_out.increment(staged.events);
+    for body in staged.notices {
+        route.record_current_detached(Direction::RelayToBridge, sink.conn, body);
+    }
+}

@@ -1,0 +1,386 @@
+//! Reading the mod during a session: every frame is parsed (tolerantly), events are sequenced
+//! and fanned out through the hub, responses go back to the bridge that asked, and every frame
+//! goes to the recorder.
+//!
+//! The reader is the only publisher of events, so per channel order is the mod's order. It
+//! never waits for a bridge (unless a bridge's policy is `block`); it does wait for the
+//! recorder, which is what makes recording lossless. Outbox wake-ups are batched: touched
+//! writers are woken once the socket has nothing more buffered, or every 256 frames at full
+//! rate. Recorder messages go out in batches of up to 512, or after lingering at most 5 ms, so a
+//! slow trickle of frames does not become many tiny batches.
+//!
+//! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
+//! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
+//! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt, StreamExt};
+use gabp_proto::{encode_header, MsgType, Mode, Parser};
+use gabp_rt::clock::now_ns;
+use gabp_storage::{Direction, EndReason, FrameRecord};
+use uuid::Uuid;
+
+use super::{Frames, MAX_CHANNELS};
+use crate::outbox::{Offer, Outbox};
+use crate::pending::Origin;
+use crate::recorder::RecMsg;
+use crate::route::{Route, SessionInfo};
+
+/// Recorder messages batched before a send even if the socket still has data.
+const RECORD_BATCH: usize = 512;
+/// How long recorder messages may wait in the reader before they are sent: at low rates this
+/// turns many tiny batches into few larger ones, and the recorder thread (which commits every
+/// 10 ms) is woken a few times per commit rather than hundreds: on a small machine every wake-up
+/// of another thread can delay the readers and writers that carry events.
+const RECORD_LINGER: Duration = Duration::from_millis(5);
+/// Frames processed before writers are woken even if the socket still has data: at full rate the
+/// socket never runs dry, and writers must drain outboxes long before they fill.
+const WAKE_EVERY: usize = 256;
+
+/// Per-session reader state.
+struct Reader<'a> {
+    route: &'a Arc<Route>,
+    session: &'a SessionInfo,
+    parser: Parser,
+    records: Vec<RecMsg>,
+    touched: Vec<Arc<Outbox>>,
+    channel_counters: Vec<metrics::Counter>,
+    last_record_send: std::time::Instant,
+    clock: BurstClock,
+    /// Channels this session has used (the hub's table holds as many).
+    channels: usize,
+    /// Events published in this session: no channel's relay seq is larger.
+    events: u64,
+}
+
+/// Arrival time for a burst of events: read once per [`BurstClock::EVERY`] events and after
+/// every wait for the socket, so a burst read in one go shares one reading (reading the clock
+/// per event was ~1.3% of the relay's CPU at full rate) and times never go backwards.
+struct BurstClock {
+    ns: u64,
+    uses: u32,
+}
+
+impl BurstClock {
+    const EVERY: u32 = 32;
+
+    fn now(&mut self) -> u64 {
+        if self.uses == 0 {
+            self.ns = self.ns.max(now_ns());
+        }
+        self.uses = (self.uses + 1) % Self::EVERY;
+        self.ns
+    }
+
+    /// The next reading is fresh (the reader waited).
+    fn expire(&mut self) {
+        self.uses = 0;
+    }
+}
+
+pub(super) async fn read_loop(
+    route: &Arc<Route>,
+    session: &SessionInfo,
+    frames: &mut Frames,
+) -> EndReason {
+    let mut r = Reader {
+        route,
+        session,
+        parser: Parser::new(),
+        records: Vec::with_capacity(RECORD_BATCH),
+        touched: Vec::new(),
+        channel_counters: Vec::new(),
+        last_record_send: std::time::Instant::now(),
+        clock: BurstClock { ns: 0, uses: 0 },
+        channels: 0,
+        events: 0,
+    };
+    let mut since_flush = 0usize;
+    loop {
+        let next = match frames.next().now_or_never() {
+            Some(n) => n,
+            None => {
+                r.flush(false).await;
+                // Wait for the socket; lingering recorder messages go out after RECORD_LINGER.
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = route.cancel.cancelled() => {
+                            r.flush(true).await;
+                            return EndReason::RelayShutdown;
+                        }
+                        n = frames.next() => {
+                            r.clock.expire();
+                            break n;
+                        }
+                        _ = tokio::time::sleep(RECORD_LINGER), if !r.records.is_empty() => r.flush(true).await,
+                    }
+                }
+            }
+        };
+        match next {
+            Some(Ok(frame)) => {
+                r.on_frame(frame.body).await;
+                since_flush += 1;
+                if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
+                    r.flush(false).await;
+                    since_flush = 0;
+                    // A mod that never pauses never reaches the select below: shutdown is
+                    // checked here too.
+                    if route.cancel.is_cancelled() {
+                        r.flush(true).await;
+                        return EndReason::RelayShutdown;
+                    }
+                }
+            }
+            Some(Err(e)) => {
+                r.flush(true).await;
+                tracing::warn!(route = %route.cfg.name, error = %e, "mod connection broken");
+                return EndReason::ModGone;
+            }
+            None => {
+                r.flush(true).await;
+                return EndReason::Clean;
+            }
+        }
+    }
+}
+
+impl Reader<'_> {
+    /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
+    /// once they have lingered long enough.
+    async fn flush(&mut self, force: bool) {
+        for o in self.touched.drain(..) {
+            crate::bridge::write_from_reader(self.route, &o);
+        }
+        let due = force
+            || self.records.len() >= RECORD_BATCH
+            || self.last_record_send.elapsed() >= RECORD_LINGER;
+        if let Some(rec) = &self.route.recorder {
+            if !self.records.is_empty() && due {
+                self.last_record_send = std::time::Instant::now();
+                rec.send_batch(std::mem::replace(
+                    &mut self.records,
+                    Vec::with_capacity(RECORD_BATCH),
+                ))
+                .await;
+            }
+        } else {
+            self.records.clear();
+        }
+    }
+
+    fn record(&mut self, rec: FrameRecord) {
+        if self.route.recorder.is_some() {
+            self.records.push(RecMsg::Frame {
+                session: self.session.id,
+                rec,
+            });
+        }
+    }
+
+    fn anomaly(&mut self, body: Bytes, json_ok: bool, why: &str) {
+        self.route.metrics.anomalies.increment(1);
+        tracing::debug!(route = %self.route.cfg.name, why, "unroutable frame from the mod");
+        if self.route.recorder.is_some() {
+            self.records.push(RecMsg::Anomaly {
+                session: self.session.id,
+            });
+        }
+        self.record(FrameRecord::message(
+            Direction::ModToRelay,
+            0,
+            now_ns(),
+            json_ok,
+            body,
+        ));
+    }
+
+    async fn on_frame(&mut self, body: Bytes) {
+        let route = self.route;
+        route.metrics.mod_in.increment(1);
+        let view = match self.parser.parse(&body, Mode::Tolerant) {
+            Ok(v) => v,
+            Err(e) => {
+                // Non-finite numbers and lone surrogates break the same rule as bad grammar:
+                // no peer downstream could decode the frame.
+                let json_ok = !matches!(
+                    e,
+                    gabp_proto::EnvelopeError::InvalidJson
+                        | gabp_proto::EnvelopeError::InvalidUtf8
+                        | gabp_proto::EnvelopeError::NonFiniteNumber
+                        | gabp_proto::EnvelopeError::LoneSurrogate
+                );
+                let why = e.to_string();
+                return self.anomaly(body, json_ok, &why);
+            }
+        };
+        match view.kind {
+            MsgType::Event => {
+                let channel = view
+                    .channel
+                    .as_deref()
+                    .expect("tolerant events have a channel");
+                // The relay's seq can be longer than the mod's (or added where the mod sent
+                // none): an event that might then exceed --max-body is refused, so no peer
+                // with the same limit is ever sent a frame it must refuse. The seq is bounded
+                // by the session's event count, which bounds its digits.
+                let mut digits = [0u8; 20];
+                let seq_len = gabp_proto::rewrite::decimal(self.events, &mut digits).len();
+                let sequenced = match &view.seq_span {
+                    Some(span) => body.len() - span.len().min(body.len()) + seq_len,
+                    None => body.len() + ",\"seq\":".len() + seq_len,
+                };
+                if sequenced > route.cfg.max_body {
+                    return self.anomaly(
+                        body,
+                        true,
+                        "event too large to forward once the relay's seq is written",
+                    );
+                }
+                if self.channels >= MAX_CHANNELS && !route.hub.knows(channel) {
+                    return self.anomaly(body, true, "event on a channel past the session's limit");
+                }
+                let p = route.hub.publish(channel, &body, view.seq_span.clone());
+                self.events += 1;
+                let cid = p.channel_id as usize;
+                if p.new_channel {
+                    self.channels += 1;
+                    if route.recorder.is_some() {
+                        self.records.push(RecMsg::Channel {
+                            session: self.session.id,
+                            id: p.channel_id,
+                            name: channel.to_string(),
+                        });
+                    }
+                    if self.channel_counters.len() <= cid {
+                        self.channel_counters
+                            .resize(cid + 1, metrics::Counter::noop());
+                    }
+                    self.channel_counters[cid] = route.metrics.channel_events(channel);
+                }
+                if let Some(c) = self.channel_counters.get(cid) {
+                    c.increment(1);
+                }
+                let mod_seq = view.seq;
+                let time_ns = self.clock.now();
+                self.record(FrameRecord {
+                    dir: Direction::ModToRelay,
+                    conn: 0,
+                    time_ns,
+                    channel: Some(p.channel_id),
+                    mod_seq,
+                    relay_seq: Some(p.event.seq),
+                    json_ok: true,
+                    body: body.clone(),
+                });
+                for (conn, outbox) in p.subscribers.iter() {
+                    self.offer(*conn, outbox, &p.event).await;
+                }
+            }
+            MsgType::Response => {
+                let Some(upstream_id) = view.id.as_deref().and_then(|s| Uuid::parse_str(s).ok())
+                else {
+                    return self.anomaly(body, true, "response without a relay id");
+                };
+                let Some(entry) = route.pending.take(&upstream_id) else {
+                    return self.anomaly(body, true, "response to an unknown or expired request");
+                };
+                let outcome = if view.is_error() { "error" } else { "ok" };
+                let (latency, count) = route.metrics.request(&entry.method, outcome);
+                latency.record(entry.sent.elapsed().as_secs_f64());
+                count.increment(1);
+                match &entry.origin {
+                    Origin::Bridge {
+                        conn,
+                        outbox,
+                        bridge_id,
+                        ..
+                    } => {
+                        let wire = response_wire(
+                            &body,
+                            view.id_span.clone().expect("responses have an id"),
+                            bridge_id,
+                        );
+                        outbox.push_control(wire);
+                        let conn = *conn;
+                        // A mod may echo a bridge's arguments: no secret is recorded.
+                        let body = crate::auth::redact(&body, &route.cfg.secrets());
+                        self.record(FrameRecord::message(
+                            Direction::ModToRelay,
+                            conn,
+                            now_ns(),
+                            true,
+                            body,
+                        ));
+                    }
+                    Origin::Relay => {
+                        if view.is_error() {
+                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
+                        }
+                        self.record(FrameRecord::message(
+                            Direction::ModToRelay,
+                            0,
+                            now_ns(),
+                            true,
+                            body,
+                        ));
+                    }
+                }
+            }
+            MsgType::Request => self.anomaly(body, true, "the mod sent a request"),
+        }
+    }
+
+    async fn offer(
+        &mut self,
+        conn: u32,
+        outbox: &Arc<Outbox>,
+        event: &Arc<crate::outbox::EventFrame>,
+    ) {
+        loop {
+            match outbox.offer(event) {
+                Offer::Queued => {}
+                Offer::QueuedAfterDrop(n) => self.route.metrics.dropped.increment(n),
+                Offer::Full => {
+                    // Block policy: let every writer drain, then wait for this one.
+                    for o in self.touched.drain(..) {
+                        o.wake();
+                    }
+                    tokio::select! {
+                        _ = outbox.space() => continue,
+                        _ = self.route.cancel.cancelled() => return,
+                    }
+                }
+                Offer::Disconnected => {
+                    tracing::info!(route = %self.route.cfg.name, conn, "bridge disconnected: its outbox is full (policy disconnect)");
+                    self.route.metrics.dropped.increment(1);
+                }
+                Offer::Closed => {}
+            }
+            break;
+        }
+        if outbox.mark_for_wake() {
+            self.touched.push(outbox.clone());
+        }
+    }
+}
+
+/// The wire frame of a mod response with the bridge's id put back (in place when the lengths
+/// agree, which they do for UUID ids).
+fn response_wire(body: &[u8], id_span: std::ops::Range<usize>, bridge_id: &str) -> Bytes {
+    if id_span.len() == bridge_id.len() + 2 {
+        let mut out = BytesMut::with_capacity(body.len() + 64);
+        encode_header(body.len(), &mut out);
+        let at = out.len();
+        out.extend_from_slice(body);
+        gabp_proto::rewrite::rewrite_id_in_place(&mut out[at..], id_span, bridge_id.as_bytes());
+        out.freeze()
+    } else {
+        gabp_proto::frame_bytes(&gabp_proto::rewrite::with_id(body, id_span, bridge_id))
+    }
+}
+
