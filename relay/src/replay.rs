@@ -136,6 +136,17 @@ pub async fn serve(
     opts: ReplayOptions,
     cancel: CancellationToken,
 ) -> Result<(), ReplayError> {
+    serve_with(listener, rec, opts, cancel, |_| {}).await
+}
+
+/// [`serve`], with the front's settings (limits, deadlines) adjusted by `tweak`.
+pub async fn serve_with(
+    listener: Listener,
+    rec: Arc<Recording>,
+    opts: ReplayOptions,
+    cancel: CancellationToken,
+    tweak: impl FnOnce(&mut RouteConfig),
+) -> Result<(), ReplayError> {
     let listen = listener
         .local_addr()
         .map_err(|e| ReplayError(format!("cannot listen: {e}")))?;
@@ -150,6 +161,7 @@ pub async fn serve(
     cfg.subscribe_all = false;
     // Lossless per bridge: a full outbox holds that bridge's timeline, nothing else.
     cfg.on_slow = OnSlow::Block;
+    tweak(&mut cfg);
     let backend = Arc::new(Recorded::new(rec.plan.clone()));
     let route = Route::new(cfg, None, cancel.child_token(), backend.clone());
     let tracker = TaskTracker::new();

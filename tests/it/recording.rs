@@ -126,7 +126,7 @@ async fn replay_serves_the_same_events_and_answers() {
         channels: vec![],
         from: None,
     };
-    let rec = std::sync::Arc::new(Recording::load(&store, meta, &opts).expect("load"));
+    let rec = std::sync::Arc::new(Recording::open(store, meta, &opts).expect("open"));
     let listener = Listener::bind(&loopback()).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let cancel = tokio_util::sync::CancellationToken::new();
