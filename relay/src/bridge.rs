@@ -136,4 +136,3 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
     }
     drop(permit);
 }
-

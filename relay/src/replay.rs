@@ -94,7 +94,11 @@ impl Recording {
         meta: SessionMeta,
         opts: &ReplayOptions,
     ) -> Result<Recording, StoreError> {
-        let names: Vec<Arc<str>> = meta.channels.iter().map(|c| Arc::from(c.as_str())).collect();
+        let names: Vec<Arc<str>> = meta
+            .channels
+            .iter()
+            .map(|c| Arc::from(c.as_str()))
+            .collect();
         let channels: Option<Vec<u32>> = (!opts.channels.is_empty()).then(|| {
             (0..names.len() as u32)
                 .filter(|&i| opts.channels.iter().any(|c| **c == *names[i as usize]))
@@ -172,7 +176,10 @@ pub async fn serve_with(
     };
     route.cancel.cancel();
     tracker.close();
-    if tokio::time::timeout(SHUTDOWN, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("replay bridges did not finish within {SHUTDOWN:?}");
     }
     result

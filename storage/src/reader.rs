@@ -84,8 +84,13 @@ impl Store {
                 }
             }
         }
-        let iter = self.db.iterator_cf(
+        // A scan reads each block once: keeping its blocks in the block cache (up to the cache's
+        // size, per column family) only costs memory.
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.fill_cache(false);
+        let iter = self.db.iterator_cf_opt(
             self.cf(CF_FRAMES),
+            ro,
             IteratorMode::From(&first, ScanDirection::Forward),
         );
         FrameIter {

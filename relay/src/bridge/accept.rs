@@ -89,4 +89,3 @@ async fn accept(listener: &Listener) -> std::io::Result<(Conn, Closer)> {
         }
     }
 }
-

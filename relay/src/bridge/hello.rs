@@ -14,7 +14,12 @@ use crate::recorder::RecMsg;
 use crate::route::VERSION;
 
 impl BridgeReader {
-    pub(super) async fn hello(&mut self, id: &str, body: &Bytes, params: Option<std::ops::Range<usize>>) {
+    pub(super) async fn hello(
+        &mut self,
+        id: &str,
+        body: &Bytes,
+        params: Option<std::ops::Range<usize>>,
+    ) {
         let route = self.route.clone();
         let p: Value = params
             .and_then(|p| serde_json::from_slice(&body[p]).ok())
@@ -114,5 +119,4 @@ impl BridgeReader {
         tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, peer = %self.bridge.peer, "bridge attached");
         self.reply(message::result_response(id, welcome)).await;
     }
-
 }

@@ -294,7 +294,6 @@ impl BridgeReader {
         }
     }
 
-
     async fn subscribe(&mut self, id: &str, params: &Value) {
         let route = self.route.clone();
         let cap = route.cfg.max_subscriptions;
@@ -341,7 +340,10 @@ impl BridgeReader {
                 subs.remove(c);
             }
         }
-        route.backend.unsubscribe(&route, &self.bridge, &chans).await;
+        route
+            .backend
+            .unsubscribe(&route, &self.bridge, &chans)
+            .await;
         self.reply(message::result_response(
             id,
             json!({ "unsubscribed": chans }),

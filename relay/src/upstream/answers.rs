@@ -42,7 +42,11 @@ pub struct Answers {
 impl Answers {
     /// Builds the index in one streaming pass over `session`; `stop` ends it early (the
     /// replay is shutting down). Blocking: run it on a thread of its own.
-    pub fn build(store: &Store, session: SessionId, stop: &AtomicBool) -> Result<Answers, StoreError> {
+    pub fn build(
+        store: &Store,
+        session: SessionId,
+        stop: &AtomicBool,
+    ) -> Result<Answers, StoreError> {
         let mut parser = Parser::new();
         // Requests sent and not yet answered: upstream id -> key.
         let mut asked: HashMap<u128, u128> = HashMap::new();
@@ -63,7 +67,11 @@ impl Answers {
             let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else {
                 continue;
             };
-            let Some(id) = view.id.as_deref().and_then(|i| uuid::Uuid::parse_str(i).ok()) else {
+            let Some(id) = view
+                .id
+                .as_deref()
+                .and_then(|i| uuid::Uuid::parse_str(i).ok())
+            else {
                 continue;
             };
             match (rec.dir, view.kind) {
@@ -104,7 +112,12 @@ impl Answers {
 
 /// The recorded response in frame `frame`, re-addressed to the bridge's `id`: the answer
 /// (`result` or `error`) is kept, the envelope is the bridge's.
-pub fn answer_from(store: &Store, session: SessionId, frame: u64, id: &str) -> Result<Bytes, StoreError> {
+pub fn answer_from(
+    store: &Store,
+    session: SessionId,
+    frame: u64,
+    id: &str,
+) -> Result<Bytes, StoreError> {
     let rec = store
         .frame_at(session, frame)?
         .ok_or_else(|| StoreError::Corrupt("answer frame named by the index".into()))?;
@@ -125,10 +138,22 @@ mod tests {
 
     #[test]
     fn keys_ignore_key_order_and_tell_params_apart() {
-        let a = request_key("tools/call", Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#));
-        let b = request_key("tools/call", Some(br#"{"arguments":{"r":2,"q":1},"name":"x"}"#));
-        let c = request_key("tools/call", Some(br#"{"name":"x","arguments":{"q":2,"r":2}}"#));
-        let d = request_key("tools/list", Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#));
+        let a = request_key(
+            "tools/call",
+            Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#),
+        );
+        let b = request_key(
+            "tools/call",
+            Some(br#"{"arguments":{"r":2,"q":1},"name":"x"}"#),
+        );
+        let c = request_key(
+            "tools/call",
+            Some(br#"{"name":"x","arguments":{"q":2,"r":2}}"#),
+        );
+        let d = request_key(
+            "tools/list",
+            Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#),
+        );
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);

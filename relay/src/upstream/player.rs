@@ -36,7 +36,7 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 pub const NOTICE_CHANNEL: &str = "relay/replay";
 
 /// A recorded event on its way to the pacer.
-struct Recorded {
+struct Played {
     /// Offset on the replayed timeline (after `--from`).
     offset_ns: u64,
     channel: u32,
@@ -44,9 +44,11 @@ struct Recorded {
 }
 
 enum Msg {
-    Events(Vec<Recorded>),
+    Events(Vec<Played>),
     /// The pass reached the end of the session.
-    End { last_offset_ns: u64 },
+    End {
+        last_offset_ns: u64,
+    },
     Failed(String),
 }
 
@@ -89,7 +91,7 @@ fn read_pass(plan: &ReplayPlan, tx: mpsc::Sender<Msg>) {
         }
         last_offset_ns = offset - plan.from_ns;
         // A copy, so the chunk the body was sliced from is freed at once.
-        batch.push(Recorded {
+        batch.push(Played {
             offset_ns: last_offset_ns,
             channel,
             body: Bytes::copy_from_slice(&rec.body),
@@ -163,7 +165,9 @@ pub async fn play(
             continue;
         }
         tracing::info!(route = %route.cfg.name, conn = bridge.conn, events = delivered, at_secs = ended / 1_000_000_000, "replay reached the end of the recording");
-        p.notice(json!({"state": "ended", "sessionId": plan.meta.id.to_string(), "events": delivered}));
+        p.notice(
+            json!({"state": "ended", "sessionId": plan.meta.id.to_string(), "events": delivered}),
+        );
         return;
     }
 }
@@ -182,7 +186,8 @@ impl Pacer<'_> {
                 Msg::Events(batch) => {
                     for ev in batch {
                         if let Speed::Factor(f) = self.plan.speed {
-                            let due = start + Duration::from_nanos((ev.offset_ns as f64 / f) as u64);
+                            let due =
+                                start + Duration::from_nanos((ev.offset_ns as f64 / f) as u64);
                             if !self.wait_until(due).await {
                                 return None;
                             }
@@ -197,7 +202,9 @@ impl Pacer<'_> {
                 Msg::End { last_offset_ns } => end = Some(last_offset_ns),
                 Msg::Failed(why) => {
                     tracing::error!(route = %self.route.cfg.name, conn = self.bridge.conn, "replay cannot read the recording: {why}");
-                    self.notice(json!({"state": "failed", "sessionId": self.plan.meta.id.to_string()}));
+                    self.notice(
+                        json!({"state": "failed", "sessionId": self.plan.meta.id.to_string()}),
+                    );
                     return None;
                 }
             }
@@ -230,9 +237,14 @@ impl Pacer<'_> {
 
     /// Sequences one event for this bridge and queues it, waiting while the outbox is full;
     /// false once the bridge is gone.
-    async fn deliver(&mut self, ev: Recorded) -> bool {
+    async fn deliver(&mut self, ev: Played) -> bool {
         let cid = ev.channel as usize;
-        if !self.shared.subs.get(cid).is_some_and(|s| s.load(Ordering::Relaxed)) {
+        if !self
+            .shared
+            .subs
+            .get(cid)
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+        {
             return true;
         }
         let span = self

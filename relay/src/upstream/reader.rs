@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
-use gabp_proto::{encode_header, MsgType, Mode, Parser};
+use gabp_proto::{encode_header, Mode, MsgType, Parser};
 use gabp_rt::clock::now_ns;
 use gabp_storage::{Direction, EndReason, FrameRecord};
 use uuid::Uuid;
@@ -383,4 +383,3 @@ fn response_wire(body: &[u8], id_span: std::ops::Range<usize>, bridge_id: &str) 
         gabp_proto::frame_bytes(&gabp_proto::rewrite::with_id(body, id_span, bridge_id))
     }
 }
-

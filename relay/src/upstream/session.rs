@@ -121,7 +121,6 @@ async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: A
     let _ = write.shutdown().await;
 }
 
-
 /// Says hello and waits for the welcome. Frames before the answer are discarded.
 async fn handshake(
     route: &Route,
@@ -325,4 +324,3 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     tracing::info!(route = %route.cfg.name, session = %id, reason = reason.as_str(), "session ended");
     Ok(())
 }
-
