@@ -354,7 +354,7 @@ async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
     assert!(stderr.contains("recording failed"), "{stderr}");
     let (code, check) = check_json(&data).await;
     assert_eq!(code, Some(0), "an announced gap passes the check: {check}");
-    let lost = check["sessions"][0]["lost_frames"].as_u64().expect("lost");
+    let lost = check["sessions"][0]["lostFrames"].as_u64().expect("lost");
     assert!(check["sessions"][0]["gaps"].as_u64() >= Some(1), "{check}");
     assert!(lost > 0);
     let seqs = recorded_seqs(&data).await;
