@@ -6,6 +6,7 @@
 //! the file, the line and the field; [`units`] reads durations and sizes.
 
 pub mod file;
+mod trust;
 pub mod units;
 
 pub use file::{ConfigError, FileConfig, FileRoute};
