@@ -43,8 +43,13 @@ fn main() {
         .expect("building the tokio runtime");
     // Ctrl-C or SIGTERM drops the command's future: every process it started is stopped (a
     // `Target` kills its process group when dropped) and its temp dirs removed, before exiting.
+    // `mod` runs until Ctrl-C by design and prints its own summary then.
+    let ends_on_ctrl_c = matches!(cli.cmd, Cmd::Mod(_));
     let code = rt.block_on(async {
         let stop = async {
+            if ends_on_ctrl_c {
+                return std::future::pending().await;
+            }
             use tokio::signal::unix::{signal, SignalKind};
             let (Ok(mut int), Ok(mut term)) = (
                 signal(SignalKind::interrupt()),

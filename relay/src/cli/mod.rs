@@ -41,7 +41,7 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 #[derive(Args, Debug, Clone)]
 pub struct DataDir {
     /// Where recordings live.
-    #[arg(long, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    #[arg(long, global = true, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
     pub data_dir: PathBuf,
 }
 
