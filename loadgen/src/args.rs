@@ -361,4 +361,3 @@ pub(crate) struct ForwarderArgs {
     #[arg(long)]
     pub(crate) token: String,
 }
-

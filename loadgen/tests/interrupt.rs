@@ -19,7 +19,11 @@ fn children(parent: u32, name: &str) -> Vec<u32> {
             continue;
         };
         let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
-        if ppid == Some(parent) && comm.split_once('(').is_some_and(|(_, c)| c.starts_with(name)) {
+        if ppid == Some(parent)
+            && comm
+                .split_once('(')
+                .is_some_and(|(_, c)| c.starts_with(name))
+        {
             out.push(pid);
         }
     }
@@ -38,7 +42,17 @@ fn alive(pid: u32) -> bool {
 async fn ctrl_c_on_run_stops_the_relay_and_removes_the_temp_dir() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut child = tokio::process::Command::new(BIN)
-        .args(["run", "--bridges", "1", "--rate", "1000", "--warmup", "0", "--duration", "10m"])
+        .args([
+            "run",
+            "--bridges",
+            "1",
+            "--rate",
+            "1000",
+            "--warmup",
+            "0",
+            "--duration",
+            "10m",
+        ])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -70,7 +84,10 @@ async fn ctrl_c_on_run_stops_the_relay_and_removes_the_temp_dir() {
     assert_eq!(out.code(), Some(130));
     let gone = tokio::time::Instant::now() + Duration::from_secs(10);
     while alive(relay) {
-        assert!(tokio::time::Instant::now() < gone, "relay {relay} outlived the load generator");
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "relay {relay} outlived the load generator"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let left: Vec<_> = std::fs::read_dir(tmp.path())

@@ -337,7 +337,14 @@ pub fn render(s: &SessionStats) -> String {
         let _ = writeln!(
             o,
             "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
-            "METHOD", "CALLS", "ERRORS", "UNANSWERED", "P50 (ms)", "P90 (ms)", "P99 (ms)", "MAX (ms)"
+            "METHOD",
+            "CALLS",
+            "ERRORS",
+            "UNANSWERED",
+            "P50 (ms)",
+            "P90 (ms)",
+            "P99 (ms)",
+            "MAX (ms)"
         );
     }
     for m in &s.methods {

@@ -57,9 +57,12 @@ async fn record_a_session() -> tempfile::TempDir {
     for _ in 0..20 {
         c.next_event().await.expect("event");
     }
-    c.call("tools/call", serde_json::json!({"name": "sim/echo", "arguments": {}}))
-        .await
-        .expect("call");
+    c.call(
+        "tools/call",
+        serde_json::json!({"name": "sim/echo", "arguments": {}}),
+    )
+    .await
+    .expect("call");
     sigterm(&s.child);
     let mut child = s.child;
     let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
@@ -119,7 +122,12 @@ async fn status_shows_the_mod_session_and_bridges_via_the_discovery_file() {
     let (mut c, _) = Client::connect_hello(&s.addr, &token).await.expect("hello");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
     let out = output(&["status", "--bridge-file", f, "--json"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json(&out);
     let r = &v["relays"][0];
     assert_eq!(r["route"], "colony", "{v}");
@@ -139,11 +147,21 @@ async fn status_shows_the_mod_session_and_bridges_via_the_discovery_file() {
     .await;
     assert_eq!(out.status.code(), Some(0));
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("LAG (batches)") && table.contains("QUEUE (events)"), "{table}");
+    assert!(
+        table.contains("LAG (batches)") && table.contains("QUEUE (events)"),
+        "{table}"
+    );
     assert!(table.contains(" up "), "{table}");
     assert!(table.contains("gabp-sim/0.1"), "{table}");
     // A wrong token: exit 1, one line, the token never echoed.
-    let out = output(&["status", "--address", &s.addr.to_string(), "--token", "wrongtok"]).await;
+    let out = output(&[
+        "status",
+        "--address",
+        &s.addr.to_string(),
+        "--token",
+        "wrongtok",
+    ])
+    .await;
     assert_eq!(out.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("wrongtok"));
     // No relay there: exit 1 with one line.
@@ -172,7 +190,13 @@ async fn sizes_take_suffixes_and_help_shows_defaults_and_choices() {
     .await;
     drop(s);
     for bad in [&["--outbox-bytes", "512"][..], &["--max-body", "lots"]] {
-        let mut args = vec!["serve", "--upstream", "127.0.0.1:1", "--listen", "127.0.0.1:0"];
+        let mut args = vec![
+            "serve",
+            "--upstream",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+        ];
         args.extend_from_slice(bad);
         let out = output(&args).await;
         assert_eq!(out.status.code(), Some(2), "{args:?}");
@@ -190,8 +214,18 @@ async fn sizes_take_suffixes_and_help_shows_defaults_and_choices() {
     // The banner names the durability as the flag spells it.
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = relay()
-        .args(["serve", "--upstream", &sim.addr().to_string(), "--listen", "127.0.0.1:0"])
-        .args(["--no-bridge-file", "--data-dir", dir.path().join("d").to_str().expect("utf-8")])
+        .args([
+            "serve",
+            "--upstream",
+            &sim.addr().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--no-bridge-file",
+            "--data-dir",
+            dir.path().join("d").to_str().expect("utf-8"),
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -269,8 +303,17 @@ async fn json_is_offered_only_where_it_works_and_a_closed_pipe_is_quiet() {
         .output()
         .await
         .expect("bash");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = output(&["sessions", "rm", "latest", "--json", "--data-dir", d]).await;
     assert_eq!(out.status.code(), Some(0));
     assert!(json(&out)["removed"].is_string());
@@ -284,7 +327,15 @@ async fn ctrl_c_on_demo_prints_the_summary_and_ends_clean_and_prefixes_list_cand
     let mut ids = Vec::new();
     for _ in 0..2 {
         let mut child = relay()
-            .args(["demo", "--duration", "10m", "--rate", "2000", "--data-dir", d])
+            .args([
+                "demo",
+                "--duration",
+                "10m",
+                "--rate",
+                "2000",
+                "--data-dir",
+                d,
+            ])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()

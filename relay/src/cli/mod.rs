@@ -41,7 +41,12 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 #[derive(Args, Debug, Clone)]
 pub struct DataDir {
     /// Where recordings live.
-    #[arg(long, global = true, env = "GABP_RELAY_DATA_DIR", default_value = "gabp-data")]
+    #[arg(
+        long,
+        global = true,
+        env = "GABP_RELAY_DATA_DIR",
+        default_value = "gabp-data"
+    )]
     pub data_dir: PathBuf,
 }
 
@@ -56,7 +61,8 @@ pub struct Json {
 /// The exit code for an error: 2 for usage and config errors, 1 for everything else.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
     let usage = e.downcast_ref::<UsageError>().is_some()
-        || e.downcast_ref::<gabp_relay::config::ConfigError>().is_some();
+        || e.downcast_ref::<gabp_relay::config::ConfigError>()
+            .is_some();
     if usage {
         2
     } else {

@@ -51,11 +51,19 @@ pub struct PolicyFlags {
     pub write_deadline: Option<String>,
     /// Subscribe upstream only to what bridges ask for (recordings then miss other channels).
     #[arg(long)]
-    #[serde(rename = "subscribe_all", skip_serializing_if = "unset", serialize_with = "negated")]
+    #[serde(
+        rename = "subscribe_all",
+        skip_serializing_if = "unset",
+        serialize_with = "negated"
+    )]
     pub no_subscribe_all: bool,
     /// Do not record.
     #[arg(long)]
-    #[serde(rename = "record", skip_serializing_if = "unset", serialize_with = "negated")]
+    #[serde(
+        rename = "record",
+        skip_serializing_if = "unset",
+        serialize_with = "negated"
+    )]
     pub no_record: bool,
 }
 
@@ -229,14 +237,19 @@ impl ServeArgs {
             None => None,
         };
         let file = text.as_ref().map_or("command line", |(_, f)| f.as_str());
-        let merged = FileConfig::layered(text.as_ref().map(|(t, f)| (t.as_str(), f.as_str())), layer)?;
+        let merged =
+            FileConfig::layered(text.as_ref().map(|(t, f)| (t.as_str(), f.as_str())), layer)?;
         let cfg = merged.relay_config(file)?;
         if cfg.routes.is_empty() {
             return Err(usage(
                 "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
             ));
         }
-        if let Some(r) = cfg.routes.iter().find(|r| !cfg.allow_remote && !r.listen.is_local()) {
+        if let Some(r) = cfg
+            .routes
+            .iter()
+            .find(|r| !cfg.allow_remote && !r.listen.is_local())
+        {
             return Err(usage(format!(
                 "refusing to listen on {}: not a loopback address (pass --allow-remote to allow it)",
                 r.listen

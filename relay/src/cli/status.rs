@@ -100,10 +100,8 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
             bail!("no running relay found: cannot read {}", path.display());
         };
         let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let (Some(addr), Some(token)) = (
-            v["transport"]["address"].as_str(),
-            v["token"].as_str(),
-        ) else {
+        let (Some(addr), Some(token)) = (v["transport"]["address"].as_str(), v["token"].as_str())
+        else {
             bail!("{} is not a relay's discovery file", path.display());
         };
         match discovery::holder(&path) {
@@ -131,7 +129,12 @@ async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
     let addr: Addr = t.addr.parse().map_err(anyhow::Error::msg)?;
     let mut c = tokio::time::timeout(wait, Client::connect(&addr))
         .await
-        .map_err(|_| anyhow::anyhow!("no answer from {addr} within {}", humantime::format_duration(wait)))??;
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "no answer from {addr} within {}",
+                humantime::format_duration(wait)
+            )
+        })??;
     c.set_wait(wait);
     let hello = json!({"token": t.token, "bridgeVersion": format!("gabp-relay-status/{}", env!("CARGO_PKG_VERSION")), "platform": std::env::consts::OS, "launchId": launch});
     c.call("session/hello", hello).await?;
@@ -197,7 +200,10 @@ fn render(docs: &[Value]) -> Result<()> {
             );
             continue;
         }
-        let recorder = match (st["recording"].as_bool(), st["recorderHealth"]["ok"].as_bool()) {
+        let recorder = match (
+            st["recording"].as_bool(),
+            st["recorderHealth"]["ok"].as_bool(),
+        ) {
             (Some(false), _) => "off",
             (_, Some(false)) => "FAILING",
             _ => "ok",
@@ -206,7 +212,11 @@ fn render(docs: &[Value]) -> Result<()> {
             "{:<16} {:<22} {:<7} {:<36} {:>7} {:>13} {:>8}  {}",
             s(&st["route"]),
             s(&d["address"]),
-            if d["modConnected"] == true { "up" } else { "down" },
+            if d["modConnected"] == true {
+                "up"
+            } else {
+                "down"
+            },
             s(&st["session"]["id"]),
             st["bridges"].as_array().map_or(0, Vec::len),
             n(&st["recorderLag"]),
@@ -248,9 +258,7 @@ fn render(docs: &[Value]) -> Result<()> {
             s(&b["peer"]),
             b["subscriptions"].as_array().map_or(0, Vec::len),
             n(&b["queueEvents"]),
-            b["queueBytes"]
-                .as_u64()
-                .map_or("-".into(), display::bytes),
+            b["queueBytes"].as_u64().map_or("-".into(), display::bytes),
             n(&b["dropped"]),
             n(&b["delivered"])
         );

@@ -235,12 +235,11 @@ impl FileConfig {
             }
         }
         table.insert("route".into(), toml::Value::Array(routes));
-        let mut merged = FileConfig::deserialize(toml::Value::Table(table)).map_err(|e| {
-            ConfigError {
+        let mut merged =
+            FileConfig::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError {
                 file: file.into(),
                 message: suggest(e.message()),
-            }
-        })?;
+            })?;
         merged.text = text.map(|(t, _)| t.to_string()).unwrap_or_default();
         Ok(merged)
     }
@@ -272,7 +271,10 @@ impl FileConfig {
             field: &str,
             err: &dyn Fn(&str, String) -> ConfigError,
         ) -> Result<Option<T>, ConfigError> {
-            v.as_deref().map(str::parse).transpose().map_err(|m| err(field, m))
+            v.as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|m| err(field, m))
         }
         let mut cfg = RelayConfig::new(
             routes,
@@ -424,7 +426,8 @@ mod tests {
         .expect("parses");
         let e = empty.routes("r.toml").expect_err("empty token");
         assert!(
-            e.to_string().contains("line 5: route \"a\", field token: must not be empty"),
+            e.to_string()
+                .contains("line 5: route \"a\", field token: must not be empty"),
             "{e}"
         );
     }
@@ -454,7 +457,10 @@ mod tests {
         )
         .expect("parses");
         let e = ok.routes("r.toml").expect_err("bad address");
-        assert!(e.to_string().contains("line 4: route \"a\", field listen"), "{e}");
+        assert!(
+            e.to_string().contains("line 4: route \"a\", field listen"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -472,7 +478,11 @@ mod tests {
             .relay_config("r.toml")
             .expect("resolves");
         assert_eq!(cfg.durability, gabp_storage::Durability::None, "file kept");
-        assert_eq!(cfg.compression, gabp_storage::Compression::Zstd, "flag wins");
+        assert_eq!(
+            cfg.compression,
+            gabp_storage::Compression::Zstd,
+            "flag wins"
+        );
         assert_eq!(cfg.routes[0].outbox_bytes, 16 << 20, "flag over file");
         assert_eq!(cfg.routes[0].max_body, 4096, "file over default");
         let small = text.replace("max_body = 4096", "max_body = \"512\"");
@@ -480,6 +490,10 @@ mod tests {
             .expect("parses")
             .routes("r.toml")
             .expect_err("too small");
-        assert!(e.to_string().contains("line 7: route \"a\", field max_body"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("line 7: route \"a\", field max_body"),
+            "{e}"
+        );
     }
 }

@@ -40,4 +40,3 @@ pub(super) fn check_trusted(meta: &std::fs::Metadata) -> Result<(), String> {
     }
     Ok(())
 }
-

@@ -98,7 +98,6 @@ pub fn start_mod(rate: Option<f64>) -> ModSim {
     ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
 }
 
-
 /// Exactly one line on stderr, returned.
 pub fn one_line(out: &std::process::Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
