@@ -15,7 +15,7 @@ fn children(parent: u32, name: &str) -> Vec<u32> {
             continue;
         };
         // pid (comm) state ppid …
-        let Some((comm, rest)) = stat.split_once(") ").map(|(a, b)| (a, b)) else {
+        let Some((comm, rest)) = stat.split_once(") ") else {
             continue;
         };
         let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
