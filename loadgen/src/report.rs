@@ -271,3 +271,32 @@ pub fn table(
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unmeasured_figures_show_a_dash_not_zero() {
+        let mut m = Measurement::new("bridges", 1.0);
+        m.delivered = 10;
+        m.delivered_eps = 10.0;
+        m.unsampled = true;
+        let t = table(Some(&m), None, &[]);
+        let row = t.lines().nth(1).expect("a row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // target, published/s, delivered/s, five latencies, drops, gaps, cpu, rss
+        assert_eq!(cells.len(), 12, "{row}");
+        assert_eq!(cells[1], "-", "published not measured: {row}");
+        assert_eq!(cells[2], "10", "{row}");
+        assert!(
+            cells[3..8].iter().all(|c| *c == "-"),
+            "no latency samples: {row}"
+        );
+        assert_eq!(&cells[10..], ["-", "-"], "process not sampled: {row}");
+        m.unsampled = false;
+        m.cpu_percent = 12.0;
+        let t = table(Some(&m), None, &[]);
+        assert!(t.lines().nth(1).expect("row").contains(" 12 "), "{t}");
+    }
+}
