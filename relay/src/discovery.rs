@@ -71,10 +71,11 @@ pub fn relay_running(pid: u32) -> bool {
     if raw <= 0 {
         return false;
     }
-    // SAFETY: signal 0 only checks that the process exists and may be signalled.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::kill(raw, 0) };
-    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // Signal 0 only checks that the process exists (EPERM: it does, owned by someone else).
+    let exists = matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
+        Ok(()) | Err(nix::errno::Errno::EPERM)
+    );
     if !exists {
         return false;
     }
