@@ -394,3 +394,42 @@ async fn ctrl_c_on_demo_prints_the_summary_and_ends_clean_and_prefixes_list_cand
     assert!(err.contains(&ids[0]) && err.contains(&ids[1]), "{err}");
     assert!(err.contains("matches 2 sessions"), "{err}");
 }
+
+#[tokio::test]
+async fn replay_json_prints_its_start_up_line_as_one_document() {
+    let dir = record_a_session().await;
+    let d = dir.path().join("data");
+    let mut child = relay()
+        .args([
+            "replay",
+            "latest",
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+            "--data-dir",
+        ])
+        .arg(&d)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("replay");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("a start-up line")
+        .expect("read")
+        .expect("a line");
+    let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON document");
+    assert_camel("replay", &v);
+    let addr: gabp_sim::Addr = v["listen"].as_str().expect("listen").parse().expect("addr");
+    let token = v["token"].as_str().expect("generated token");
+    Client::connect_hello(&addr, token)
+        .await
+        .expect("hello with the printed token");
+    sigterm(&child);
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("stopped")
+        .expect("status");
+    assert_eq!(st.code(), Some(0));
+}
