@@ -5,6 +5,7 @@
 //! parties), `target` (processes under test), `run` (one measurement), `report` (analytics).
 
 mod actors;
+mod args;
 mod chaos;
 mod procstat;
 mod report;
@@ -14,347 +15,17 @@ mod soak;
 mod target;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use gabp_sim::{Addr, ModSim, ModSimConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::args::{Cli, Cmd, RunArgs};
 use crate::run::Which;
-use crate::scenario::Scenario;
 use crate::target::RelayCommand;
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "gabp-loadgen",
-    version,
-    about = "Load generator for GABP relays and mods"
-)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// Run a scenario end to end against the relay (and with --baseline, the raw forwarder).
-    Run(RunArgs),
-    /// Run a scenario against the raw forwarder only: the ceiling on this machine.
-    Baseline(RunArgs),
-    /// Run the simulated mod.
-    Mod(ModArgs),
-    /// Run N bridges against a relay or mod and report what they receive.
-    Bridges(BridgesArgs),
-    /// Drive tools/call at a fixed rate or concurrency against a relay or mod.
-    Call(CallArgs),
-    /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
-    /// ordering and the recording afterwards.
-    Soak(SoakArgs),
-    /// Honest bridges measured alone, then beside hostile clients of every kind; reports
-    /// latency, drops, the relay's memory, descriptors and metrics size in both phases.
-    Chaos(ChaosArgs),
-    /// The baseline forwarder process (started by `run --baseline`).
-    #[command(hide = true)]
-    Forwarder(ForwarderArgs),
-}
-
-#[derive(Args, Debug, Clone)]
-struct ScenarioArgs {
-    /// A scenario file (loadgen/scenarios/*.toml); flags override its values.
-    #[arg(long)]
-    scenario: Option<PathBuf>,
-    /// Reading bridges.
-    #[arg(long)]
-    bridges: Option<usize>,
-    /// Event body size in bytes.
-    #[arg(long)]
-    payload_bytes: Option<usize>,
-    /// Events per second published by the mod, or `max`.
-    #[arg(long)]
-    rate: Option<String>,
-    /// Seconds measured.
-    #[arg(long)]
-    duration: Option<f64>,
-    /// Seconds of warm-up.
-    #[arg(long)]
-    warmup: Option<f64>,
-    /// Bridges that subscribe and never read.
-    #[arg(long)]
-    stalled: Option<usize>,
-    /// Events per second each bridge reads (0 = as fast as possible).
-    #[arg(long)]
-    read_rate: Option<f64>,
-    /// tools/call per second from an extra bridge.
-    #[arg(long)]
-    calls_per_s: Option<f64>,
-    /// The relay's slow-bridge policy.
-    #[arg(long)]
-    policy: Option<String>,
-    /// Do not record.
-    #[arg(long)]
-    no_record: bool,
-    /// Durability when recording.
-    #[arg(long)]
-    durability: Option<String>,
-    /// Channels (comma separated).
-    #[arg(long)]
-    channels: Option<String>,
-    /// Seed.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// At max rate, events the publisher may run ahead of the slowest reader (closed loop,
-    /// lossless); 0 = open loop.
-    #[arg(long)]
-    window: Option<u64>,
-}
-
-impl ScenarioArgs {
-    fn scenario(&self) -> Result<Scenario> {
-        let mut s = match &self.scenario {
-            Some(p) => Scenario::load(p)?,
-            None => Scenario::default(),
-        };
-        if let Some(v) = self.bridges {
-            s.bridges = v;
-        }
-        if let Some(v) = self.payload_bytes {
-            s.payload_bytes = v;
-        }
-        if let Some(v) = &self.rate {
-            s.rate = if v == "max" {
-                0.0
-            } else {
-                v.parse()
-                    .map_err(|_| anyhow!("--rate takes events per second or max"))?
-            };
-        }
-        if let Some(v) = self.duration {
-            s.duration_s = v;
-        }
-        if let Some(v) = self.warmup {
-            s.warmup_s = v;
-        }
-        if let Some(v) = self.stalled {
-            s.stalled = v;
-        }
-        if let Some(v) = self.read_rate {
-            s.read_rate = v;
-        }
-        if let Some(v) = self.calls_per_s {
-            s.calls_per_s = v;
-        }
-        if let Some(v) = &self.policy {
-            s.policy = v.clone();
-        }
-        if self.no_record {
-            s.record = false;
-        }
-        if let Some(v) = &self.durability {
-            s.durability = v.clone();
-        }
-        if let Some(v) = &self.channels {
-            s.channels = v
-                .split(',')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(String::from)
-                .collect();
-        }
-        if let Some(v) = self.seed {
-            s.seed = v;
-        }
-        if let Some(v) = self.window {
-            s.window = v;
-        }
-        if s.channels.is_empty() {
-            bail!("a scenario needs at least one channel");
-        }
-        Ok(s)
-    }
-}
-
-#[derive(Args, Debug)]
-struct RunArgs {
-    #[command(flatten)]
-    scenario: ScenarioArgs,
-    /// Also measure the raw forwarder in the same invocation and report the ratio.
-    #[arg(long)]
-    baseline: bool,
-    /// Also measure these pub/sub servers (redis, nats; comma separated) with the same
-    /// publisher schedule and readers, and report the relay's ratio to each.
-    #[arg(long, value_delimiter = ',')]
-    peers: Vec<actors::broker::Broker>,
-    /// The gabp-relay binary (default: next to this one).
-    #[arg(long)]
-    relay_bin: Option<PathBuf>,
-    /// Measure another relay: a command with {upstream} {upstream_token} {listen} {port} {token} {data_dir}.
-    #[arg(long)]
-    relay_cmd: Option<String>,
-    /// Print one JSON document.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct ModArgs {
-    #[command(flatten)]
-    scenario: ScenarioArgs,
-    /// Where to listen.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: String,
-    /// Token bridges must present.
-    #[arg(long, default_value = "")]
-    token: String,
-    /// Delay before answering tools/call.
-    #[arg(long, default_value_t = 0.0)]
-    tool_latency_ms: f64,
-    /// Stop after this many seconds (default: run until interrupted).
-    #[arg(long)]
-    run_for: Option<f64>,
-}
-
-#[derive(Args, Debug)]
-struct BridgesArgs {
-    #[command(flatten)]
-    scenario: ScenarioArgs,
-    /// The relay or mod.
-    #[arg(long)]
-    addr: String,
-    /// Its token.
-    #[arg(long, default_value = "")]
-    token: String,
-    /// Print one JSON document.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct CallArgs {
-    /// The relay or mod.
-    #[arg(long)]
-    addr: String,
-    /// Its token.
-    #[arg(long, default_value = "")]
-    token: String,
-    /// The tool to call.
-    #[arg(long, default_value = "sim/echo")]
-    tool: String,
-    /// Its arguments (JSON).
-    #[arg(long, default_value = "{}")]
-    args: String,
-    /// Calls per second (open loop).
-    #[arg(long, conflicts_with = "concurrency")]
-    rate: Option<f64>,
-    /// Concurrent callers (closed loop).
-    #[arg(long)]
-    concurrency: Option<usize>,
-    /// Seconds measured.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// Seconds of warm-up.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    /// Print one JSON document.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct SoakArgs {
-    /// Seconds of churn.
-    #[arg(long, default_value_t = 180.0)]
-    duration: f64,
-    /// Concurrent churning bridges.
-    #[arg(long, default_value_t = 12)]
-    workers: usize,
-    /// Mod events per second.
-    #[arg(long, default_value_t = 5000.0)]
-    rate: f64,
-    /// Mean seconds between mod restarts.
-    #[arg(long, default_value_t = 15.0)]
-    restart_every: f64,
-    /// Seed.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// The gabp-relay binary (default: next to this one).
-    #[arg(long)]
-    relay_bin: Option<PathBuf>,
-    /// Keep the recording in this data dir.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// Print one JSON document.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
-struct ChaosArgs {
-    /// Seconds measured in each phase (without, then with the hostile clients).
-    #[arg(long, default_value = "5", value_parser = parse_secs)]
-    duration: f64,
-    /// Seconds before each phase's measurement (the hostile clients already run).
-    #[arg(long, default_value = "1", value_parser = parse_secs)]
-    warmup: f64,
-    /// Honest bridges, subscribed to every channel.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=200))]
-    bridges: u64,
-    /// Mod events per second.
-    #[arg(long, default_value = "20000", value_parser = parse_secs)]
-    rate: f64,
-    /// Event body size in bytes.
-    #[arg(long, default_value_t = 256)]
-    payload_bytes: usize,
-    /// Honest tools/call per second (0 = none).
-    #[arg(long, default_value_t = 200.0)]
-    calls_per_s: f64,
-    /// The relay's --max-body (the huge-frame clients go up to and over it).
-    #[arg(long, default_value_t = gabp_proto::DEFAULT_MAX_BODY as u64, value_parser = clap::value_parser!(u64).range(1024..=(64 << 20)))]
-    max_body: u64,
-    /// Hostile kinds in the second phase (comma separated; default: all).
-    #[arg(long, value_enum, value_delimiter = ',')]
-    hostile: Vec<actors::hostile::Kind>,
-    /// Concurrent clients per hostile kind.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
-    hostile_workers: u64,
-    /// Relay RSS (MiB) at which the hostile clients are called off, to protect the machine.
-    #[arg(long, default_value_t = 2048)]
-    rss_limit_mib: u64,
-    /// Do not record.
-    #[arg(long)]
-    no_record: bool,
-    /// Seed.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// The gabp-relay binary (default: next to this one).
-    #[arg(long)]
-    relay_bin: Option<PathBuf>,
-    /// Print one JSON document.
-    #[arg(long)]
-    json: bool,
-}
-
-/// A positive, finite number (seconds or a rate).
-fn parse_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e9 => Ok(v),
-        _ => Err(format!("{s:?} is not a positive number")),
-    }
-}
-
-#[derive(Args, Debug)]
-struct ForwarderArgs {
-    #[arg(long)]
-    upstream: String,
-    #[arg(long, default_value = "")]
-    upstream_token: String,
-    #[arg(long)]
-    listen: String,
-    #[arg(long)]
-    token: String,
-}
 
 fn main() {
     let cli = match Cli::try_parse() {
@@ -370,10 +41,43 @@ fn main() {
         .enable_all()
         .build()
         .expect("building the tokio runtime");
-    if let Err(e) = rt.block_on(dispatch(cli.cmd)) {
-        eprintln!("gabp-loadgen: {}", format!("{e:#}").replace('\n', " "));
-        std::process::exit(1);
-    }
+    // Ctrl-C or SIGTERM drops the command's future: every process it started is stopped (a
+    // `Target` kills its process group when dropped) and its temp dirs removed, before exiting.
+    // `mod` runs until Ctrl-C by design and prints its own summary then.
+    let ends_on_ctrl_c = matches!(cli.cmd, Cmd::Mod(_));
+    let code = rt.block_on(async {
+        let stop = async {
+            if ends_on_ctrl_c {
+                return std::future::pending().await;
+            }
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = int.recv() => 130,
+                _ = term.recv() => 143,
+            }
+        };
+        tokio::select! {
+            r = dispatch(cli.cmd) => match r {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("gabp-loadgen: {}", format!("{e:#}").replace('\n', " "));
+                    1
+                }
+            },
+            code = stop => {
+                eprintln!("gabp-loadgen: interrupted; stopped what it started");
+                code
+            }
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(2));
+    std::process::exit(code);
 }
 
 fn progress_bar() -> Option<ProgressBar> {
@@ -444,6 +148,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             window.set(false);
             stop.cancel();
             let mut m = report::Measurement::new("bridges", t.elapsed().as_secs_f64());
+            m.unsampled = true;
             let mut h = actors::latency_histogram();
             for r in readers {
                 let r = r.await?;

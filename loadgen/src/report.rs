@@ -84,6 +84,10 @@ pub struct Measurement {
     pub fds: u64,
     /// Problems met while running.
     pub errors: Vec<String>,
+    /// The target process was not sampled (no pid, or a measurement of bridges alone): its
+    /// CPU, memory and published figures are unknown and shown as `-`, not 0.
+    #[serde(skip)]
+    pub unsampled: bool,
 }
 
 impl Measurement {
@@ -109,6 +113,7 @@ impl Measurement {
             end_rss_mib: 0.0,
             fds: 0,
             errors: Vec::new(),
+            unsampled: false,
         }
     }
 
@@ -209,14 +214,35 @@ pub fn table(
         "CPU%",
         "RSS MiB"
     );
+    // A figure that was not measured shows `-`, never a 0 that reads as a measurement.
+    let fig = |known: bool, v: f64, decimals: usize| {
+        if known {
+            format!("{v:.decimals$}")
+        } else {
+            "-".to_string()
+        }
+    };
     for m in [relay, baseline].into_iter().flatten().chain(peers) {
         let l = &m.latency_us;
+        let lat = l.count > 0;
+        let proc = !m.unsampled;
         let _ = writeln!(
             o,
-            "{:<13} {:>12.0} {:>12.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>6} {:>6.0} {:>8.1}",
-            m.target, m.published_eps, m.delivered_eps, l.p50, l.p90, l.p99, l.p999, l.max, m.dropped, m.unannounced_gaps, m.cpu_percent, m.peak_rss_mib
+            "{:<13} {:>12} {:>12.0} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>6} {:>6} {:>8}",
+            m.target,
+            fig(proc || m.published > 0, m.published_eps, 0),
+            m.delivered_eps,
+            fig(lat, l.p50, 1),
+            fig(lat, l.p90, 1),
+            fig(lat, l.p99, 1),
+            fig(lat, l.p999, 1),
+            fig(lat, l.max, 1),
+            m.dropped,
+            m.unannounced_gaps,
+            fig(proc, m.cpu_percent, 0),
+            fig(proc, m.peak_rss_mib, 1)
         );
-        if m.calls > 0 {
+        if m.calls > 0 && m.call_latency_us.count > 0 {
             let c = &m.call_latency_us;
             let _ = writeln!(o, "{:<12} tools/call: {} answered, {} errors, {} unanswered, p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs", "", m.calls, m.call_errors, m.calls_unanswered, c.p50, c.p99, c.max);
         }
@@ -244,4 +270,33 @@ pub fn table(
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unmeasured_figures_show_a_dash_not_zero() {
+        let mut m = Measurement::new("bridges", 1.0);
+        m.delivered = 10;
+        m.delivered_eps = 10.0;
+        m.unsampled = true;
+        let t = table(Some(&m), None, &[]);
+        let row = t.lines().nth(1).expect("a row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        // target, published/s, delivered/s, five latencies, drops, gaps, cpu, rss
+        assert_eq!(cells.len(), 12, "{row}");
+        assert_eq!(cells[1], "-", "published not measured: {row}");
+        assert_eq!(cells[2], "10", "{row}");
+        assert!(
+            cells[3..8].iter().all(|c| *c == "-"),
+            "no latency samples: {row}"
+        );
+        assert_eq!(&cells[10..], ["-", "-"], "process not sampled: {row}");
+        m.unsampled = false;
+        m.cpu_percent = 12.0;
+        let t = table(Some(&m), None, &[]);
+        assert!(t.lines().nth(1).expect("row").contains(" 12 "), "{t}");
+    }
 }

@@ -183,7 +183,9 @@ async fn measure_with(
     window.set(false);
     let window_s = opened.elapsed().as_secs_f64();
     let emitted = source.emitted() - emitted_before;
-    let after = pid.and_then(procstat::sample).unwrap_or_default();
+    let after = pid.and_then(procstat::sample);
+    let unsampled = after.is_none();
+    let after = after.unwrap_or_default();
     stop.cancel();
     // The publisher stops before its server does, or it would see the server go.
     if let Source::Publisher(p) = source {
@@ -204,6 +206,7 @@ async fn measure_with(
     m.peak_rss_mib = after.peak_rss as f64 / (1 << 20) as f64;
     m.end_rss_mib = after.rss as f64 / (1 << 20) as f64;
     m.fds = after.fds;
+    m.unsampled = unsampled;
     m.errors = errors;
     progress(&format!("{name}: stopping"));
     target.stop(Duration::from_secs(10)).await;

@@ -268,25 +268,46 @@ impl Target {
 
     /// SIGTERM, then SIGKILL after `grace`. Returns its exit status if it exited on its own.
     pub async fn stop_status(mut self, grace: Duration) -> Option<std::process::ExitStatus> {
-        let group = self.child.id().map(|pid| format!("-{pid}"));
-        let signal = |sig: &str| {
-            if let Some(g) = &group {
-                let _ = std::process::Command::new("kill")
-                    .args([sig, "--", g])
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        };
-        signal("-TERM");
+        use nix::sys::signal::Signal;
+        let group = self.group();
+        signal_group(group, Signal::SIGTERM);
         let status = tokio::time::timeout(grace, self.child.wait())
             .await
             .ok()
             .and_then(Result::ok);
         // Whatever is left in the group (a wrapper's child) goes too.
-        signal("-KILL");
+        signal_group(group, Signal::SIGKILL);
         if status.is_none() {
             let _ = self.child.wait().await;
         }
         status
+    }
+
+    /// The target's process group (its own: started with `process_group(0)`), while it runs.
+    fn group(&self) -> Option<nix::unistd::Pid> {
+        let pid = i32::try_from(self.child.id()?).ok()?;
+        Some(nix::unistd::Pid::from_raw(pid))
+    }
+}
+
+fn signal_group(group: Option<nix::unistd::Pid>, sig: nix::sys::signal::Signal) {
+    if let Some(g) = group {
+        let _ = nix::sys::signal::killpg(g, sig);
+    }
+}
+
+/// A target dropped while running (an error, or Ctrl-C dropping the whole command) is killed
+/// with its group and reaped here, so nothing outlives the load generator and its temp data
+/// dir can be removed next.
+impl Drop for Target {
+    fn drop(&mut self) {
+        let Some(group) = self.group() else {
+            return;
+        };
+        signal_group(Some(group), nix::sys::signal::Signal::SIGKILL);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

@@ -33,6 +33,9 @@ pub struct DemoOptions {
     pub rate: f64,
     /// Record the session.
     pub record: bool,
+    /// Cancelled to stop early (Ctrl-C): the demo then ends as if its time were up, with the
+    /// summary printed and the session ended clean.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// Why the demo failed.
@@ -146,7 +149,13 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     let started = Instant::now();
     let (mut prev_in, mut prev_out) = (0u64, 0u64);
     while started.elapsed() < opts.duration {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = opts.stop.cancelled() => {
+                let _ = writeln!(out, "\ninterrupted after {:.1}s: stopping", started.elapsed().as_secs_f64());
+                break;
+            }
+        }
         let ev_in: u64 = relay.routes[0]
             .hub
             .channel_counts()
@@ -205,10 +214,10 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
             .map_err(err("checking the session"))?;
         let _ = writeln!(
             out,
-            "recorded        session {} ({} frames, {} bytes, ended {}), consistency check: {}",
+            "recorded        session {} ({} frames, {}, ended {}), consistency check: {}",
             meta.id,
             meta.frames,
-            meta.bytes,
+            crate::display::bytes(meta.bytes),
             meta.end_label(),
             if check.ok() { "ok" } else { "FAILED" }
         );

@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use gabp_rt::Addr;
 use serde_json::json;
 
+use crate::config::RouteConfig;
+use crate::server::Relay;
+
 /// The default location: `$XDG_CONFIG_HOME/gabp-relay/bridge-{route}.json`, or under
 /// `~/.config` when `XDG_CONFIG_HOME` is unset.
 pub fn default_path(route: &str) -> Option<PathBuf> {
@@ -68,10 +71,11 @@ pub fn relay_running(pid: u32) -> bool {
     if raw <= 0 {
         return false;
     }
-    // SAFETY: signal 0 only checks that the process exists and may be signalled.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::kill(raw, 0) };
-    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // Signal 0 only checks that the process exists (EPERM: it does, owned by someone else).
+    let exists = matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
+        Ok(()) | Err(nix::errno::Errno::EPERM)
+    );
     if !exists {
         return false;
     }
@@ -130,6 +134,65 @@ pub fn write(path: &Path, value: &serde_json::Value) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Where each route's discovery file goes, as (route index, path): `configured` (the flag or
+/// the config's `bridge_file`, `{route}` replaced, or `-{route}` added when several routes
+/// share it), else [`default_path`].
+pub fn paths(routes: &[RouteConfig], configured: Option<&PathBuf>) -> Vec<(usize, PathBuf)> {
+    let mut paths = Vec::new();
+    for (i, r) in routes.iter().enumerate() {
+        let path = match configured {
+            Some(p) if routes.len() > 1 && !p.to_string_lossy().contains("{route}") => {
+                let p = p.to_string_lossy();
+                PathBuf::from(p.replace(".json", &format!("-{}.json", r.name)))
+            }
+            Some(p) => PathBuf::from(p.to_string_lossy().replace("{route}", &r.name)),
+            None => match default_path(&r.name) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        paths.push((i, path));
+    }
+    paths
+}
+
+/// Refuses to start where a running relay owns a route's discovery file (it must be neither
+/// overwritten nor, at this relay's exit, deleted); a file left by a dead relay is replaced.
+pub fn check_free(routes: &[RouteConfig], paths: &[(usize, PathBuf)]) -> Result<(), String> {
+    for (i, path) in paths {
+        match holder(path) {
+            Holder::Live(pid) => return Err(format!(
+                "route {}: a running relay (pid {pid}) owns the discovery file {}; stop it, or give this relay another --route-name, --bridge-file or --no-bridge-file",
+                routes[*i].name,
+                path.display()
+            )),
+            Holder::Stale(pid) => tracing::info!(
+                path = %path.display(),
+                pid,
+                "replacing a discovery file left by a relay that is no longer running"
+            ),
+            Holder::Free => {}
+        }
+    }
+    Ok(())
+}
+
+/// Writes each route's discovery file; returns the paths written (removed again at exit).
+pub fn write_all(relay: &Relay, paths: &[(usize, PathBuf)]) -> Vec<PathBuf> {
+    let mut written = Vec::new();
+    for (i, path) in paths {
+        let r = &relay.routes[*i];
+        let body = contents(&r.cfg.name, &relay.addrs[*i], &r.cfg.token, &r.launch_id);
+        match write(path, &body) {
+            Ok(()) => written.push(path.clone()),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the bridge discovery file")
+            }
+        }
+    }
+    written
 }
 
 #[cfg(test)]

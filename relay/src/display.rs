@@ -1,7 +1,8 @@
 //! Showing untrusted names in tables: channels, app names, routes, methods and bridge strings
 //! are chosen by a mod or a bridge, so before they reach a terminal their control characters
 //! (escape sequences, CR, NUL, bidirectional overrides) are escaped and their length is capped.
-//! JSON output never goes through here: it stays exact.
+//! JSON output never goes through here: it stays exact. Byte counts and times for tables are
+//! formatted here too, the same way in every table.
 
 use std::borrow::Cow;
 
@@ -39,6 +40,20 @@ pub fn text(s: &str, max: usize) -> String {
     out
 }
 
+/// A byte count for a table: `512 B`, `9.6 MiB` (binary units).
+pub fn bytes(n: u64) -> String {
+    bytesize::ByteSize::b(n).display().iec().to_string()
+}
+
+/// Nanoseconds since the Unix epoch as RFC 3339 in UTC, to the second: `2026-11-30T13:16:43Z`.
+pub fn utc(ns: u64) -> String {
+    let secs = i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX);
+    match jiff::Timestamp::from_second(secs) {
+        Ok(t) => t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        Err(_) => "-".into(),
+    }
+}
+
 /// Characters that change how a terminal shows what follows, or show nothing themselves.
 fn hidden(c: char) -> bool {
     c.is_control()
@@ -63,5 +78,13 @@ mod tests {
         // An escape is never cut in half.
         let s = format!("{}\u{1b}", "y".repeat(NAME_CHARS - 2));
         assert!(name(&s).ends_with("yy…"), "{}", name(&s));
+    }
+
+    #[test]
+    fn bytes_and_times() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(16 << 20), "16.0 MiB");
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(1_700_000_000_123_000_000), "2023-11-14T22:13:20Z");
     }
 }

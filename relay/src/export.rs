@@ -64,13 +64,13 @@ pub fn export(
             .map(String::as_str);
         let head = json!({
             "frame": n,
-            "t_ns": rec.time_ns,
-            "offset_ms": (rec.time_ns.saturating_sub(meta.started_ns)) as f64 / 1e6,
+            "tNs": rec.time_ns,
+            "offsetMs": (rec.time_ns.saturating_sub(meta.started_ns)) as f64 / 1e6,
             "dir": rec.dir.as_str(),
             "conn": rec.conn,
             "channel": channel,
-            "mod_seq": rec.mod_seq,
-            "relay_seq": rec.relay_seq,
+            "modSeq": rec.mod_seq,
+            "relaySeq": rec.relay_seq,
         });
         let mut head = serde_json::to_vec(&head).expect("serializable");
         head.pop(); // reopen the object to append the frame

@@ -83,6 +83,7 @@ impl Sketch {
 
 /// Figures of one channel.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ChannelStats {
     /// The channel.
     pub channel: String,
@@ -102,6 +103,7 @@ pub struct ChannelStats {
 
 /// Figures of one method.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MethodStats {
     /// The method.
     pub method: String,
@@ -123,6 +125,7 @@ pub struct MethodStats {
 
 /// Drops of one bridge.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BridgeStats {
     /// Connection number.
     pub conn: u32,
@@ -136,6 +139,7 @@ pub struct BridgeStats {
 
 /// Everything `stats` reports.
 #[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SessionStats {
     /// Session id.
     pub session: String,
@@ -294,30 +298,32 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
     })
 }
 
-/// The human-readable table.
+/// The human-readable table: sizes in binary units, a section only when it has rows.
 pub fn render(s: &SessionStats) -> String {
-    use crate::display::name;
+    use crate::display::{bytes, name};
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "session {}  route {}  {:.1}s  {} frames  {} bytes  {} anomalies",
+        "session {}  route {}  {:.1}s  {} frames  {}  {} anomalies",
         s.session,
         name(&s.route),
         s.duration_s,
         s.frames,
-        s.bytes,
+        bytes(s.bytes),
         s.anomalies
     );
-    let _ = writeln!(
-        o,
-        "\n{:<28} {:>10} {:>10} {:>10} {:>9} {:>6} {:>8}",
-        "CHANNEL", "EVENTS", "RATE/S", "PAYLOAD", "P99", "GAPS", "RESTARTS"
-    );
+    if !s.channels.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n{:<28} {:>10} {:>12} {:>12} {:>10} {:>6} {:>8}",
+            "CHANNEL", "EVENTS", "RATE (ev/s)", "PAYLOAD (B)", "P99 (B)", "GAPS", "RESTARTS"
+        );
+    }
     for c in &s.channels {
         let _ = writeln!(
             o,
-            "{:<28} {:>10} {:>10.1} {:>10.1} {:>9} {:>6} {:>8}",
+            "{:<28} {:>10} {:>12.1} {:>12.1} {:>10} {:>6} {:>8}",
             name(&c.channel),
             c.events,
             c.rate_per_s,
@@ -327,11 +333,20 @@ pub fn render(s: &SessionStats) -> String {
             c.mod_seq_restarts
         );
     }
-    let _ = writeln!(
-        o,
-        "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
-        "METHOD", "CALLS", "ERRORS", "UNANSWERED", "P50 MS", "P90 MS", "P99 MS", "MAX MS"
-    );
+    if !s.methods.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
+            "METHOD",
+            "CALLS",
+            "ERRORS",
+            "UNANSWERED",
+            "P50 (ms)",
+            "P90 (ms)",
+            "P99 (ms)",
+            "MAX (ms)"
+        );
+    }
     for m in &s.methods {
         let _ = writeln!(
             o,
@@ -346,11 +361,13 @@ pub fn render(s: &SessionStats) -> String {
             m.max_ms
         );
     }
-    let _ = writeln!(
-        o,
-        "\n{:<6} {:<28} {:>10} {:>12}",
-        "CONN", "BRIDGE", "DROPPED", "DROP NOTICES"
-    );
+    if !s.bridges.is_empty() {
+        let _ = writeln!(
+            o,
+            "\n{:<6} {:<28} {:>10} {:>12}",
+            "CONN", "BRIDGE", "DROPPED", "DROP NOTICES"
+        );
+    }
     for b in &s.bridges {
         let _ = writeln!(
             o,

@@ -90,3 +90,16 @@ pub fn spawn_game(
         .spawn()
         .map_err(WrapError::Spawn)
 }
+
+/// Sends the signal named `sig` (`SIGINT`, else SIGTERM) to the game, if it still runs.
+pub fn forward_signal(game: &tokio::process::Child, sig: &str) {
+    use nix::sys::signal::{kill, Signal};
+    let signal = if sig == "SIGINT" {
+        Signal::SIGINT
+    } else {
+        Signal::SIGTERM
+    };
+    if let Some(pid) = game.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}

@@ -8,94 +8,8 @@ use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
-
-fn relay() -> Command {
-    let mut c = Command::new(BIN);
-    c.env_remove("GABP_RELAY_TOKEN")
-        .env_remove("GABP_RELAY_DATA_DIR")
-        .kill_on_drop(true);
-    c
-}
-
-/// A running `serve` with what it printed at start.
-struct Serve {
-    child: Child,
-    addr: Addr,
-    token: Option<String>,
-}
-
-async fn serve(args: &[&str]) -> Serve {
-    // Tests run side by side: none may touch the user's default discovery file.
-    let own_file = args.iter().any(|a| a.ends_with("bridge-file"));
-    let mut child = relay()
-        .arg("serve")
-        .args(args)
-        .args(if own_file {
-            None
-        } else {
-            Some("--no-bridge-file")
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn gabp-relay");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut addr, mut token) = (None, None);
-    let read = async {
-        while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(rest) = line.split(" listening on ").nth(1) {
-                addr = Some(
-                    rest.split(' ')
-                        .next()
-                        .expect("address")
-                        .parse::<Addr>()
-                        .expect("valid address"),
-                );
-            }
-            if let Some(t) = line.split(" token ").nth(1) {
-                token = Some(t.trim().to_string());
-            }
-            if line.starts_with("recording") {
-                break;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(20), read)
-        .await
-        .expect("relay printed its start-up lines");
-    Serve {
-        child,
-        addr: addr.expect("listening line"),
-        token,
-    }
-}
-
-async fn output(args: &[&str]) -> std::process::Output {
-    tokio::time::timeout(Duration::from_secs(60), relay().args(args).output())
-        .await
-        .expect("command finished")
-        .expect("ran")
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("running") as i32;
-    // kill(1), as an operator or a service manager would send it.
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill -TERM");
-}
-
-fn start_mod(rate: Option<f64>) -> ModSim {
-    let cfg = ModSimConfig {
-        token: "modtok".into(),
-        rate,
-        payload_bytes: 256,
-        ..ModSimConfig::default()
-    };
-    ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
-}
+mod support;
+use support::*;
 
 #[tokio::test]
 async fn usage_errors_exit_2_with_one_line() {
@@ -558,13 +472,6 @@ async fn tokens_never_reach_logs_or_recordings() {
     sim.stop();
 }
 
-/// Exactly one line on stderr, returned.
-fn one_line(out: &std::process::Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
-    err
-}
-
 #[tokio::test]
 async fn listen_unix_replaces_only_a_stale_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -745,14 +652,6 @@ async fn wrap_refuses_an_empty_launcher_token() {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let pid = child.id().expect("running");
-    std::process::Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .status()
-        .expect("kill");
-}
-
 /// Collects a child's stderr in the background.
 fn collect_stderr(child: &mut Child) -> std::sync::Arc<parking_lot::Mutex<String>> {
     let log = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
@@ -766,16 +665,6 @@ fn collect_stderr(child: &mut Child) -> std::sync::Arc<parking_lot::Mutex<String
         }
     });
     log
-}
-
-/// Waits (bounded) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]

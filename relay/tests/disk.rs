@@ -274,7 +274,7 @@ async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
     for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
         if v["dir"] == "mod->relay" {
-            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["mod_seq"].as_u64()) {
+            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["modSeq"].as_u64()) {
                 assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
                 seqs.entry(ch.to_string()).or_default().push(seq);
             }
@@ -354,7 +354,7 @@ async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
     assert!(stderr.contains("recording failed"), "{stderr}");
     let (code, check) = check_json(&data).await;
     assert_eq!(code, Some(0), "an announced gap passes the check: {check}");
-    let lost = check["sessions"][0]["lost_frames"].as_u64().expect("lost");
+    let lost = check["sessions"][0]["lostFrames"].as_u64().expect("lost");
     assert!(check["sessions"][0]["gaps"].as_u64() >= Some(1), "{check}");
     assert!(lost > 0);
     let seqs = recorded_seqs(&data).await;

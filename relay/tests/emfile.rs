@@ -200,7 +200,7 @@ async fn descriptors_running_out_then_coming_back_loses_nothing() {
         let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
         if let (Some(ch), Some(s), "mod->relay") = (
             v["channel"].as_str(),
-            v["mod_seq"].as_u64(),
+            v["modSeq"].as_u64(),
             v["dir"].as_str().unwrap_or(""),
         ) {
             seqs.entry(ch.to_string()).or_default().push(s);

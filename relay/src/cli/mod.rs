@@ -1,0 +1,173 @@
+//! The commands of the `gabp-relay` binary, one module each, and what they share: usage
+//! errors (exit 2), one-line error text, output that survives a closed pipe, the stop signals,
+//! and the flag value checks that keep the original text for layering over a config file.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::anyhow;
+use clap::Args;
+
+/// `println!` for a command's output that returns an error instead of panicking when stdout
+/// is closed or full (a broken pipe then ends the command quietly, see `main`).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout(), $($arg)*).map_err(anyhow::Error::from)?
+    };
+}
+
+pub mod demo;
+pub mod export;
+pub mod mod_sim;
+pub mod repair;
+pub mod replay;
+pub mod serve;
+pub mod sessions;
+pub mod stats;
+pub mod status;
+pub mod wrap;
+
+/// A usage problem found after parsing (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// A usage error (exit 2) with `msg` as its line.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow!(UsageError(msg.into()))
+}
+
+/// The data dir and output form shared by the commands that read recordings.
+#[derive(Args, Debug, Clone)]
+pub struct DataDir {
+    /// Where recordings live.
+    #[arg(
+        long,
+        global = true,
+        env = "GABP_RELAY_DATA_DIR",
+        default_value = "gabp-data"
+    )]
+    pub data_dir: PathBuf,
+}
+
+/// `--json` for the commands whose output has a JSON form.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct Json {
+    /// Print one JSON document (camelCase keys) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The exit code for an error: 2 for usage and config errors, 1 for everything else.
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    let usage = e.downcast_ref::<UsageError>().is_some()
+        || e.downcast_ref::<gabp_relay::config::ConfigError>()
+            .is_some();
+    if usage {
+        2
+    } else {
+        1
+    }
+}
+
+/// Whether the error is a reader that went away (`gabp-relay sessions | head -1`).
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its causes as one line, each cause said once: a cause whose text the line
+/// already holds (an error that prints its source) is left out, as is the `(os error N)` tail.
+pub fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let mut text = cause.to_string();
+        if let Some(i) = text.find(" (os error") {
+            text.truncate(i);
+        }
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line += ": ";
+        }
+        line += &text;
+    }
+    line.replace(['\n', '\r'], " ")
+}
+
+/// Writes text to stdout best effort: a closed stdout (a supervisor that stopped reading)
+/// never takes a running relay down.
+pub fn print_best_effort(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Prints a JSON document on stdout.
+pub fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    outln!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// A token is sent in a JSON hello and compared exactly: whitespace or control characters in
+/// it are a copy-paste accident (a trailing newline), never a secret worth accepting. Checked
+/// after parsing, not by clap, whose message would echo the token.
+pub fn check_token(t: &str) -> anyhow::Result<&str> {
+    if t.trim().is_empty() {
+        return Err(usage("--token must not be empty"));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(usage(
+            "--token contains whitespace or control characters (a pasted newline?)",
+        ));
+    }
+    Ok(t)
+}
+
+/// Events per second: a finite number from 0 up to a billion.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1e9).contains(&r) => Ok(r),
+        _ => Err(format!(
+            "invalid rate {s:?}: expected events per second from 0 to 1000000000"
+        )),
+    }
+}
+
+/// The stop signals of a long-running command.
+pub struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installed before anything else starts, so a SIGHUP (a closed terminal, `systemctl
+    /// reload`) never kills the process with the discovery file left behind: SIGINT and SIGTERM
+    /// shut down cleanly, SIGHUP is logged and ignored.
+    pub fn install() -> anyhow::Result<Signals> {
+        use anyhow::Context;
+        use tokio::signal::unix::{signal, SignalKind};
+        let on = |k| signal(k).context("cannot install the signal handlers");
+        Ok(Signals {
+            int: on(SignalKind::interrupt())?,
+            term: on(SignalKind::terminate())?,
+            hup: on(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for SIGINT or SIGTERM; returns its name.
+    pub async fn shutdown(&mut self) -> &'static str {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => return "SIGINT",
+                _ = self.term.recv() => return "SIGTERM",
+                _ = self.hup.recv() => tracing::warn!(
+                    "SIGHUP received: reloading the configuration is not supported yet (token and identity reload is planned with issue 15); still running with the configuration it started with"
+                ),
+            }
+        }
+    }
+}

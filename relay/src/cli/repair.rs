@@ -1,0 +1,46 @@
+//! `gabp-relay repair`: repair a damaged data dir, after copying it aside.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::DataDir;
+
+#[derive(Args, Debug)]
+pub struct RepairArgs {
+    #[command(flatten)]
+    pub dir: DataDir,
+}
+
+pub fn run(a: RepairArgs) -> Result<()> {
+    // The repaired dir and every file RocksDB writes into it stay private.
+    gabp_relay::recorder::private_file_modes();
+    let dir = &a.dir.data_dir;
+    let r = gabp_storage::repair::repair(dir)?;
+    let size = gabp_relay::display::bytes;
+    super::print_best_effort(&format!(
+        "kept an untouched copy at {} ({} files, {})\n",
+        r.backup.display(),
+        r.before.0,
+        size(r.before.1)
+    ));
+    for step in &r.steps {
+        super::print_best_effort(&format!("{step}\n"));
+    }
+    if !r.lost.is_empty() {
+        bail!(
+            "repair of {} could not recover everything: {}; the untouched copy is at {}",
+            dir.display(),
+            r.lost.join("; "),
+            r.backup.display()
+        );
+    }
+    super::print_best_effort(&format!(
+        "repaired {}: now {} files, {}; {} session(s); {} left recording by a dead relay marked crash\nrun `gabp-relay sessions check` to see what every session still holds\n",
+        dir.display(),
+        r.after.0,
+        size(r.after.1),
+        r.sessions,
+        r.crashed.len()
+    ));
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! `gabp-relay replay`: serve a recorded session as a GABP mod.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gabp_relay::config::parse_duration;
+use gabp_rt::Addr;
+use gabp_storage::Store;
+
+use super::{check_token, usage, DataDir, Json, Signals};
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Session id, unique id prefix, or `latest`.
+    pub session: String,
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Where bridges connect: HOST:PORT or unix:PATH.
+    #[arg(long)]
+    pub listen: String,
+    /// Token bridges must present [default: generated and printed].
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Speed factor (0.5, 2, …), or `max`.
+    #[arg(long, default_value = "1")]
+    pub speed: gabp_relay::replay::Speed,
+    /// Start over at the end.
+    #[arg(long = "loop")]
+    pub looping: bool,
+    /// Only this channel (repeatable).
+    #[arg(long)]
+    pub channel: Vec<String>,
+    /// Start this far into the session (e.g. 10s).
+    #[arg(long, value_parser = parse_duration)]
+    pub from: Option<Duration>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Print the start-up line (session, address, token) as one JSON document.
+    #[command(flatten)]
+    pub json: Json,
+}
+
+pub async fn run(a: ReplayArgs) -> Result<()> {
+    let mut signals = Signals::install()?;
+    // Usage first: a bad --listen is reported before the data dir is touched.
+    let listen: Addr = a
+        .listen
+        .parse()
+        .map_err(|e: String| usage(format!("--listen: {e}")))?;
+    if !a.allow_remote && !listen.is_local() {
+        return Err(usage(format!(
+            "refusing to listen on {listen}: not a loopback address (pass --allow-remote to allow it)"
+        )));
+    }
+    let (token, generated) = match &a.token {
+        Some(t) => (check_token(t)?.to_string(), false),
+        None => (gabp_relay::auth::generate_token(), true),
+    };
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    let meta = super::sessions::resolve(&store, &a.session)?;
+    let opts = gabp_relay::replay::ReplayOptions {
+        token: token.clone(),
+        speed: a.speed,
+        looping: a.looping,
+        channels: a.channel,
+        from: a.from,
+    };
+    let rec = gabp_relay::replay::Recording::open(store, meta, &opts)?;
+    let listener = gabp_rt::Listener::bind(&listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let bound = listener.local_addr()?;
+    // Best effort, as in serve: a closed stdout does not stop the replay.
+    let text = if a.json.json {
+        let doc = serde_json::json!({
+            "session": rec.meta.id.to_string(), "events": rec.event_count(),
+            "listen": bound.to_string(), "token": generated.then_some(&token),
+        });
+        format!("{doc}\n")
+    } else {
+        let mut t = format!(
+            "replaying session {} ({} events) on {}\n",
+            rec.meta.id,
+            rec.event_count(),
+            bound
+        );
+        if generated {
+            t += &format!("token {token}\n");
+        }
+        t
+    };
+    super::print_best_effort(&text);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut server = tokio::spawn(gabp_relay::replay::serve(
+        listener,
+        std::sync::Arc::new(rec),
+        opts,
+        cancel.clone(),
+    ));
+    // A recording found unreadable while serving ends the replay with its one line.
+    tokio::select! {
+        _ = signals.shutdown() => {
+            cancel.cancel();
+            server.await??;
+        }
+        served = &mut server => served??,
+    }
+    Ok(())
+}

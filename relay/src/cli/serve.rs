@@ -1,0 +1,326 @@
+//! `gabp-relay serve`: relay bridges to one or many mods and record every session.
+//!
+//! The flags here only say what the operator typed: [`PolicyFlags`] and [`GlobalFlags`] turn
+//! into config-file keys, and `config::file` layers them over the file and the defaults.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use gabp_relay::config::file::Layer;
+use gabp_relay::config::{units, FileConfig};
+use gabp_relay::{discovery, Relay, RelayConfig};
+use serde::Serialize;
+
+use super::{check_token, usage, Signals};
+
+/// Route policies, from flags: each becomes the config key of the same name, over every route.
+#[derive(Args, Debug, Clone, Default, Serialize)]
+pub struct PolicyFlags {
+    /// Slow-bridge policy [default: drop-oldest].
+    #[arg(long, value_parser = ["drop-oldest", "disconnect", "block"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_slow: Option<String>,
+    /// How long a forwarded request may wait for the mod, 1ms to 24h [default: 30s].
+    #[arg(long, value_parser = timeout)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<String>,
+    /// Per-bridge outbox bound in events, at least 1 [default: 16384].
+    #[arg(long, value_parser = count)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_frames: Option<usize>,
+    /// Per-bridge outbox bound in bytes, e.g. 16MiB; at least 1KiB [default: 16MiB].
+    #[arg(long, value_parser = size)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbox_bytes: Option<String>,
+    /// Largest accepted frame body, e.g. 1MiB; at least 1KiB [default: 1MiB].
+    #[arg(long, value_parser = size)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_body: Option<String>,
+    /// Bridges connected at once, at least 1 [default: 256].
+    #[arg(long, value_parser = count)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bridges: Option<usize>,
+    /// How long a connection may take to say hello, or a frame to arrive whole [default: 10s].
+    #[arg(long, value_parser = timeout)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frame_timeout: Option<String>,
+    /// How long a bridge's socket may accept nothing before the bridge is cut [default: 10s].
+    #[arg(long, value_parser = duration)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_deadline: Option<String>,
+    /// Subscribe upstream only to what bridges ask for (recordings then miss other channels).
+    #[arg(long)]
+    #[serde(
+        rename = "subscribe_all",
+        skip_serializing_if = "unset",
+        serialize_with = "negated"
+    )]
+    pub no_subscribe_all: bool,
+    /// Do not record.
+    #[arg(long)]
+    #[serde(
+        rename = "record",
+        skip_serializing_if = "unset",
+        serialize_with = "negated"
+    )]
+    pub no_record: bool,
+}
+
+/// Relay-wide settings, from flags: each becomes the top-level config key of the same name.
+#[derive(Args, Debug, Clone, Default, Serialize)]
+pub struct GlobalFlags {
+    /// Where recordings go [default: gabp-data].
+    #[arg(long, env = "GABP_RELAY_DATA_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// WAL sync policy [default: batch].
+    #[arg(long, value_parser = ["none", "batch"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub durability: Option<String>,
+    /// Frame compression [default: lz4].
+    #[arg(long, value_parser = ["none", "lz4", "zstd"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
+    /// Compress the write-ahead log with zstd (smaller WAL, slower synced writes; see BENCHMARKS.md).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "unset")]
+    pub wal_compression: bool,
+    /// Record into --data-dir even if it is a symlink (refused by default).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "unset")]
+    pub allow_symlinked_data_dir: bool,
+    /// What a failed recording write does [default: stall].
+    #[arg(long, value_parser = ["stall", "continue"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_record_error: Option<String>,
+    /// Keep recordings by age and/or size, e.g. 7d, 10GiB or 7d,10GiB [default: keep all].
+    #[arg(long, value_parser = retention)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retain: Option<String>,
+    /// Serve Prometheus metrics at HOST:PORT [default: off].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Allow listening on a non-loopback address.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "unset")]
+    pub allow_remote: bool,
+    /// Bound on the whole shutdown, 1ms to 24h [default: 10s].
+    #[arg(long, value_parser = timeout)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_timeout: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The mod: HOST:PORT, unix:PATH, or `stdio` with the mod's command after `--`.
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Where bridges connect: HOST:PORT or unix:PATH.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Token bridges must present [default: generated and printed].
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Token the relay presents to the mod.
+    #[arg(long, env = "GABP_UPSTREAM_TOKEN", hide_env_values = true)]
+    pub upstream_token: Option<String>,
+    /// Route name used in recordings, metrics and the discovery file.
+    #[arg(long, default_value = "default")]
+    pub route_name: String,
+    /// A TOML config with one or more routes (flags override its settings).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Write the bridge discovery file here (`{route}` is replaced by the route name)
+    /// [default: $XDG_CONFIG_HOME/gabp-relay/bridge-{route}.json].
+    #[arg(long)]
+    pub bridge_file: Option<PathBuf>,
+    /// Do not write a bridge discovery file.
+    #[arg(long)]
+    pub no_bridge_file: bool,
+    #[command(flatten)]
+    pub globals: GlobalFlags,
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    /// With `--upstream stdio`: the mod's command and arguments.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+fn unset(b: &bool) -> bool {
+    !*b
+}
+
+fn negated<S: serde::Serializer>(b: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(!*b)
+}
+
+fn timeout(s: &str) -> Result<String, String> {
+    units::parse_timeout(s).map(|_| s.to_string())
+}
+
+fn duration(s: &str) -> Result<String, String> {
+    units::parse_duration(s).map(|_| s.to_string())
+}
+
+fn size(s: &str) -> Result<String, String> {
+    units::parse_size_at_least(s, 1024).map(|_| s.to_string())
+}
+
+fn count(s: &str) -> Result<usize, String> {
+    units::parse_count_at_least(s, 1)
+}
+
+fn retention(s: &str) -> Result<String, String> {
+    s.parse::<gabp_relay::config::Retention>()
+        .map(|_| s.to_string())
+}
+
+/// Flags as config keys.
+fn table(v: &impl Serialize) -> toml::Table {
+    toml::Table::try_from(v).unwrap_or_default()
+}
+
+impl ServeArgs {
+    /// The route given by flags, as a `[[route]]` table, if any.
+    fn route(&self) -> Result<Option<toml::Table>> {
+        let (upstream, listen) = match (&self.upstream, &self.listen) {
+            (Some(u), Some(l)) => (u, l),
+            (None, None) => return Ok(None),
+            _ => return Err(usage("--upstream and --listen go together")),
+        };
+        let mut t = toml::Table::new();
+        t.insert("name".into(), self.route_name.clone().into());
+        if upstream == "stdio" {
+            if self.command.is_empty() {
+                return Err(usage("--upstream stdio needs the mod's command after --"));
+            }
+            t.insert("upstream_command".into(), self.command.clone().into());
+        } else {
+            upstream
+                .parse::<gabp_rt::Addr>()
+                .map_err(|e| usage(format!("--upstream: {e}")))?;
+            t.insert("upstream".into(), upstream.clone().into());
+        }
+        listen
+            .parse::<gabp_rt::Addr>()
+            .map_err(|e| usage(format!("--listen: {e}")))?;
+        t.insert("listen".into(), listen.clone().into());
+        if let Some(tok) = &self.token {
+            t.insert("token".into(), check_token(tok)?.into());
+        }
+        if let Some(tok) = self.upstream_token.as_ref().filter(|t| !t.is_empty()) {
+            t.insert("upstream_token".into(), tok.clone().into());
+        }
+        Ok(Some(t))
+    }
+
+    /// Flags over the config file over the defaults.
+    pub fn relay_config(&self) -> Result<RelayConfig> {
+        if !self.command.is_empty() && self.upstream.as_deref() != Some("stdio") {
+            return Err(usage(
+                "a command after -- is the stdio mod's: it needs --upstream stdio",
+            ));
+        }
+        let mut globals = table(&self.globals);
+        if let Some(p) = &self.bridge_file {
+            globals.insert("bridge_file".into(), p.display().to_string().into());
+        }
+        let layer = Layer {
+            globals,
+            policy: table(&self.policy),
+            route: self.route()?,
+        };
+        let text = match &self.config {
+            Some(p) => Some((FileConfig::read(p)?, p.display().to_string())),
+            None => None,
+        };
+        let file = text.as_ref().map_or("command line", |(_, f)| f.as_str());
+        let merged =
+            FileConfig::layered(text.as_ref().map(|(t, f)| (t.as_str(), f.as_str())), layer)?;
+        let cfg = merged.relay_config(file)?;
+        if cfg.routes.is_empty() {
+            return Err(usage(
+                "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
+            ));
+        }
+        if let Some(r) = cfg
+            .routes
+            .iter()
+            .find(|r| !cfg.allow_remote && !r.listen.is_local())
+        {
+            return Err(usage(format!(
+                "refusing to listen on {}: not a loopback address (pass --allow-remote to allow it)",
+                r.listen
+            )));
+        }
+        Ok(cfg)
+    }
+}
+
+pub async fn run(a: ServeArgs) -> Result<()> {
+    let mut signals = Signals::install()?;
+    let cfg = a.relay_config()?;
+    let paths = if a.no_bridge_file {
+        Vec::new()
+    } else {
+        discovery::paths(&cfg.routes, cfg.bridge_file.as_ref())
+    };
+    discovery::check_free(&cfg.routes, &paths).map_err(anyhow::Error::msg)?;
+    let relay = Relay::start_with(
+        cfg.clone(),
+        std::sync::Arc::new(gabp_relay::transport::AnyConnector::default()),
+    )
+    .await?;
+    let bridge_files = discovery::write_all(&relay, &paths);
+    // What the operator needs to connect, on stdout. The recording line comes last.
+    let mut text = String::new();
+    for (i, r) in relay.routes.iter().enumerate() {
+        text += &format!(
+            "route {} listening on {} -> mod {}\n",
+            r.cfg.name, relay.addrs[i], r.cfg.upstream
+        );
+        if r.cfg.token_generated {
+            text += &format!("route {} token {}\n", r.cfg.name, r.cfg.token);
+        }
+    }
+    if let Some(m) = relay.metrics_addr {
+        text += &format!("metrics on http://{m}/metrics\n");
+    }
+    for p in &bridge_files {
+        text += &format!("bridge file {}\n", p.display());
+    }
+    text += &if cfg.records() {
+        let durability = match cfg.durability {
+            gabp_storage::Durability::None => "none",
+            gabp_storage::Durability::Batch => "batch",
+        };
+        format!(
+            "recording to {} (durability {durability})\n",
+            cfg.data_dir.display()
+        )
+    } else {
+        "recording off\n".to_string()
+    };
+    super::print_best_effort(&text);
+    let sig = signals.shutdown().await;
+    tracing::info!("{sig} received: shutting down");
+    // The discovery files go first: bridges stop finding a relay that is leaving, and they are
+    // gone even if the shutdown overruns its bound.
+    for p in &bridge_files {
+        discovery::remove_own(p);
+    }
+    let report = relay.shutdown_report().await;
+    let bound = humantime::format_duration(cfg.shutdown_timeout);
+    if report.unrecorded > 0 {
+        bail!(
+            "{} frame(s) were not recorded: the disk still failed at the shutdown bound ({bound}); the recording holds a clean prefix up to its last committed frame",
+            report.unrecorded,
+        );
+    }
+    if !report.clean {
+        bail!("shutdown did not finish within {bound}");
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! `gabp-relay sessions [ls|rm|check]`: list, remove or check recorded sessions.
+//!
+//! Only `rm` and `--retain` open the data dir for change; everything else reads it read-only.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use gabp_relay::config::Retention;
+use gabp_relay::display;
+use gabp_storage::{SessionMeta, Store, StoreError};
+use serde_json::json;
+
+use super::DataDir;
+
+#[derive(Args, Debug)]
+pub struct SessionsArgs {
+    #[command(subcommand)]
+    pub cmd: Option<SessionsCmd>,
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Print one JSON document (camelCase keys) instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// With no subcommand: apply this retention before listing (e.g. 7d, 10GiB or 7d,10GiB).
+    #[arg(long)]
+    pub retain: Option<Retention>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SessionsCmd {
+    /// List sessions (the default).
+    Ls,
+    /// Remove a session.
+    Rm {
+        /// Session id, unique id prefix, or `latest`.
+        session: String,
+    },
+    /// Verify that sessions' frames, index and catalog agree.
+    Check {
+        /// Session id, prefix or `latest` (all sessions when absent).
+        session: Option<String>,
+    },
+}
+
+/// A session by id, unique prefix or `latest`; an ambiguous prefix lists its candidates.
+pub fn resolve(store: &Store, query: &str) -> Result<SessionMeta> {
+    match store.resolve(query) {
+        Err(StoreError::Ambiguous(_)) => {
+            let q = query.to_ascii_lowercase();
+            let ids: Vec<String> = store
+                .sessions()?
+                .iter()
+                .map(|m| m.id.to_string())
+                .filter(|id| id.starts_with(&q))
+                .collect();
+            let shown = ids.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
+            let more = if ids.len() > 10 { ", …" } else { "" };
+            bail!(
+                "session id prefix {query:?} matches {} sessions: {shown}{more}; give more of the id",
+                ids.len()
+            )
+        }
+        r => Ok(r?),
+    }
+}
+
+/// The JSON form of one catalog entry.
+fn meta_json(m: &SessionMeta) -> serde_json::Value {
+    json!({
+        "id": m.id.to_string(), "route": m.route, "app": m.app_name, "appVersion": m.app_version,
+        "agentId": m.agent_id, "startedNs": m.started_ns, "startedAt": display::utc(m.started_ns),
+        "endedNs": m.ended_ns, "durationS": m.duration_ns() as f64 / 1e9,
+        "frames": m.frames, "bytes": m.bytes, "events": m.events, "bridges": m.bridges.len(), "end": m.end_label(),
+        "anomalies": m.anomalies, "recordErrors": m.record_errors, "lostFrames": m.lost_frames,
+    })
+}
+
+pub fn run(a: SessionsArgs) -> Result<()> {
+    let changes = matches!(a.cmd, Some(SessionsCmd::Rm { .. })) || a.retain.is_some();
+    let store = if changes {
+        Store::open_for_change(&a.dir.data_dir)?
+    } else {
+        Store::open_for_reading(&a.dir.data_dir)?
+    };
+    match a.cmd.unwrap_or(SessionsCmd::Ls) {
+        SessionsCmd::Ls => {
+            if let Some(r) = a.retain {
+                store.apply_retention(
+                    gabp_rt::clock::now_ns(),
+                    r.max_age.map(|d| d.as_nanos() as u64),
+                    r.max_bytes,
+                )?;
+            }
+            let list = store.sessions()?;
+            if a.json {
+                let v: Vec<_> = list.iter().map(meta_json).collect();
+                return super::print_json(&json!({ "sessions": v }));
+            }
+            outln!(
+                "{:<36}  {:<12} {:<14} {:<20} {:>12} {:>10} {:>10}  END",
+                "SESSION",
+                "ROUTE",
+                "APP",
+                "START (UTC)",
+                "DURATION (s)",
+                "FRAMES",
+                "SIZE"
+            );
+            for m in &list {
+                outln!(
+                    "{:<36}  {:<12} {:<14} {:<20} {:>12.1} {:>10} {:>10}  {}",
+                    m.id,
+                    display::name(&m.route),
+                    m.app_name.as_deref().map_or("-".into(), display::name),
+                    display::utc(m.started_ns),
+                    m.duration_ns() as f64 / 1e9,
+                    m.frames,
+                    display::bytes(m.bytes),
+                    m.end_label()
+                );
+            }
+        }
+        SessionsCmd::Rm { session } => {
+            let meta = resolve(&store, &session)?;
+            store.delete_session(meta.id)?;
+            if a.json {
+                return super::print_json(&json!({ "removed": meta.id.to_string() }));
+            }
+            outln!("removed session {}", meta.id);
+        }
+        SessionsCmd::Check { session } => {
+            let ids: Vec<_> = match session {
+                Some(s) => vec![resolve(&store, &s)?.id],
+                None => store.sessions()?.into_iter().map(|m| m.id).collect(),
+            };
+            let mut reports = Vec::new();
+            for id in ids {
+                reports.push(store.check_session(id)?);
+            }
+            let bad = reports.iter().filter(|r| !r.ok()).count();
+            if a.json {
+                let v: Vec<_> = reports
+                    .iter()
+                    .map(|r| {
+                        json!({
+                            "session": r.session, "ok": r.ok(), "frames": r.frames, "chunks": r.chunks,
+                            "indexEntries": r.index_entries, "channels": r.channels, "gaps": r.gaps,
+                            "lostFrames": r.lost_frames, "problems": r.problems,
+                        })
+                    })
+                    .collect();
+                super::print_json(&json!({ "ok": bad == 0, "sessions": v }))?;
+            } else {
+                for r in &reports {
+                    outln!(
+                        "{}  {}  {} frames, {} chunks, {} index entries, {} channels",
+                        r.session,
+                        if r.ok() { "ok" } else { "FAILED" },
+                        r.frames,
+                        r.chunks,
+                        r.index_entries,
+                        r.channels
+                    );
+                    for p in &r.problems {
+                        outln!("    {}", display::text(p, 300));
+                    }
+                }
+            }
+            if bad > 0 {
+                bail!("{bad} session(s) failed the consistency check");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! `gabp-relay wrap [serve flags] -- GAME…`: the relay between a launcher and its game.
+//!
+//! The route comes from the launcher's environment (see `gabp_relay::wrap`); every serve flag
+//! applies to it through the same layering as `serve`.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use gabp_relay::config::file::Layer;
+use gabp_relay::config::FileConfig;
+use gabp_relay::wrap::{forward_signal, free_port, spawn_game, LaunchEnv};
+use gabp_relay::Relay;
+
+use super::serve::{GlobalFlags, PolicyFlags};
+use super::{usage, Signals};
+
+#[derive(Args, Debug)]
+pub struct WrapArgs {
+    /// Route name [default: GABS_GAME_ID, else `default`].
+    #[arg(long)]
+    pub route_name: Option<String>,
+    #[command(flatten)]
+    pub globals: GlobalFlags,
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    /// The game's command and arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs the game behind the relay; returns the game's exit code.
+pub async fn run(a: WrapArgs) -> Result<i32> {
+    let mut signals = Signals::install()?;
+    let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
+    let game_port = free_port()?;
+    let game_token = gabp_relay::auth::generate_token();
+    let name = a
+        .route_name
+        .or(env.game_id.clone())
+        .unwrap_or_else(|| "default".into());
+    let mut route = toml::Table::new();
+    route.insert("name".into(), name.clone().into());
+    route.insert("upstream".into(), format!("127.0.0.1:{game_port}").into());
+    route.insert("listen".into(), format!("127.0.0.1:{}", env.port).into());
+    route.insert("token".into(), env.token.clone().into());
+    route.insert("upstream_token".into(), game_token.clone().into());
+    let layer = Layer {
+        globals: toml::Table::try_from(&a.globals).unwrap_or_default(),
+        policy: toml::Table::try_from(&a.policy).unwrap_or_default(),
+        route: Some(route),
+    };
+    let cfg = FileConfig::layered(None, layer)?.relay_config("command line")?;
+    let relay = Relay::start(cfg).await?;
+    let mut game = spawn_game(&a.command, game_port, &game_token)?;
+    tracing::info!(route = %name, listen = %relay.addrs[0], game_port, "wrapping the game; launchers connect to the relay");
+    let status = tokio::select! {
+        s = game.wait() => s?,
+        sig = signals.shutdown() => {
+            // Forward the signal and let the game decide how to end.
+            forward_signal(&game, sig);
+            match tokio::time::timeout(Duration::from_secs(10), game.wait()).await {
+                Ok(s) => s?,
+                Err(_) => {
+                    let _ = game.start_kill();
+                    game.wait().await?
+                }
+            }
+        }
+    };
+    relay.shutdown().await;
+    Ok(status.code().unwrap_or(1))
+}

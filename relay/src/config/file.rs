@@ -1,0 +1,499 @@
+//! The TOML config file, and the one place settings are layered: command-line flags over the
+//! file over defaults.
+//!
+//! Flags are turned into TOML keys of the same names ([`Layer`]) and merged into the file's
+//! table before one serde pass reads the result, so a flag and a config key are read, checked
+//! and defaulted by the same code. Errors name the file, the line and the field, suggest the
+//! closest field for a misspelt one, and never repeat a token's value.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::trust::{check_trusted, io_text, read_token_file};
+use super::units::{self, num_or_text};
+use super::{OnRecordError, OnSlow, RelayConfig, Retention, RouteConfig, Upstream};
+use gabp_rt::Addr;
+
+/// The TOML form of a config file (and of the flags layered over it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Data dir.
+    pub data_dir: Option<PathBuf>,
+    /// `none` or `batch`.
+    pub durability: Option<String>,
+    /// `none`, `lz4` or `zstd`.
+    pub compression: Option<String>,
+    /// Compress the write-ahead log (default false).
+    pub wal_compression: Option<bool>,
+    /// `stall` or `continue`.
+    pub on_record_error: Option<String>,
+    /// Retention, e.g. `"7d,10GiB"`.
+    pub retain: Option<String>,
+    /// Prometheus listen address.
+    pub metrics: Option<String>,
+    /// Allow non-loopback listeners.
+    pub allow_remote: Option<bool>,
+    /// Record into a data dir that is a symlink.
+    pub allow_symlinked_data_dir: Option<bool>,
+    /// Bound on the whole shutdown, e.g. `"10s"`.
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub shutdown_timeout: Option<String>,
+    /// Bridge discovery file.
+    pub bridge_file: Option<PathBuf>,
+    /// Routes.
+    #[serde(default, rename = "route")]
+    pub routes: Vec<FileRoute>,
+    /// The file's text, to point errors found after parsing at their line.
+    #[serde(skip)]
+    text: String,
+}
+
+/// One `[[route]]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRoute {
+    /// Route name.
+    pub name: String,
+    /// `HOST:PORT` or `unix:PATH`.
+    pub upstream: Option<String>,
+    /// A command for the stdio transport.
+    pub upstream_command: Option<Vec<String>>,
+    /// Token for the mod.
+    pub upstream_token: Option<String>,
+    /// File holding the token for the mod.
+    pub upstream_token_file: Option<PathBuf>,
+    /// Where bridges connect.
+    pub listen: String,
+    /// Token bridges present.
+    pub token: Option<String>,
+    /// File holding the bridge token.
+    pub token_file: Option<PathBuf>,
+    /// Slow-bridge policy.
+    pub on_slow: Option<OnSlow>,
+    /// Outbox bound in frames.
+    pub outbox_frames: Option<usize>,
+    /// Outbox bound in bytes (`16MiB` or a number).
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub outbox_bytes: Option<String>,
+    /// Request timeout, e.g. `"30s"`.
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub request_timeout: Option<String>,
+    /// Hello and whole-frame timeout, e.g. `"10s"`.
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub frame_timeout: Option<String>,
+    /// How long a bridge's socket may accept nothing before it is cut.
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub write_deadline: Option<String>,
+    /// Subscribe to every advertised channel.
+    pub subscribe_all: Option<bool>,
+    /// Largest frame body (`1MiB` or a number).
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub max_body: Option<String>,
+    /// Bridges at once.
+    pub max_bridges: Option<usize>,
+    /// Record this route.
+    pub record: Option<bool>,
+}
+
+/// A config error that names where it is.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct ConfigError {
+    /// The file.
+    pub file: String,
+    /// What is wrong, with line and field where known.
+    pub message: String,
+}
+
+/// Settings from the command line, as TOML keys named like the config file's.
+#[derive(Debug, Default, Clone)]
+pub struct Layer {
+    /// Top-level keys (data_dir, durability, …), over the file's.
+    pub globals: toml::Table,
+    /// Route keys (on_slow, outbox_bytes, …), over every route's.
+    pub policy: toml::Table,
+    /// A route given by flags (name, upstream, listen, tokens), served beside the file's.
+    pub route: Option<toml::Table>,
+}
+
+/// The key of a `key = value` line, if it names a secret (a token), so its value is never
+/// repeated in an error message.
+fn secret_key(line: &str) -> Option<&str> {
+    let key = line.split('=').next()?.trim().trim_matches(['"', '\'']);
+    key.contains("token").then_some(key)
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" with the closest known name suggested.
+fn suggest(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((field, known)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let best = known
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (strsim::jaro_winkler(field, k), k))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match best {
+        Some((score, k)) if score >= 0.8 => format!("unknown field `{field}`; did you mean `{k}`?"),
+        _ => message.to_string(),
+    }
+}
+
+/// The 1-based line of the first `key =` at or after line `from`, if any.
+fn line_of(text: &str, key: &str, from: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .skip(from.saturating_sub(1))
+        .find(|(_, l)| {
+            l.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|r| r.trim_start().starts_with('='))
+        })
+        .map(|(i, _)| i + 1)
+}
+
+impl FileConfig {
+    /// Reads, checks (owner and mode) and parses a config file.
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = Self::read(path)?;
+        FileConfig::parse(&text, &path.display().to_string())
+    }
+
+    /// Reads a config file's text after checking who may have written it.
+    pub fn read(path: &Path) -> Result<String, ConfigError> {
+        use std::io::Read;
+        let err = |message: String| ConfigError {
+            file: path.display().to_string(),
+            message,
+        };
+        // Checked on the opened file, so the file read is the file checked.
+        let mut f = std::fs::File::open(path).map_err(|e| err(io_text(&e)))?;
+        check_trusted(&f.metadata().map_err(|e| err(io_text(&e)))?).map_err(err)?;
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(|e| err(io_text(&e)))?;
+        Ok(text)
+    }
+
+    /// Parses config text; `file` is used in error messages.
+    pub fn parse(text: &str, file: &str) -> Result<FileConfig, ConfigError> {
+        let mut parsed: FileConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| {
+                text.as_bytes()[..s.start.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1
+            });
+            let secret = line.and_then(|l| text.lines().nth(l - 1).and_then(secret_key));
+            let message = match (line, secret) {
+                (Some(l), Some(key)) => {
+                    format!("line {l}: invalid {key}: expected a quoted string (the value is not shown)")
+                }
+                (Some(l), None) => format!("line {l}: {}", suggest(e.message())),
+                (None, _) => suggest(e.message()),
+            };
+            ConfigError {
+                file: file.into(),
+                message: message.replace('\n', " ").trim().to_string(),
+            }
+        })?;
+        parsed.text = text.to_string();
+        Ok(parsed)
+    }
+
+    /// The file's settings with the command line's `layer` over them (`text` and `file` are
+    /// the config file's, when there is one): one serde pass reads both.
+    pub fn layered(text: Option<(&str, &str)>, layer: Layer) -> Result<FileConfig, ConfigError> {
+        let (mut table, file) = match text {
+            Some((text, file)) => {
+                // Parsed typed first, for errors with lines; then as a table to merge into.
+                FileConfig::parse(text, file)?;
+                let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError {
+                    file: file.into(),
+                    message: e.message().to_string(),
+                })?;
+                (table, file)
+            }
+            None => (toml::Table::new(), "command line"),
+        };
+        table.extend(layer.globals);
+        let mut routes = match table.remove("route") {
+            Some(toml::Value::Array(a)) => a,
+            _ => Vec::new(),
+        };
+        routes.extend(layer.route.map(toml::Value::Table));
+        for r in &mut routes {
+            if let toml::Value::Table(t) = r {
+                t.extend(layer.policy.clone());
+            }
+        }
+        table.insert("route".into(), toml::Value::Array(routes));
+        let mut merged =
+            FileConfig::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError {
+                file: file.into(),
+                message: suggest(e.message()),
+            })?;
+        merged.text = text.map(|(t, _)| t.to_string()).unwrap_or_default();
+        Ok(merged)
+    }
+
+    /// An error about `field` (of `route`, when given), pointing at its line when the file has it.
+    fn field_error(&self, file: &str, route: Option<&str>, field: &str, m: String) -> ConfigError {
+        let from = route
+            .and_then(|r| line_of(&self.text, &format!("name = {r:?}"), 1).or(Some(1)))
+            .unwrap_or(1);
+        let at = line_of(&self.text, field, from)
+            .map(|l| format!("line {l}: "))
+            .unwrap_or_default();
+        let what = match route {
+            Some(r) => format!("route {r:?}, field {field}"),
+            None => format!("field {field}"),
+        };
+        ConfigError {
+            file: file.into(),
+            message: format!("{at}{what}: {m}"),
+        }
+    }
+
+    /// The whole relay config, every setting resolved (routes, then globals over defaults).
+    pub fn relay_config(&self, file: &str) -> Result<RelayConfig, ConfigError> {
+        let routes = self.routes(file)?;
+        let err = |field: &str, m: String| self.field_error(file, None, field, m);
+        fn parsed<T: std::str::FromStr<Err = String>>(
+            v: &Option<String>,
+            field: &str,
+            err: &dyn Fn(&str, String) -> ConfigError,
+        ) -> Result<Option<T>, ConfigError> {
+            v.as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(|m| err(field, m))
+        }
+        let mut cfg = RelayConfig::new(
+            routes,
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("gabp-data")),
+        );
+        if let Some(v) = parsed(&self.durability, "durability", &err)? {
+            cfg.durability = v;
+        }
+        if let Some(v) = parsed(&self.compression, "compression", &err)? {
+            cfg.compression = v;
+        }
+        if let Some(v) = parsed::<OnRecordError>(&self.on_record_error, "on_record_error", &err)? {
+            cfg.on_record_error = v;
+        }
+        if let Some(v) = parsed::<Retention>(&self.retain, "retain", &err)? {
+            cfg.retain = v;
+        }
+        if let Some(m) = &self.metrics {
+            cfg.metrics = Some(
+                m.parse()
+                    .map_err(|_| err("metrics", format!("invalid address {m:?}")))?,
+            );
+        }
+        if let Some(v) = &self.shutdown_timeout {
+            cfg.shutdown_timeout =
+                units::parse_timeout(v).map_err(|m| err("shutdown_timeout", m))?;
+        }
+        cfg.wal_compression = self.wal_compression.unwrap_or(false);
+        cfg.allow_remote = self.allow_remote.unwrap_or(false);
+        cfg.allow_symlinked_data_dir = self.allow_symlinked_data_dir.unwrap_or(false);
+        cfg.bridge_file = self.bridge_file.clone();
+        Ok(cfg)
+    }
+
+    /// The routes, resolved (token files read, addresses parsed, bounds checked).
+    pub fn routes(&self, file: &str) -> Result<Vec<RouteConfig>, ConfigError> {
+        let mut out = Vec::new();
+        for r in &self.routes {
+            out.push(self.route(r, file)?);
+        }
+        let mut names = std::collections::HashSet::new();
+        for r in &out {
+            if !names.insert(r.name.clone()) {
+                return Err(self.field_error(
+                    file,
+                    Some(&r.name),
+                    "name",
+                    "route names must be unique".into(),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn route(&self, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
+        let err = |field: &str, m: String| self.field_error(file, Some(&r.name), field, m);
+        let upstream = match (&r.upstream, &r.upstream_command) {
+            (Some(a), None) => Upstream::Addr(a.parse().map_err(|m| err("upstream", m))?),
+            (None, Some(cmd)) if !cmd.is_empty() => Upstream::Stdio(cmd.clone()),
+            _ => {
+                return Err(err(
+                    "upstream",
+                    "set exactly one of upstream and upstream_command".into(),
+                ))
+            }
+        };
+        let listen: Addr = r.listen.parse().map_err(|m| err("listen", m))?;
+        let (token, generated) = match (&r.token, &r.token_file) {
+            (Some(t), None) if t.trim().is_empty() => {
+                return Err(err(
+                    "token",
+                    "must not be empty (leave it out to have one generated)".into(),
+                ))
+            }
+            (Some(t), None) => (t.clone(), false),
+            (None, Some(p)) => (read_token_file(p).map_err(|m| err("token_file", m))?, false),
+            (None, None) => (crate::auth::generate_token(), true),
+            _ => {
+                return Err(err(
+                    "token",
+                    "set at most one of token and token_file".into(),
+                ))
+            }
+        };
+        let mut rc = RouteConfig::new(&r.name, upstream, listen, token);
+        rc.token_generated = generated;
+        rc.upstream_token = match (&r.upstream_token, &r.upstream_token_file) {
+            (Some(t), _) => t.clone(),
+            (None, Some(p)) => read_token_file(p).map_err(|m| err("upstream_token_file", m))?,
+            (None, None) => String::new(),
+        };
+        let count = |v: Option<usize>, field: &str| match v {
+            Some(0) => Err(err(field, "expected a whole number of at least 1".into())),
+            v => Ok(v),
+        };
+        let size = |v: &Option<String>, field: &str| {
+            v.as_deref()
+                .map(|s| units::parse_size_at_least(s, 1024))
+                .transpose()
+                .map_err(|m| err(field, m))
+        };
+        let timeout = |v: &Option<String>, field: &str| {
+            v.as_deref()
+                .map(units::parse_timeout)
+                .transpose()
+                .map_err(|m| err(field, m))
+        };
+        rc.on_slow = r.on_slow.unwrap_or(rc.on_slow);
+        rc.outbox_frames = count(r.outbox_frames, "outbox_frames")?.unwrap_or(rc.outbox_frames);
+        rc.outbox_bytes = size(&r.outbox_bytes, "outbox_bytes")?.unwrap_or(rc.outbox_bytes);
+        rc.max_body = size(&r.max_body, "max_body")?.unwrap_or(rc.max_body);
+        rc.max_bridges = count(r.max_bridges, "max_bridges")?.unwrap_or(rc.max_bridges);
+        rc.request_timeout =
+            timeout(&r.request_timeout, "request_timeout")?.unwrap_or(rc.request_timeout);
+        rc.frame_timeout = timeout(&r.frame_timeout, "frame_timeout")?.unwrap_or(rc.frame_timeout);
+        if let Some(d) = &r.write_deadline {
+            let d = units::parse_duration(d).map_err(|m| err("write_deadline", m))?;
+            // Below 10 ms every scheduling hiccup would cut a bridge.
+            rc.write_deadline = d.max(Duration::from_millis(10));
+        }
+        rc.subscribe_all = r.subscribe_all.unwrap_or(rc.subscribe_all);
+        rc.record = r.record.unwrap_or(rc.record);
+        Ok(rc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_never_echoed_and_never_empty() {
+        let e = FileConfig::parse("[[route]]\nname = \"a\"\ntoken = hunter2secret\n", "r.toml")
+            .expect_err("unquoted");
+        assert!(e.to_string().contains("line 3: invalid token"), "{e}");
+        assert!(!e.to_string().contains("hunter2secret"), "{e}");
+        let e = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream_token = 4242424242\n",
+            "r.toml",
+        )
+        .expect_err("a number");
+        assert!(!e.to_string().contains("4242424242"), "{e}");
+        let empty = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\ntoken = \" \"\n",
+            "r.toml",
+        )
+        .expect("parses");
+        let e = empty.routes("r.toml").expect_err("empty token");
+        assert!(
+            e.to_string()
+                .contains("line 5: route \"a\", field token: must not be empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_on_their_own_line_with_a_suggestion() {
+        let e = FileConfig::parse("data_dir = \"/x\"\nduribility = 1\n", "r.toml")
+            .expect_err("unknown");
+        assert!(e.to_string().starts_with("r.toml: line 2:"), "{e}");
+        assert!(e.to_string().contains("did you mean `durability`?"), "{e}");
+        assert_eq!(e.to_string().lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn config_errors_name_file_line_and_field() {
+        let e = FileConfig::parse(
+            "data_dir = \"/x\"\n[[route]]\nname = \"a\"\nlisten = 5\n",
+            "relay.toml",
+        )
+        .expect_err("bad type");
+        assert!(e.to_string().starts_with("relay.toml: line 4"), "{e}");
+        let e = FileConfig::parse("bogus = 1\n", "relay.toml").expect_err("unknown field");
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let ok = FileConfig::parse(
+            "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"nonsense\"\n",
+            "r.toml",
+        )
+        .expect("parses");
+        let e = ok.routes("r.toml").expect_err("bad address");
+        assert!(
+            e.to_string().contains("line 4: route \"a\", field listen"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn flags_layer_over_the_file_and_sizes_take_suffixes() {
+        let text = "durability = \"none\"\n[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\noutbox_bytes = \"1MiB\"\nmax_body = 4096\n";
+        let mut layer = Layer::default();
+        layer
+            .policy
+            .insert("outbox_bytes".into(), toml::Value::String("16MiB".into()));
+        layer
+            .globals
+            .insert("compression".into(), toml::Value::String("zstd".into()));
+        let cfg = FileConfig::layered(Some((text, "r.toml")), layer)
+            .expect("layers")
+            .relay_config("r.toml")
+            .expect("resolves");
+        assert_eq!(cfg.durability, gabp_storage::Durability::None, "file kept");
+        assert_eq!(
+            cfg.compression,
+            gabp_storage::Compression::Zstd,
+            "flag wins"
+        );
+        assert_eq!(cfg.routes[0].outbox_bytes, 16 << 20, "flag over file");
+        assert_eq!(cfg.routes[0].max_body, 4096, "file over default");
+        let small = text.replace("max_body = 4096", "max_body = \"512\"");
+        let e = FileConfig::parse(&small, "r.toml")
+            .expect("parses")
+            .routes("r.toml")
+            .expect_err("too small");
+        assert!(
+            e.to_string()
+                .contains("line 7: route \"a\", field max_body"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! Relay configuration: routes and their policies, from flags or a TOML file.
+//!
+//! One process serves one or many routes (one mod upstream, one downstream listener and its
+//! token each). A config file describes several; command-line flags describe one and override
+//! the file's settings ([`file`] layers them: flags over file over defaults). Parse errors name
+//! the file, the line and the field; [`units`] reads durations and sizes.
+
+pub mod file;
+mod trust;
+pub mod units;
+
+pub use file::{ConfigError, FileConfig, FileRoute};
+pub use units::{parse_duration, parse_size, parse_timeout};
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use gabp_rt::Addr;
+use gabp_storage::{Compression, Durability};
+use serde::Deserialize;
+
+/// What happens when a bridge's outbox is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnSlow {
+    /// Drop that bridge's oldest queued events; it sees a seq gap and a `relay/dropped` event.
+    #[default]
+    DropOldest,
+    /// Disconnect that bridge.
+    Disconnect,
+    /// Wait for that bridge (lossless; stalls the whole route). For trusted consumers only.
+    Block,
+}
+
+impl OnSlow {
+    /// The flag spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnSlow::DropOldest => "drop-oldest",
+            OnSlow::Disconnect => "disconnect",
+            OnSlow::Block => "block",
+        }
+    }
+}
+
+impl std::str::FromStr for OnSlow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drop-oldest" => Ok(OnSlow::DropOldest),
+            "disconnect" => Ok(OnSlow::Disconnect),
+            "block" => Ok(OnSlow::Block),
+            _ => Err(format!(
+                "unknown policy {s:?}: expected drop-oldest, disconnect or block"
+            )),
+        }
+    }
+}
+
+/// What the recorder does when a write fails (disk full, I/O error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnRecordError {
+    /// Keep retrying; the relay stops reading from the mod meanwhile (nothing is lost).
+    #[default]
+    Stall,
+    /// Drop the failed batch (counted in the session's `lost_frames`) and keep relaying.
+    Continue,
+}
+
+impl std::str::FromStr for OnRecordError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stall" => Ok(OnRecordError::Stall),
+            "continue" => Ok(OnRecordError::Continue),
+            _ => Err(format!("unknown policy {s:?}: expected stall or continue")),
+        }
+    }
+}
+
+/// Where the mod is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// A TCP or unix socket address to connect to.
+    Addr(Addr),
+    /// A command to start, speaking GABP over its stdin and stdout.
+    Stdio(Vec<String>),
+}
+
+impl std::fmt::Display for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Upstream::Addr(a) => write!(f, "{a}"),
+            Upstream::Stdio(cmd) => write!(f, "stdio:{}", cmd.join(" ")),
+        }
+    }
+}
+
+/// One route: a mod, a listener for bridges, and their policies.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Name used in recordings, metrics and status.
+    pub name: String,
+    /// The mod.
+    pub upstream: Upstream,
+    /// Token the relay presents to the mod.
+    pub upstream_token: String,
+    /// Where bridges connect.
+    pub listen: Addr,
+    /// Token bridges must present.
+    pub token: String,
+    /// Whether the token was generated (and so must be printed).
+    pub token_generated: bool,
+    /// Slow-bridge policy.
+    pub on_slow: OnSlow,
+    /// Per-bridge outbox bound in frames.
+    pub outbox_frames: usize,
+    /// Per-bridge outbox bound in bytes.
+    pub outbox_bytes: usize,
+    /// How long a forwarded request may wait for the mod.
+    pub request_timeout: Duration,
+    /// How long a `session/hello` waits for the mod to be connected.
+    pub hello_wait: Duration,
+    /// How long a new connection may take to say hello, and any frame to arrive whole.
+    pub frame_timeout: Duration,
+    /// How long a bridge's socket may accept nothing while frames wait for it before the
+    /// bridge is cut (its connection reset), like nats-server's `write_deadline`.
+    pub write_deadline: Duration,
+    /// Subscribe upstream to every channel the mod advertises (so recordings are complete).
+    pub subscribe_all: bool,
+    /// Largest accepted frame body.
+    pub max_body: usize,
+    /// Pending requests one bridge may have.
+    pub max_pending: usize,
+    /// Channels one bridge may subscribe to.
+    pub max_subscriptions: usize,
+    /// Bridges connected at once.
+    pub max_bridges: usize,
+    /// Record this route.
+    pub record: bool,
+}
+
+impl RouteConfig {
+    /// The route's secrets: what redaction removes from anything recorded.
+    pub fn secrets(&self) -> [&str; 2] {
+        [&self.token, &self.upstream_token]
+    }
+
+    /// A route with default policies.
+    pub fn new(name: &str, upstream: Upstream, listen: Addr, token: String) -> RouteConfig {
+        RouteConfig {
+            name: name.into(),
+            upstream,
+            upstream_token: String::new(),
+            listen,
+            token,
+            token_generated: false,
+            on_slow: OnSlow::DropOldest,
+            outbox_frames: 16 * 1024,
+            outbox_bytes: 16 << 20,
+            request_timeout: Duration::from_secs(30),
+            hello_wait: Duration::from_secs(10),
+            frame_timeout: Duration::from_secs(10),
+            write_deadline: Duration::from_secs(10),
+            subscribe_all: true,
+            max_body: gabp_proto::DEFAULT_MAX_BODY,
+            max_pending: 1024,
+            max_subscriptions: 1024,
+            max_bridges: 256,
+            record: true,
+        }
+    }
+}
+
+/// Keep recordings by age, by total size, or both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Delete ended sessions older than this.
+    pub max_age: Option<Duration>,
+    /// Delete the oldest ended sessions while the total exceeds this many bytes.
+    pub max_bytes: Option<u64>,
+}
+
+impl std::str::FromStr for Retention {
+    type Err = String;
+    /// Parses `7d`, `12h`, `10GiB`, `500MB`, or both joined by a comma.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut r = Retention::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            // A bare number is ambiguous; as before, it is an age in seconds.
+            if let Ok(d) = parse_duration(part) {
+                r.max_age = Some(d);
+            } else if let Ok(b) = parse_size(part) {
+                r.max_bytes = Some(b);
+            } else {
+                return Err(format!(
+                    "invalid retention {part:?}: expected an age like 7d or a size like 10GiB"
+                ));
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Everything one relay process serves.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// The routes.
+    pub routes: Vec<RouteConfig>,
+    /// Where recordings go.
+    pub data_dir: PathBuf,
+    /// WAL sync policy.
+    pub durability: Durability,
+    /// Frame compression.
+    pub compression: Compression,
+    /// Compress the write-ahead log.
+    pub wal_compression: bool,
+    /// Record into a data dir that is a symlink.
+    pub allow_symlinked_data_dir: bool,
+    /// Recorder failure policy.
+    pub on_record_error: OnRecordError,
+    /// Retention, applied at start and while serving.
+    pub retain: Retention,
+    /// Prometheus endpoint.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Allow listening on non-loopback addresses.
+    pub allow_remote: bool,
+    /// Bound on the whole shutdown sequence.
+    pub shutdown_timeout: Duration,
+    /// Where to write the bridge discovery file, if anywhere.
+    pub bridge_file: Option<PathBuf>,
+}
+
+impl RelayConfig {
+    /// A config serving `routes`, recording to `data_dir`, with every other setting at its
+    /// default (durability batch, LZ4, stall on record errors, keep everything, no metrics).
+    pub fn new(routes: Vec<RouteConfig>, data_dir: PathBuf) -> RelayConfig {
+        RelayConfig {
+            routes,
+            data_dir,
+            durability: Durability::Batch,
+            compression: Compression::Lz4,
+            wal_compression: false,
+            allow_symlinked_data_dir: false,
+            on_record_error: OnRecordError::Stall,
+            retain: Retention::default(),
+            metrics: None,
+            allow_remote: false,
+            shutdown_timeout: Duration::from_secs(10),
+            bridge_file: None,
+        }
+    }
+
+    /// Whether any route records.
+    pub fn records(&self) -> bool {
+        self.routes.iter().any(|r| r.record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_reads_ages_and_sizes() {
+        let r: Retention = "7d,10GiB".parse().expect("valid");
+        assert_eq!(r.max_age, Some(Duration::from_secs(7 * 86400)));
+        assert_eq!(r.max_bytes, Some(10 << 30));
+        assert!("7 parsecs".parse::<Retention>().is_err());
+    }
+}

@@ -1,0 +1,135 @@
+//! What the command-line tests share: the binary, a running `serve` and its start-up lines,
+//! commands run to completion, a simulated mod, signals and bounded waits.
+#![allow(dead_code)]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use gabp_sim::{Addr, ModSim, ModSimConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+
+pub fn relay() -> Command {
+    let mut c = Command::new(BIN);
+    c.env_remove("GABP_RELAY_TOKEN")
+        .env_remove("GABP_RELAY_DATA_DIR")
+        .kill_on_drop(true);
+    c
+}
+
+/// A running `serve` with what it printed at start.
+pub struct Serve {
+    pub child: Child,
+    pub addr: Addr,
+    pub token: Option<String>,
+}
+
+pub async fn serve(args: &[&str]) -> Serve {
+    // Tests run side by side: none may touch the user's default discovery file.
+    let own_file = args.iter().any(|a| a.ends_with("bridge-file"));
+    let mut child = relay()
+        .arg("serve")
+        .args(args)
+        .args(if own_file {
+            None
+        } else {
+            Some("--no-bridge-file")
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn gabp-relay");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut addr, mut token) = (None, None);
+    let read = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(rest) = line.split(" listening on ").nth(1) {
+                addr = Some(
+                    rest.split(' ')
+                        .next()
+                        .expect("address")
+                        .parse::<Addr>()
+                        .expect("valid address"),
+                );
+            }
+            if let Some(t) = line.split(" token ").nth(1) {
+                token = Some(t.trim().to_string());
+            }
+            if line.starts_with("recording") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("relay printed its start-up lines");
+    Serve {
+        child,
+        addr: addr.expect("listening line"),
+        token,
+    }
+}
+
+pub async fn output(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(Duration::from_secs(60), relay().args(args).output())
+        .await
+        .expect("command finished")
+        .expect("ran")
+}
+
+pub fn sigterm(child: &Child) {
+    let pid = child.id().expect("running") as i32;
+    // kill(1), as an operator or a service manager would send it.
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill -TERM");
+}
+
+pub fn start_mod(rate: Option<f64>) -> ModSim {
+    let cfg = ModSimConfig {
+        token: "modtok".into(),
+        rate,
+        payload_bytes: 256,
+        ..ModSimConfig::default()
+    };
+    ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
+}
+
+/// Exactly one line on stderr, returned.
+pub fn one_line(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err:?}");
+    err
+}
+
+/// Sends `sig` (a name such as INT) to the child, as kill(1) would.
+pub fn signal(child: &Child, sig: &str) {
+    let pid = child.id().expect("running");
+    std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+}
+
+/// Waits (bounded) until `cond` holds.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Parses a command's stdout as one JSON document.
+pub fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
