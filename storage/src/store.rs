@@ -356,7 +356,20 @@ impl Store {
         Ok(())
     }
 
-    /// Flushes memtables and syncs the WAL (used at shutdown).
+    /// Writes every memtable to table files. A read-only open replays the write-ahead log
+    /// into memory (up to its 256 MiB bound), so a dir flushed this way opens lean.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        if !self.opts.read_only {
+            for name in [CF_FRAMES, CF_CHAN_INDEX, CF_CATALOG, CF_DETAILS] {
+                if let Some(cf) = self.db.cf_handle(name) {
+                    self.db.flush_cf(&cf)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Syncs the WAL (used at shutdown).
     pub fn sync(&self) -> Result<(), StoreError> {
         if !self.opts.read_only {
             self.db.flush_wal(true)?;

@@ -255,7 +255,11 @@ fn data_dirs_of_the_previous_catalog_layout_are_still_read() {
     let m = store.session(crashed).expect("read").expect("present");
     assert_eq!(m.end_reason, Some(EndReason::Crash));
     assert_eq!((m.frames, m.ended_ns), (300, Some(800)));
-    assert_eq!(m.channels, vec!["a", "b"], "inline channels moved to details");
+    assert_eq!(
+        m.channels,
+        vec!["a", "b"],
+        "inline channels moved to details"
+    );
     assert_eq!(m.welcome.as_ref().expect("welcome")["agentId"], "agent");
     assert_eq!(m.bridges[0].detached_ns, Some(800));
     assert!(store.check_session(crashed).expect("check").ok());
