@@ -40,6 +40,8 @@ struct Run {
 
 /// Runs `program args...`, waits for it with wait4(2) and returns its output, its peak resident
 /// memory and its wall time. Fails the test on a non-zero exit.
+// The child is reaped by wait4 (for its rusage), not by `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run_measured(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Run {
     use std::io::Read;
     let err = tempfile::NamedTempFile::new().expect("stderr file");

@@ -27,14 +27,17 @@ const RANGED: [&str; 3] = [CF_FRAMES, CF_CHAN_INDEX, CF_DETAILS];
 pub(crate) struct Reclaimer {
     db: Arc<DB>,
     background: bool,
-    worker: Mutex<Option<Worker>>,
-    /// Sessions queued or being compacted, and a signal when that reaches zero.
-    pending: Arc<(Mutex<usize>, Condvar)>,
+    work: Arc<(Mutex<Work>, Condvar)>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-struct Worker {
-    tx: std::sync::mpsc::Sender<SessionId>,
-    thread: std::thread::JoinHandle<()>,
+/// The background thread's queue: one id per deleted session (as many as were deleted).
+#[derive(Default)]
+struct Work {
+    queued: Vec<SessionId>,
+    /// Queued or being compacted.
+    pending: usize,
+    stop: bool,
 }
 
 impl Reclaimer {
@@ -42,8 +45,8 @@ impl Reclaimer {
         Reclaimer {
             db,
             background,
-            worker: Mutex::new(None),
-            pending: Arc::new((Mutex::new(0), Condvar::new())),
+            work: Arc::default(),
+            thread: Mutex::new(None),
         }
     }
 
@@ -52,47 +55,73 @@ impl Reclaimer {
             compact_session(&self.db, id);
             return;
         }
-        let mut worker = self.worker.lock().expect("reclaimer lock");
-        *self.pending.0.lock().expect("pending lock") += 1;
-        let w = worker.get_or_insert_with(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<SessionId>();
-            let (db, pending) = (self.db.clone(), self.pending.clone());
-            let thread = std::thread::Builder::new()
+        let (work, wake) = &*self.work;
+        {
+            let mut w = work.lock().expect("reclaim lock");
+            w.queued.push(id);
+            w.pending += 1;
+        }
+        wake.notify_all();
+        let mut thread = self.thread.lock().expect("reclaim lock");
+        if thread.is_none() {
+            let (db, work) = (self.db.clone(), self.work.clone());
+            let spawned = std::thread::Builder::new()
                 .name("gabp-reclaim".into())
-                .spawn(move || {
-                    for id in rx {
-                        compact_session(&db, id);
-                        let mut n = pending.0.lock().expect("pending lock");
-                        *n -= 1;
-                        pending.1.notify_all();
-                    }
-                })
-                .expect("spawning a thread");
-            Worker { tx, thread }
-        });
-        // The receiver lives as long as the worker, which lives as long as `self`.
-        let _ = w.tx.send(id);
+                .spawn(move || reclaim_loop(&db, &work));
+            match spawned {
+                Ok(t) => *thread = Some(t),
+                // No thread: the space waits for RocksDB's own compactions.
+                Err(e) => tracing::warn!(error = %e, "cannot start reclaiming disk space"),
+            }
+        }
     }
 
     fn wait(&self) {
-        let (n, idle) = &*self.pending;
-        let mut n = n.lock().expect("pending lock");
-        while *n > 0 {
-            n = idle.wait(n).expect("pending lock");
+        if self.thread.lock().expect("reclaim lock").is_none() {
+            return;
         }
+        let (work, idle) = &*self.work;
+        let mut w = work.lock().expect("reclaim lock");
+        while w.pending > 0 {
+            w = idle.wait(w).expect("reclaim lock");
+        }
+    }
+}
+
+fn reclaim_loop(db: &DB, work: &(Mutex<Work>, Condvar)) {
+    let (lock, cv) = work;
+    loop {
+        let id = {
+            let mut w = lock.lock().expect("reclaim lock");
+            loop {
+                if w.stop {
+                    return;
+                }
+                if let Some(id) = w.queued.pop() {
+                    break id;
+                }
+                w = cv.wait(w).expect("reclaim lock");
+            }
+        };
+        compact_session(db, id);
+        lock.lock().expect("reclaim lock").pending -= 1;
+        cv.notify_all();
     }
 }
 
 impl Drop for Reclaimer {
     fn drop(&mut self) {
-        let Some(w) = self.worker.get_mut().ok().and_then(Option::take) else {
+        let Some(t) = self.thread.get_mut().ok().and_then(Option::take) else {
             return;
         };
-        drop(w.tx);
-        // The last handle is going: stop the compaction rather than hold the shutdown (or a
-        // reopen after an I/O error) for it.
+        if let Ok(mut w) = self.work.0.lock() {
+            w.stop = true;
+        }
+        self.work.1.notify_all();
+        // The last handle is going: stop a compaction under way rather than hold the shutdown
+        // (or a reopen after an I/O error) for it.
         self.db.cancel_all_background_work(true);
-        let _ = w.thread.join();
+        let _ = t.join();
     }
 }
 

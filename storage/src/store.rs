@@ -345,9 +345,6 @@ impl Store {
         }
     }
 
-    /// Every session in the catalog, oldest first (ids are UUID v7). Entries hold counters and
-    /// state; [`Store::session`] and [`Store::resolve`] also fill in the welcome and channels.
-
     /// Deletes one chunk, as a damaged disk would lose it: for tests of `sessions check`.
     #[doc(hidden)]
     pub fn delete_chunk_for_test(&self, id: SessionId, first: u64) -> Result<(), StoreError> {

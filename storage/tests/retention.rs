@@ -138,14 +138,15 @@ fn retention_in_a_relay_gives_space_back_in_the_background() {
     assert!(store.check_session(small).expect("check").ok());
 }
 
+/// (time since start, frames/s) per window.
+type Windows = Vec<(Duration, f64)>;
+
 /// Per 500 ms window: (time since start, frames/s) of a recording written as the relay's
 /// recorder writes (a synced commit per tick of at most 10 ms or 10,000 frames), over a data dir
 /// holding a 2-million-frame old session; with `retain`, retention deletes that session 4 s in,
 /// on the recording thread, as the relay's recorder runs it. Returns the windows, when retention
 /// ran and how long it held the thread, and the old session's size on disk.
-fn record_beside_an_old_session(
-    retain: bool,
-) -> (Vec<(Duration, f64)>, Option<(Duration, Duration)>, u64) {
+fn record_beside_an_old_session(retain: bool) -> (Windows, Option<(Duration, Duration)>, u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let old = {
