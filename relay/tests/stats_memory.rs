@@ -25,17 +25,30 @@ const CHANNELS: u32 = 100_000;
 /// Frames of the shorter long session (the longer has twice as many).
 const LONG: u64 = 1_000_000;
 
-/// Output kept for inspection (enough for a listing of 10,000 sessions).
-const KEPT: usize = 32 << 20;
-
 /// What one measured run of the binary gave.
 struct Run {
-    /// The first [`KEPT`] bytes of its output.
-    stdout: Vec<u8>,
-    /// Lines in its whole output.
-    lines: u64,
+    /// Its output, in a file: read back streaming, so this process never holds it whole (its
+    /// own peak would show in the next child's figure).
+    out: tempfile::NamedTempFile,
     peak_kib: i64,
     took: Duration,
+}
+
+impl Run {
+    fn reader(&self) -> std::io::BufReader<std::fs::File> {
+        std::io::BufReader::new(self.out.reopen().expect("output"))
+    }
+
+    /// Lines of output, counted as read.
+    fn lines(&self) -> impl Iterator<Item = String> {
+        use std::io::BufRead;
+        self.reader().lines().map(|l| l.expect("utf-8 output"))
+    }
+
+    /// The output as JSON, decoded straight from the file into `T`.
+    fn json<T: serde::de::DeserializeOwned>(&self) -> T {
+        serde_json::from_reader(self.reader()).expect("json output")
+    }
 }
 
 /// Runs `program args...`, waits for it with wait4(2) and returns its output, its peak resident
@@ -43,32 +56,17 @@ struct Run {
 // The child is reaped by wait4 (for its rusage), not by `Child::wait`.
 #[allow(clippy::zombie_processes)]
 fn run_measured(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Run {
-    use std::io::Read;
+    let out = tempfile::NamedTempFile::new().expect("stdout file");
     let err = tempfile::NamedTempFile::new().expect("stderr file");
     let start = Instant::now();
-    let mut child = Command::new(program)
+    let child = Command::new(program)
         .args(args)
         .envs(env.iter().copied())
-        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .stdout(out.reopen().expect("stdout"))
         .stderr(err.reopen().expect("stderr"))
         .spawn()
         .expect("spawn");
-    // Read as it comes and counted; only the head is kept, so this process stays small.
-    let (mut stdout, mut lines) = (Vec::new(), 0u64);
-    let mut pipe = child.stdout.take().expect("stdout");
-    let mut buf = vec![0u8; 64 * 1024];
-    let read = loop {
-        match pipe.read(&mut buf) {
-            Ok(0) => break Ok(()),
-            Ok(n) => {
-                lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
-                let keep = n.min(KEPT.saturating_sub(stdout.len()));
-                stdout.extend_from_slice(&buf[..keep]);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
     let mut status = 0;
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: wait4(2) on our own child, with valid pointers to the status and rusage it fills.
@@ -78,21 +76,15 @@ fn run_measured(program: &Path, args: &[&str], env: &[(&str, &Path)]) -> Run {
         (pid, ru.assume_init())
     };
     let took = start.elapsed();
-    if pid != child.id() as i32 {
-        let _ = child.kill();
-        panic!("wait4 failed for {args:?}");
-    }
-    read.expect("read stdout");
+    assert_eq!(pid, child.id() as i32, "wait4 failed for {args:?}");
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     assert!(
         ok,
-        "{args:?} failed: {}{}",
-        String::from_utf8_lossy(&stdout),
+        "{args:?} failed: {}",
         std::fs::read_to_string(err.path()).unwrap_or_default()
     );
     Run {
-        stdout,
-        lines,
+        out,
         peak_kib: ru.ru_maxrss,
         took,
     }
@@ -117,13 +109,11 @@ fn write_fixture(kind: &str, data: &Path) -> Vec<SessionId> {
         &["fixture", "--exact", "--ignored", "--nocapture"],
         &[("GABP_TEST_FIXTURE", &marker), ("GABP_TEST_DATA", data)],
     );
-    let out = String::from_utf8_lossy(&run.stdout);
-    let ids: Vec<SessionId> = out
+    let ids: Vec<SessionId> = run
         .lines()
-        .filter_map(|l| l.strip_prefix("fixture-id: "))
-        .map(|s| s.parse().expect("an id"))
+        .filter_map(|l| Some(l.strip_prefix("fixture-id: ")?.parse().expect("an id")))
         .collect();
-    assert!(!ids.is_empty(), "the fixture wrote nothing: {out}");
+    assert!(!ids.is_empty(), "the fixture wrote nothing");
     eprintln!("fixture {kind}: written in {:?}", run.took);
     ids
 }
@@ -310,11 +300,11 @@ fn stats_of_100k_channels_streams_in_bounded_memory() {
     let data = dir.path().join("data");
     write_fixture("channels", &data);
     let run = relay(&["stats", "latest", "--json"], &data);
-    let v: serde_json::Value = serde_json::from_slice(&run.stdout).expect("json");
-    assert_eq!(
-        v["channels"].as_array().expect("channels").len(),
-        CHANNELS as usize
-    );
+    #[derive(serde::Deserialize)]
+    struct Stats {
+        channels: Vec<serde::de::IgnoredAny>,
+    }
+    assert_eq!(run.json::<Stats>().channels.len(), CHANNELS as usize);
     eprintln!(
         "stats over {CHANNELS} channels: {:?}, peak RSS {} MiB",
         run.took,
@@ -340,14 +330,19 @@ fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
             args.insert(if cmd == "sessions check" { 2 } else { 1 }, &id);
             let run = relay(&args, &data);
             // Each command read the whole session.
-            let out = String::from_utf8_lossy(&run.stdout);
             match args[0] {
-                "export" => assert_eq!(run.lines, frames),
+                "export" => assert_eq!(run.lines().count() as u64, frames),
                 "stats" => {
-                    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
-                    assert_eq!(v["frames"], frames, "{v}");
+                    #[derive(serde::Deserialize)]
+                    struct Stats {
+                        frames: u64,
+                    }
+                    assert_eq!(run.json::<Stats>().frames, frames);
                 }
-                _ => assert!(out.contains(&format!("ok  {frames} frames")), "{out}"),
+                _ => {
+                    let out: Vec<String> = run.lines().collect();
+                    assert!(out[0].contains(&format!("ok  {frames} frames")), "{out:?}");
+                }
             }
             eprintln!(
                 "{cmd} over {frames} frames: {:?}, peak RSS {} MiB",
@@ -375,16 +370,21 @@ fn sessions_lists_10000_sessions_quickly() {
     let data = dir.path().join("data");
     write_fixture("many", &data);
     let table = relay(&["sessions"], &data);
-    let rows = String::from_utf8_lossy(&table.stdout)
-        .lines()
-        .filter(|l| l.ends_with("clean"))
-        .count();
+    let rows = table.lines().filter(|l| l.ends_with("clean")).count();
     assert_eq!(rows, 10_000);
     let json = relay(&["sessions", "--json"], &data);
-    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
-    let list = v["sessions"].as_array().expect("sessions");
+    #[derive(serde::Deserialize)]
+    struct Row {
+        frames: u64,
+        bridges: u64,
+    }
+    #[derive(serde::Deserialize)]
+    struct List {
+        sessions: Vec<Row>,
+    }
+    let list = json.json::<List>().sessions;
     assert_eq!(list.len(), 10_000);
-    assert!(list.iter().all(|s| s["frames"] == 1 && s["bridges"] == 1));
+    assert!(list.iter().all(|s| s.frames == 1 && s.bridges == 1));
     for (what, run) in [("sessions", &table), ("sessions --json", &json)] {
         eprintln!(
             "{what} over 10,000 sessions: {:?}, peak RSS {} MiB",
