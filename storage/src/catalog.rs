@@ -1,14 +1,18 @@
-//! The session catalog: one small JSON entry per session (counters and state), rewritten with
-//! every group commit, and the [`Gap`] records of frames lost under `continue`.
+//! The session catalog's types and encodings: one [`SessionMeta`] per session, stored as parts
+//! under keys of their own (see [`crate::keys`]), and the [`Gap`] records of frames lost under
+//! `continue`.
 //!
-//! Because the entry is written in the same `WriteBatch` as the frames it counts, after a crash
-//! the catalog always agrees with the frames that survived. The welcome and channel names are
-//! written once under `details` keys of their own (see [`crate::keys`]) and filled into
-//! [`SessionMeta`] by [`crate::Store::session`]; entries of older data dirs still carry them
-//! inline and read the same.
+//! The counters are written in the same `WriteBatch` as the frames they count, so after a crash
+//! the catalog always agrees with the frames that survived. The session record changes only at
+//! the start and end, a bridge only when it attaches or changes; the welcome and channel names
+//! are written once under `details` keys and filled into [`SessionMeta`] by
+//! [`crate::Store::session`]. Entries of older data dirs (one JSON [`SessionMeta`], sometimes
+//! with the welcome and channels inline) read the same.
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::StoreError;
+use crate::keys::CatalogPart;
 use crate::SessionId;
 
 /// Whether a session is still being written.
@@ -168,5 +172,208 @@ impl SessionMeta {
             (_, Some(r)) => r.as_str(),
             _ => "recording",
         }
+    }
+}
+
+/// The session record: what a session is and how it ended (JSON, written at start and end).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Record {
+    route: String,
+    state: Option<SessionState>,
+    end_reason: Option<EndReason>,
+    started_ns: u64,
+    ended_ns: Option<u64>,
+    agent_id: Option<String>,
+    app_name: Option<String>,
+    app_version: Option<String>,
+    relay_version: String,
+}
+
+/// Encodes the session record of `m`.
+pub(crate) fn encode_record(m: &SessionMeta) -> Vec<u8> {
+    let r = Record {
+        route: m.route.clone(),
+        state: m.state,
+        end_reason: m.end_reason,
+        started_ns: m.started_ns,
+        ended_ns: m.ended_ns,
+        agent_id: m.agent_id.clone(),
+        app_name: m.app_name.clone(),
+        app_version: m.app_version.clone(),
+        relay_version: m.relay_version.clone(),
+    };
+    serde_json::to_vec(&r).expect("a session record serializes")
+}
+
+/// A session's counters: fixed size, rewritten by every group commit that changes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub frames: u64,
+    pub bytes: u64,
+    pub events: u64,
+    pub anomalies: u64,
+    pub record_errors: u64,
+    pub lost_frames: u64,
+    pub last_ns: u64,
+}
+
+impl Counters {
+    /// Encoded length: a version byte and seven big-endian u64.
+    pub const LEN: usize = 57;
+    const VERSION: u8 = 1;
+
+    /// The counters of `m`.
+    pub fn of(m: &SessionMeta) -> Counters {
+        Counters {
+            frames: m.frames,
+            bytes: m.bytes,
+            events: m.events,
+            anomalies: m.anomalies,
+            record_errors: m.record_errors,
+            lost_frames: m.lost_frames,
+            last_ns: m.last_ns,
+        }
+    }
+
+    fn fields(&self) -> [u64; 7] {
+        [
+            self.frames,
+            self.bytes,
+            self.events,
+            self.anomalies,
+            self.record_errors,
+            self.lost_frames,
+            self.last_ns,
+        ]
+    }
+
+    /// Writes them into `m`.
+    pub fn apply(&self, m: &mut SessionMeta) {
+        m.frames = self.frames;
+        m.bytes = self.bytes;
+        m.events = self.events;
+        m.anomalies = self.anomalies;
+        m.record_errors = self.record_errors;
+        m.lost_frames = self.lost_frames;
+        m.last_ns = self.last_ns;
+    }
+
+    /// The stored form.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut v = [0u8; Self::LEN];
+        v[0] = Self::VERSION;
+        for (i, f) in self.fields().iter().enumerate() {
+            v[1 + 8 * i..9 + 8 * i].copy_from_slice(&f.to_be_bytes());
+        }
+        v
+    }
+
+    /// Reads the stored form.
+    pub fn decode(v: &[u8]) -> Option<Counters> {
+        if v.len() != Self::LEN || v[0] != Self::VERSION {
+            return None;
+        }
+        let f = |i: usize| u64::from_be_bytes(v[1 + 8 * i..9 + 8 * i].try_into().expect("8 bytes"));
+        Some(Counters {
+            frames: f(0),
+            bytes: f(1),
+            events: f(2),
+            anomalies: f(3),
+            record_errors: f(4),
+            lost_frames: f(5),
+            last_ns: f(6),
+        })
+    }
+}
+
+/// The stored parts of one session's catalog, gathered in key order and assembled into a
+/// [`SessionMeta`]: the legacy entry first (older data dirs), then what the parts say.
+#[derive(Debug, Default)]
+pub(crate) struct Parts {
+    legacy: Option<SessionMeta>,
+    record: Option<Record>,
+    counters: Option<Counters>,
+    bridges: Vec<BridgeInfo>,
+}
+
+impl Parts {
+    /// Adds one stored part.
+    pub fn add(&mut self, part: CatalogPart, v: &[u8]) -> Result<(), StoreError> {
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::Corrupt(format!("catalog {what}: {e}"))
+        };
+        match part {
+            CatalogPart::Legacy => {
+                self.legacy = Some(serde_json::from_slice(v).map_err(|e| corrupt("entry", &e))?)
+            }
+            CatalogPart::Session => {
+                self.record = Some(serde_json::from_slice(v).map_err(|e| corrupt("record", &e))?)
+            }
+            CatalogPart::Counters => {
+                self.counters = Some(
+                    Counters::decode(v)
+                        .ok_or_else(|| corrupt("counters", &"bad length or version"))?,
+                )
+            }
+            CatalogPart::Bridge(_) => self
+                .bridges
+                .push(serde_json::from_slice(v).map_err(|e| corrupt("bridge", &e))?),
+        }
+        Ok(())
+    }
+
+    /// The session these parts describe.
+    pub fn into_meta(self, id: SessionId) -> Result<SessionMeta, StoreError> {
+        let mut m = match (self.legacy, &self.record) {
+            (Some(m), _) => m,
+            (None, Some(_)) => SessionMeta::default(),
+            (None, None) => {
+                return Err(StoreError::Corrupt(format!(
+                    "catalog of session {id}: parts without a session record"
+                )))
+            }
+        };
+        m.id = id;
+        if let Some(r) = self.record {
+            m.route = r.route;
+            m.state = r.state;
+            m.end_reason = r.end_reason;
+            m.started_ns = r.started_ns;
+            m.ended_ns = r.ended_ns;
+            m.agent_id = r.agent_id;
+            m.app_name = r.app_name;
+            m.app_version = r.app_version;
+            m.relay_version = r.relay_version;
+        }
+        if let Some(c) = self.counters {
+            c.apply(&mut m);
+        }
+        if !self.bridges.is_empty() {
+            m.bridges = self.bridges;
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_fixed_size_and_round_trip() {
+        let c = Counters {
+            frames: 1,
+            bytes: 2,
+            events: 3,
+            anomalies: 4,
+            record_errors: 5,
+            lost_frames: 6,
+            last_ns: u64::MAX,
+        };
+        let v = c.encode();
+        assert_eq!(v.len(), Counters::LEN);
+        assert_eq!(&v[..9], &[1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(Counters::decode(&v), Some(c));
+        assert_eq!(Counters::decode(&v[..56]), None);
     }
 }

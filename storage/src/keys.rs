@@ -4,13 +4,25 @@
 //! |---------------|--------------------------------------------------|----------------------------|
 //! | `frames`      | session id (16) · first frame number (8)         | a chunk ([`crate::chunk`]) |
 //! | `chan_index`  | session id (16) · channel id (4) · relay seq (8) | [`IndexEntry`]             |
-//! | `catalog`     | session id (16)                                  | JSON [`crate::SessionMeta`]|
+//! | `catalog`     | session id (16) · 1                              | JSON session record        |
+//! | `catalog`     | session id (16) · 2                              | counters, 57 bytes         |
+//! | `catalog`     | session id (16) · 3 · connection number (4)      | JSON [`crate::BridgeInfo`] |
+//! | `catalog`     | session id (16) (older data dirs only)           | JSON [`crate::SessionMeta`]|
 //! | `details`     | session id (16) · kind (1) · number (8)          | see [`Detail`]             |
 //!
-//! The catalog entry holds only counters and state: it is rewritten with every group commit, so
-//! what can grow with the mod (its welcome, every channel name) lives under `details` keys of
-//! its own, each written once: kind 1 the welcome (number 0, JSON), kind 2 a channel's name
-//! (number = channel id, UTF-8), kind 3 a gap (number = the frame number it sits before, JSON
+//! The catalog keeps each part of a session under a key of its own ([`CatalogPart`]), written
+//! only when that part changes: the session record (route, the mod's identity, state, how it
+//! ended) at its start and its end; the counters (fixed size: version 1, then frames, bytes,
+//! events, anomalies, record errors, lost frames and the last frame's time, each a big-endian
+//! u64) with every group commit that changes them; a bridge when it attaches or changes. So a
+//! commit rewrites 57 bytes per session however many bridges and channels it has, and listing
+//! sessions is one scan of the small `catalog` family, never of frames. Data dirs written before
+//! this layout hold one JSON entry per session under the bare session id; it is still read
+//! (and replaced by the parts above when a read-write open rewrites it).
+//!
+//! What can grow with the mod (its welcome, every channel name) lives under `details` keys,
+//! each written once: kind 1 the welcome (number 0, JSON), kind 2 a channel's name (number =
+//! channel id, UTF-8), kind 3 a gap (number = the frame number it sits before, JSON
 //! [`crate::catalog::Gap`]): frames lost to a failed write under `--on-record-error continue`.
 //!
 //! Frames are packed into chunks (many frames per value, as MCAP does): one RocksDB put per
@@ -111,9 +123,66 @@ pub fn parse_index_key(k: &[u8]) -> Option<(SessionId, u32, u64)> {
     ))
 }
 
-/// `catalog` key.
+/// The legacy `catalog` key: one JSON entry per session, as data dirs written before the
+/// catalog was split into parts hold it (read, never written).
 pub fn catalog_key(session: SessionId) -> [u8; 16] {
     *session.as_bytes()
+}
+
+/// The parts of a session's catalog, each under a key of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatalogPart {
+    /// The whole JSON entry of an older data dir (the bare session id).
+    Legacy,
+    /// The session record (JSON): route, the mod's identity, state and end.
+    Session,
+    /// The counters (fixed size), rewritten by group commits.
+    Counters,
+    /// One bridge (JSON), by connection number.
+    Bridge(u32),
+}
+
+const PART_SESSION: u8 = 1;
+const PART_COUNTERS: u8 = 2;
+const PART_BRIDGE: u8 = 3;
+
+/// `catalog` key of a session's record.
+pub fn session_key(session: SessionId) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[..16].copy_from_slice(session.as_bytes());
+    k[16] = PART_SESSION;
+    k
+}
+
+/// `catalog` key of a session's counters.
+pub fn counters_key(session: SessionId) -> [u8; 17] {
+    let mut k = session_key(session);
+    k[16] = PART_COUNTERS;
+    k
+}
+
+/// `catalog` key of one bridge of a session.
+pub fn bridge_key(session: SessionId, conn: u32) -> [u8; 21] {
+    let mut k = [0u8; 21];
+    k[..16].copy_from_slice(session.as_bytes());
+    k[16] = PART_BRIDGE;
+    k[17..].copy_from_slice(&conn.to_be_bytes());
+    k
+}
+
+/// Splits a `catalog` key into (session, part); `None` for a key of no known part.
+pub fn parse_catalog_key(k: &[u8]) -> Option<(SessionId, CatalogPart)> {
+    let session = SessionId::from_slice(k.get(..16)?).ok()?;
+    let part = match (k.get(16), k.len()) {
+        (None, 16) => CatalogPart::Legacy,
+        (Some(&PART_SESSION), 17) => CatalogPart::Session,
+        (Some(&PART_COUNTERS), 17) => CatalogPart::Counters,
+        (Some(&PART_BRIDGE), 21) => {
+            CatalogPart::Bridge(u32::from_be_bytes(k[17..21].try_into().ok()?))
+        }
+        _ => return None,
+    };
+    Some((session, part))
 }
 
 /// A key above every key with this session prefix (for range deletes): the prefix followed by
@@ -194,6 +263,30 @@ mod tests {
             Some((s, 3, 9))
         );
         assert!(detail_key(s, Detail::Gap, u64::MAX).as_slice() < session_end(s).as_slice());
+        // The catalog's parts: legacy entry, then record, counters, bridges in connection order.
+        let mut head = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16].to_vec();
+        assert_eq!(catalog_key(fixed).as_slice(), head.as_slice());
+        head.push(1);
+        assert_eq!(session_key(fixed).as_slice(), head.as_slice());
+        head[16] = 2;
+        assert_eq!(counters_key(fixed).as_slice(), head.as_slice());
+        head[16] = 3;
+        head.extend([0, 0, 1, 2]);
+        assert_eq!(bridge_key(fixed, 0x102).as_slice(), head.as_slice());
+        assert!(catalog_key(s).as_slice() < session_key(s).as_slice());
+        assert!(session_key(s) < counters_key(s));
+        assert!(counters_key(s).as_slice() < bridge_key(s, 0).as_slice());
+        assert!(bridge_key(s, 9) < bridge_key(s, 10));
+        assert!(bridge_key(s, u32::MAX).as_slice() < session_end(s).as_slice());
+        for (k, part) in [
+            (catalog_key(s).to_vec(), CatalogPart::Legacy),
+            (session_key(s).to_vec(), CatalogPart::Session),
+            (counters_key(s).to_vec(), CatalogPart::Counters),
+            (bridge_key(s, 7).to_vec(), CatalogPart::Bridge(7)),
+        ] {
+            assert_eq!(parse_catalog_key(&k), Some((s, part)));
+        }
+        assert_eq!(parse_catalog_key(&[0u8; 18]), None);
         let e = IndexEntry {
             frame_no: 9,
             chunk: 8,

@@ -2,8 +2,12 @@
 //!
 //! - [`keys`]: the key layout of every column family (the one place it is defined).
 //! - [`chunk`]: frame records and the chunk encoding that packs many frames into one value.
-//! - [`catalog`]: the per-session catalog entry (route, mod, welcome, bridges, counts, end).
-//! - [`store`]: opening the data dir, listing, deleting, retention, crash recovery.
+//! - [`catalog`]: the per-session catalog entry (route, mod, welcome, bridges, counts, end) and
+//!   the encodings of its parts.
+//! - [`store`]: opening the data dir (record, read, change) and RocksDB's settings.
+//! - [`dir`]: the data dir on the file system: ownership, modes, symlinks, the lock's holder.
+//! - [`sessions`]: listing and looking up sessions, details, crash recovery.
+//! - [`retention`]: deleting sessions, retention, and reclaiming their disk space.
 //! - [`writer`]: group-committed writes of frames, index and catalog in one `WriteBatch`.
 //! - [`reader`]: streaming reads of a session in arrival order, or one channel from a seq.
 //! - [`repair`]: `gabp-relay repair`, which copies a damaged data dir aside before fixing it.
@@ -17,10 +21,13 @@
 pub mod catalog;
 pub mod check;
 pub mod chunk;
+pub mod dir;
 pub mod error;
 pub mod keys;
 pub mod reader;
 pub mod repair;
+pub mod retention;
+pub mod sessions;
 pub mod store;
 pub mod writer;
 

@@ -9,8 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::dir::{lock_holder, make_private};
 use crate::error::StoreError;
-use crate::store::{lock_holder, make_private, Store, StoreOptions};
+use crate::store::{Store, StoreOptions};
 use crate::SessionId;
 
 /// What a repair did.

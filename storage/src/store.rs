@@ -1,4 +1,5 @@
-//! Opening a data dir, listing and deleting sessions, retention, and crash recovery.
+//! Opening a data dir: the store's options, RocksDB's settings and column families, and the
+//! three ways to open (record, read, change).
 //!
 //! A read-write open takes RocksDB's lock, so a second relay on the same data dir fails with
 //! [`StoreError::Locked`]. Read commands always open read-only: they never create, lock, write
@@ -9,11 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, DB};
+use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, Options, DB};
 
-use crate::catalog::{EndReason, Gap, SessionMeta, SessionState};
+pub use crate::dir::lock_holder;
+use crate::dir::{make_private, prepare_writable_dir};
 use crate::error::StoreError;
-use crate::keys::{self, Detail, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
+use crate::keys::{self, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
+use crate::retention::Reclaimer;
 use crate::SessionId;
 
 /// When a group commit is durable.
@@ -83,6 +86,9 @@ pub struct StoreOptions {
 #[derive(Clone)]
 pub struct Store {
     pub(crate) db: Arc<DB>,
+    /// Gives back the space of deleted sessions (declared next to `db`: it may hold the last
+    /// handle on it, and must close it before the log dir below goes).
+    pub(crate) reclaimer: Arc<Reclaimer>,
     pub(crate) opts: StoreOptions,
     path: PathBuf,
     /// Whether the `details` column family exists (data dirs written before it have none).
@@ -91,7 +97,7 @@ pub struct Store {
     _log_dir: Option<Arc<tempfile::TempDir>>,
     /// Read-only, with no relay holding the data dir: sessions still marked `recording` were
     /// left by a dead relay and are shown as ended by crash (the next relay writes that).
-    orphaned: bool,
+    pub(crate) orphaned: bool,
 }
 
 impl std::fmt::Debug for Store {
@@ -169,96 +175,6 @@ fn is_lock_error(e: &rocksdb::Error) -> bool {
     // process"; never a mere "block" in a corruption message.
     let s = e.to_string();
     s.contains("/LOCK") || s.contains("lock hold by")
-}
-
-/// The pid holding RocksDB's `LOCK` file, from /proc/locks (RocksDB locks it with fcntl).
-pub fn lock_holder(dir: &Path) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir.join("LOCK")).ok()?;
-    let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    let ino = m.ino().to_string();
-    locks.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
-        let dev_ino = f.get(5)?;
-        (dev_ino.rsplit(':').next()? == ino).then(|| f.get(4)?.parse().ok())?
-    })
-}
-
-/// The effective uid of this process (the owner of /proc/self), if /proc is mounted.
-fn effective_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
-}
-
-/// Makes sure `path` is a data dir this process may record into: creates it 0700 when absent
-/// and returns whether it is new (empty), so only then may RocksDB create a database in it.
-fn prepare_writable_dir(path: &Path, allow_symlink: bool) -> Result<bool, StoreError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let unsafe_dir = |reason: String| StoreError::Unsafe {
-        path: path.display().to_string(),
-        reason,
-    };
-    let link = match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            create_private_dir(path).map_err(|e| StoreError::Open {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            return Ok(true);
-        }
-        Err(e) => return Err(e.into()),
-        Ok(m) => m,
-    };
-    if link.file_type().is_symlink() && !allow_symlink {
-        return Err(unsafe_dir(
-            "it is a symlink (pass --allow-symlinked-data-dir if that is intended)".into(),
-        ));
-    }
-    let m = std::fs::metadata(path)?;
-    if !m.is_dir() {
-        return Err(unsafe_dir("it is not a directory".into()));
-    }
-    if let Some(uid) = effective_uid() {
-        if m.uid() != uid {
-            return Err(unsafe_dir(format!(
-                "it is owned by uid {}, not by this user (uid {uid})",
-                m.uid()
-            )));
-        }
-    }
-    if m.permissions().mode() & 0o022 != 0 {
-        return Err(unsafe_dir(format!(
-            "it is writable by group or others (mode {:o}; chmod 700 it)",
-            m.permissions().mode() & 0o777
-        )));
-    }
-    Ok(std::fs::read_dir(path)?.next().is_none())
-}
-
-/// Takes group and other permissions off `dir` and everything under it (owner bits kept:
-/// dirs end 0700, RocksDB's files 0600), as the README promises for a data dir.
-pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let tighten = |p: &Path, m: &std::fs::Metadata| {
-        let mode = m.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o700))
-        } else {
-            Ok(())
-        }
-    };
-    tighten(dir, &std::fs::metadata(dir)?)?;
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        let ty = e.file_type()?;
-        if ty.is_dir() {
-            make_private(&e.path())?;
-        } else if ty.is_file() {
-            tighten(&e.path(), &e.metadata()?)?;
-        }
-    }
-    Ok(())
 }
 
 impl Store {
@@ -361,8 +277,10 @@ impl Store {
             })?
         };
         let orphaned = opts.read_only && lock_holder(path).is_none();
+        let db = Arc::new(db);
         Ok(Store {
-            db: Arc::new(db),
+            reclaimer: Arc::new(Reclaimer::new(db.clone(), true)),
+            db,
             opts,
             path: path.to_path_buf(),
             details,
@@ -402,7 +320,10 @@ impl Store {
                 reason: "its CURRENT file is missing".into(),
             });
         }
-        Store::open_db(path, StoreOptions::default(), None)
+        let mut store = Store::open_db(path, StoreOptions::default(), None)?;
+        // A command waits for the space of what it deletes to be given back.
+        store.reclaimer = Arc::new(Reclaimer::new(store.db.clone(), false));
+        Ok(store)
     }
 
     /// The data dir.
@@ -424,212 +345,6 @@ impl Store {
         }
     }
 
-    /// Every session in the catalog, oldest first (ids are UUID v7). Entries hold counters and
-    /// state; [`Store::session`] and [`Store::resolve`] also fill in the welcome and channels.
-    pub fn sessions(&self) -> Result<Vec<SessionMeta>, StoreError> {
-        let mut out = Vec::new();
-        for item in self
-            .db
-            .iterator_cf(self.cf(CF_CATALOG), IteratorMode::Start)
-        {
-            let (_, v) = item?;
-            out.push(self.present(decode_meta(&v)?));
-        }
-        Ok(out)
-    }
-
-    fn present(&self, mut m: SessionMeta) -> SessionMeta {
-        if self.orphaned && m.state == Some(SessionState::Recording) {
-            mark_crashed(&mut m);
-        }
-        m
-    }
-
-    /// One session's catalog entry with its welcome and channel names.
-    pub fn session(&self, id: SessionId) -> Result<Option<SessionMeta>, StoreError> {
-        match self.db.get_cf(self.cf(CF_CATALOG), keys::catalog_key(id))? {
-            Some(v) => {
-                let mut m = self.present(decode_meta(&v)?);
-                self.fill_details(&mut m)?;
-                Ok(Some(m))
-            }
-            None => Ok(None),
-        }
-    }
-
-    /// `meta` with its welcome and channel names: itself when they are there, else a copy
-    /// filled from their own keys (an entry from [`Store::sessions`] holds counters only).
-    pub fn with_details<'a>(
-        &self,
-        meta: &'a SessionMeta,
-    ) -> Result<std::borrow::Cow<'a, SessionMeta>, StoreError> {
-        if !meta.channels.is_empty() {
-            return Ok(std::borrow::Cow::Borrowed(meta));
-        }
-        let mut m = meta.clone();
-        self.fill_details(&mut m)?;
-        Ok(std::borrow::Cow::Owned(m))
-    }
-
-    /// Fills in the welcome and channel names stored under their own keys.
-    pub fn fill_details(&self, m: &mut SessionMeta) -> Result<(), StoreError> {
-        if let Some(w) = self.detail(m.id, Detail::Welcome, 0)? {
-            m.welcome = Some(
-                serde_json::from_slice(&w)
-                    .map_err(|e| StoreError::Corrupt(format!("welcome: {e}")))?,
-            );
-        }
-        self.for_each_detail(m.id, Detail::Channel, |id, v| {
-            let i = id as usize;
-            if m.channels.len() <= i {
-                m.channels.resize(i + 1, String::new());
-            }
-            m.channels[i] = String::from_utf8_lossy(v).into_owned();
-            Ok(())
-        })
-    }
-
-    fn detail(&self, id: SessionId, kind: Detail, n: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.details_cf() {
-            Some(cf) => Ok(self.db.get_cf(cf, keys::detail_key(id, kind, n))?),
-            None => Ok(None),
-        }
-    }
-
-    /// Calls `f(number, value)` for every `details` record of one kind, in number order.
-    pub(crate) fn for_each_detail(
-        &self,
-        id: SessionId,
-        kind: Detail,
-        mut f: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let Some(cf) = self.details_cf() else {
-            return Ok(());
-        };
-        let start = keys::detail_key(id, kind, 0);
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&start, rocksdb::Direction::Forward))
-        {
-            let (k, v) = item?;
-            match keys::parse_detail_key(&k) {
-                Some((s, kd, n)) if s == id && kd == kind as u8 => f(n, &v)?,
-                _ => break,
-            }
-        }
-        Ok(())
-    }
-
-    /// A session's gaps: frames lost to failed writes under `continue`.
-    pub fn gaps(&self, id: SessionId) -> Result<Vec<Gap>, StoreError> {
-        let mut out = Vec::new();
-        self.for_each_detail(id, Detail::Gap, |_, v| {
-            out.push(
-                serde_json::from_slice(v)
-                    .map_err(|e| StoreError::Corrupt(format!("gap record: {e}")))?,
-            );
-            Ok(())
-        })?;
-        Ok(out)
-    }
-
-    /// Finds a session by full id, unique id prefix, or `latest`; with welcome and channels.
-    pub fn resolve(&self, query: &str) -> Result<SessionMeta, StoreError> {
-        let mut m = self.resolve_entry(query)?;
-        self.fill_details(&mut m)?;
-        Ok(m)
-    }
-
-    fn resolve_entry(&self, query: &str) -> Result<SessionMeta, StoreError> {
-        let all = self.sessions()?;
-        if query == "latest" || query == "last" {
-            return all
-                .into_iter()
-                .last()
-                .ok_or_else(|| StoreError::NoSuchSession(query.into()));
-        }
-        let q = query.to_ascii_lowercase();
-        let mut hits = all.into_iter().filter(|m| {
-            m.id.to_string().starts_with(&q) || m.id.simple().to_string().starts_with(&q)
-        });
-        match (hits.next(), hits.next()) {
-            (Some(m), None) if !q.is_empty() => Ok(m),
-            (Some(_), Some(_)) => Err(StoreError::Ambiguous(query.into())),
-            _ => Err(StoreError::NoSuchSession(query.into())),
-        }
-    }
-
-    /// Writes a catalog entry on its own (outside a group commit).
-    pub fn put_meta(&self, meta: &SessionMeta) -> Result<(), StoreError> {
-        let mut wo = rocksdb::WriteOptions::default();
-        wo.set_sync(self.opts.durability == Durability::Batch);
-        self.db.put_cf_opt(
-            self.cf(CF_CATALOG),
-            keys::catalog_key(meta.id),
-            encode_meta(meta),
-            &wo,
-        )?;
-        Ok(())
-    }
-
-    /// Deletes a session: its frames, index entries and catalog entry.
-    pub fn delete_session(&self, id: SessionId) -> Result<(), StoreError> {
-        let start = keys::frame_key(id, 0);
-        let end = keys::session_end(id);
-        let mut batch = rocksdb::WriteBatch::default();
-        batch.delete_range_cf(self.cf(CF_FRAMES), &start[..16], &end[..]);
-        batch.delete_range_cf(self.cf(CF_CHAN_INDEX), &start[..16], &end[..]);
-        if let Some(cf) = self.details_cf() {
-            batch.delete_range_cf(cf, &start[..16], &end[..]);
-        }
-        batch.delete_cf(self.cf(CF_CATALOG), keys::catalog_key(id));
-        let mut wo = rocksdb::WriteOptions::default();
-        wo.set_sync(true);
-        self.db.write_opt(batch, &wo)?;
-        Ok(())
-    }
-
-    /// Deletes ended sessions older than `max_age_ns` or beyond `max_bytes` in total (oldest
-    /// first). Returns the ids deleted. Sessions still recording are never deleted.
-    pub fn apply_retention(
-        &self,
-        now_ns: u64,
-        max_age_ns: Option<u64>,
-        max_bytes: Option<u64>,
-    ) -> Result<Vec<SessionId>, StoreError> {
-        let sessions = self.sessions()?;
-        let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
-        let mut deleted = Vec::new();
-        for m in &sessions {
-            if m.state != Some(SessionState::Ended) {
-                continue;
-            }
-            let too_old = max_age_ns
-                .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
-            let too_big = max_bytes.is_some_and(|cap| total > cap);
-            if too_old || too_big {
-                self.delete_session(m.id)?;
-                total -= m.bytes;
-                deleted.push(m.id);
-            }
-        }
-        Ok(deleted)
-    }
-
-    /// Marks sessions left `recording` by a dead relay as ended by crash. Called on every
-    /// read-write open, when no other relay can be writing (RocksDB's lock is held).
-    pub fn recover_crashed(&self) -> Result<Vec<SessionId>, StoreError> {
-        let mut fixed = Vec::new();
-        for mut m in self.sessions()? {
-            if m.state == Some(SessionState::Recording) {
-                mark_crashed(&mut m);
-                self.put_meta(&m)?;
-                fixed.push(m.id);
-            }
-        }
-        Ok(fixed)
-    }
-
     /// Deletes one chunk, as a damaged disk would lose it: for tests of `sessions check`.
     #[doc(hidden)]
     pub fn delete_chunk_for_test(&self, id: SessionId, first: u64) -> Result<(), StoreError> {
@@ -638,39 +353,24 @@ impl Store {
         Ok(())
     }
 
-    /// Flushes memtables and syncs the WAL (used at shutdown).
+    /// Writes every memtable to table files. A read-only open replays the write-ahead log
+    /// into memory (up to its 256 MiB bound), so a dir flushed this way opens lean.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        if !self.opts.read_only {
+            for name in [CF_FRAMES, CF_CHAN_INDEX, CF_CATALOG, CF_DETAILS] {
+                if let Some(cf) = self.db.cf_handle(name) {
+                    self.db.flush_cf(&cf)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Syncs the WAL (used at shutdown).
     pub fn sync(&self) -> Result<(), StoreError> {
         if !self.opts.read_only {
             self.db.flush_wal(true)?;
         }
         Ok(())
     }
-}
-
-fn mark_crashed(m: &mut SessionMeta) {
-    m.state = Some(SessionState::Ended);
-    m.end_reason = Some(EndReason::Crash);
-    m.ended_ns = Some(m.last_ns.max(m.started_ns));
-    for b in &mut m.bridges {
-        b.detached_ns.get_or_insert(m.last_ns);
-    }
-}
-
-fn create_private_dir(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    if !path.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(path)?;
-    }
-    Ok(())
-}
-
-pub(crate) fn encode_meta(meta: &SessionMeta) -> Vec<u8> {
-    serde_json::to_vec(meta).expect("catalog entries always serialize")
-}
-
-pub(crate) fn decode_meta(v: &[u8]) -> Result<SessionMeta, StoreError> {
-    serde_json::from_slice(v).map_err(|e| StoreError::Corrupt(format!("catalog entry: {e}")))
 }

@@ -1,8 +1,10 @@
-//! Group-committed recording: frames, index entries and catalog entries in one `WriteBatch`.
+//! Group-committed recording: frames, index entries and catalog parts in one `WriteBatch`.
 //!
 //! The caller (the relay's recorder thread) appends records as they arrive and calls
 //! [`SessionWriter::commit`] once per tick. Records accumulate into chunks; a commit seals every
-//! open chunk, writes the touched catalog entries and syncs the WAL when durability is `batch`.
+//! open chunk, writes the catalog parts that changed (a session's fixed-size counters; its
+//! record only at start and end; a bridge only when it changes: see [`crate::keys`]) and syncs
+//! the WAL when durability is `batch`.
 //! Because a commit is one atomic batch, a crash leaves a clean prefix: whole commits only.
 //!
 //! A failed commit keeps everything it tried to write: calling [`SessionWriter::commit`] again
@@ -15,11 +17,13 @@ use std::path::PathBuf;
 
 use rocksdb::{WriteBatch, WriteOptions};
 
-use crate::catalog::{BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
+use crate::catalog::{
+    encode_record, BridgeInfo, Counters, EndReason, Gap, SessionMeta, SessionState,
+};
 use crate::chunk::{ChunkBuilder, Direction, FrameRecord};
 use crate::error::StoreError as E;
 use crate::keys::{self, Detail, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
-use crate::store::{encode_meta, Durability, Store, StoreOptions};
+use crate::store::{Durability, Store, StoreOptions};
 use crate::SessionId;
 
 /// A chunk is sealed at this many frames (a measured sweet spot; see BENCHMARKS.md).
@@ -28,8 +32,10 @@ pub const CHUNK_FRAMES: u32 = 256;
 pub const CHUNK_BYTES: usize = 128 * 1024;
 
 struct Open {
+    /// The session as appended so far (bridges included; welcome and channels go to `pending`).
     meta: SessionMeta,
-    committed: SessionMeta,
+    /// The counters as of the last commit, restored when staged frames are discarded.
+    committed: Counters,
     next_frame: u64,
     committed_next: u64,
     chunk: ChunkBuilder,
@@ -42,8 +48,21 @@ struct Open {
     pending: Vec<([u8; keys::DETAIL_KEY_LEN], Vec<u8>)>,
     /// Frames lost since the last commit, not yet recorded.
     gap: Option<Gap>,
-    dirty: bool,
+    /// The session record changed (begin, end) since the last commit.
+    record_dirty: bool,
+    /// The counters changed since the last commit.
+    counters_dirty: bool,
+    /// Connection numbers of the bridges that changed since the last commit.
+    bridges_dirty: Vec<u32>,
     ended: bool,
+}
+
+impl Open {
+    fn bridge_changed(&mut self, conn: u32) {
+        if !self.bridges_dirty.contains(&conn) {
+            self.bridges_dirty.push(conn);
+        }
+    }
 }
 
 /// Writes sessions into a [`Store`]. Not thread-safe by design: one recorder thread owns it.
@@ -111,10 +130,8 @@ impl SessionWriter {
         }
         meta.state = Some(SessionState::Recording);
         meta.last_ns = meta.last_ns.max(meta.started_ns);
-        let committed = SessionMeta {
-            state: None,
-            ..meta.clone()
-        };
+        let committed = Counters::of(&meta);
+        let bridges_dirty = meta.bridges.iter().map(|b| b.conn).collect();
         self.open.insert(
             meta.id,
             Open {
@@ -128,7 +145,9 @@ impl SessionWriter {
                 staged_runs: HashMap::new(),
                 pending,
                 gap: None,
-                dirty: true,
+                record_dirty: true,
+                counters_dirty: true,
+                bridges_dirty,
                 ended: false,
             },
         );
@@ -147,11 +166,13 @@ impl SessionWriter {
     /// Adds or replaces a bridge entry (matched by connection number).
     pub fn upsert_bridge(&mut self, session: SessionId, info: BridgeInfo) {
         if let Some(o) = self.open.get_mut(&session) {
-            match o.meta.bridges.iter_mut().find(|b| b.conn == info.conn) {
+            let conn = info.conn;
+            match o.meta.bridges.iter_mut().find(|b| b.conn == conn) {
+                Some(b) if *b == info => return,
                 Some(b) => *b = info,
                 None => o.meta.bridges.push(info),
             }
-            o.dirty = true;
+            o.bridge_changed(conn);
         }
     }
 
@@ -159,7 +180,7 @@ impl SessionWriter {
     pub fn note_anomaly(&mut self, session: SessionId) {
         if let Some(o) = self.open.get_mut(&session) {
             o.meta.anomalies += 1;
-            o.dirty = true;
+            o.counters_dirty = true;
         }
     }
 
@@ -167,7 +188,7 @@ impl SessionWriter {
     pub fn note_error(&mut self) {
         for o in self.open.values_mut() {
             o.meta.record_errors += 1;
-            o.dirty = true;
+            o.counters_dirty = true;
         }
     }
 
@@ -193,7 +214,7 @@ impl SessionWriter {
         if rec.dir == Direction::ModToRelay && rec.channel.is_some() {
             o.meta.events += 1;
         }
-        o.dirty = true;
+        o.counters_dirty = true;
         self.staged += 1;
         if o.chunk.count() >= CHUNK_FRAMES || o.chunk.len() >= CHUNK_BYTES {
             if let Some(store) = &self.store {
@@ -209,11 +230,19 @@ impl SessionWriter {
             o.meta.state = Some(SessionState::Ended);
             o.meta.end_reason = Some(reason);
             o.meta.ended_ns = Some(at_ns.max(o.meta.last_ns));
+            let mut detached = Vec::new();
             for b in &mut o.meta.bridges {
-                b.detached_ns.get_or_insert(at_ns);
+                if b.detached_ns.is_none() {
+                    b.detached_ns = Some(at_ns);
+                    detached.push(b.conn);
+                }
+            }
+            for conn in detached {
+                o.bridge_changed(conn);
             }
             o.ended = true;
-            o.dirty = true;
+            o.record_dirty = true;
+            o.counters_dirty = true;
         }
     }
 
@@ -242,7 +271,7 @@ impl SessionWriter {
             }
         }
         // Frames stay in `self.batch` until they land; what is added per commit (details,
-        // gaps, catalog entries) goes into this copy, so a retry does not repeat it.
+        // gaps, catalog parts) goes into this copy, so a retry does not repeat it.
         let mut batch = WriteBatch::from_data(self.batch.data());
         let (catalog, details) = (store.cf(CF_CATALOG), store.cf(CF_DETAILS));
         for (id, o) in self.open.iter() {
@@ -256,8 +285,24 @@ impl SessionWriter {
                     serde_json::to_vec(g).expect("a gap serializes"),
                 );
             }
-            if o.dirty {
-                batch.put_cf(catalog, keys::catalog_key(*id), encode_meta(&o.meta));
+            if o.record_dirty {
+                batch.put_cf(catalog, keys::session_key(*id), encode_record(&o.meta));
+            }
+            if o.counters_dirty {
+                batch.put_cf(
+                    catalog,
+                    keys::counters_key(*id),
+                    Counters::of(&o.meta).encode(),
+                );
+            }
+            for conn in &o.bridges_dirty {
+                if let Some(b) = o.meta.bridges.iter().find(|b| b.conn == *conn) {
+                    batch.put_cf(
+                        catalog,
+                        keys::bridge_key(*id, *conn),
+                        serde_json::to_vec(b).expect("a bridge serializes"),
+                    );
+                }
             }
         }
         let mut wo = WriteOptions::default();
@@ -266,8 +311,10 @@ impl SessionWriter {
         self.batch.clear();
         let n = std::mem::take(&mut self.staged);
         self.open.retain(|_, o| {
-            o.dirty = false;
-            o.committed = o.meta.clone();
+            o.record_dirty = false;
+            o.counters_dirty = false;
+            o.bridges_dirty.clear();
+            o.committed = Counters::of(&o.meta);
             o.committed_next = o.next_frame;
             o.staged_runs.clear();
             o.pending.clear();
@@ -285,25 +332,15 @@ impl SessionWriter {
         self.batch = WriteBatch::default();
         let lost = std::mem::take(&mut self.staged);
         for o in self.open.values_mut() {
-            let lost_here = o.meta.frames - o.committed.frames;
-            let lost_bytes = o.meta.bytes - o.committed.bytes;
-            let (errors, ended, end_reason, ended_ns, bridges, anomalies) = (
-                o.meta.record_errors,
-                o.meta.state,
-                o.meta.end_reason,
-                o.meta.ended_ns,
-                o.meta.bridges.clone(),
-                o.meta.anomalies,
-            );
-            let lost_before = o.meta.lost_frames;
-            o.meta = o.committed.clone();
-            o.meta.state = ended.or(Some(SessionState::Recording));
-            o.meta.end_reason = end_reason;
-            o.meta.ended_ns = ended_ns;
-            o.meta.bridges = bridges;
-            o.meta.record_errors = errors;
-            o.meta.anomalies = anomalies;
-            o.meta.lost_frames = lost_before + lost_here;
+            let c = o.committed;
+            let lost_here = o.meta.frames - c.frames;
+            let lost_bytes = o.meta.bytes - c.bytes;
+            // Back to the committed counts; failures, anomalies, state and bridges stay.
+            o.meta.frames = c.frames;
+            o.meta.bytes = c.bytes;
+            o.meta.events = c.events;
+            o.meta.last_ns = c.last_ns;
+            o.meta.lost_frames += lost_here;
             if lost_here > 0 {
                 let mut runs: Vec<(u32, u64, u64)> =
                     o.staged_runs.drain().map(|(c, (s, n))| (c, s, n)).collect();
@@ -319,7 +356,7 @@ impl SessionWriter {
             o.next_frame = o.committed_next;
             o.chunk = ChunkBuilder::default();
             o.runs.clear();
-            o.dirty = true;
+            o.counters_dirty = true;
         }
         lost
     }

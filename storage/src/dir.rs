@@ -1,0 +1,107 @@
+//! The data dir on the file system: who may record into it (owner, mode, symlinks), making
+//! it private, and finding the process that holds RocksDB's lock.
+
+use std::path::Path;
+
+use crate::error::StoreError;
+
+/// The pid holding RocksDB's `LOCK` file, from /proc/locks (RocksDB locks it with fcntl).
+pub fn lock_holder(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir.join("LOCK")).ok()?;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let ino = m.ino().to_string();
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        let dev_ino = f.get(5)?;
+        (dev_ino.rsplit(':').next()? == ino).then(|| f.get(4)?.parse().ok())?
+    })
+}
+
+/// The effective uid of this process (the owner of /proc/self), if /proc is mounted.
+fn effective_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+/// Makes sure `path` is a data dir this process may record into: creates it 0700 when absent
+/// and returns whether it is new (empty), so only then may RocksDB create a database in it.
+pub(crate) fn prepare_writable_dir(path: &Path, allow_symlink: bool) -> Result<bool, StoreError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let unsafe_dir = |reason: String| StoreError::Unsafe {
+        path: path.display().to_string(),
+        reason,
+    };
+    let link = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_private_dir(path).map_err(|e| StoreError::Open {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            return Ok(true);
+        }
+        Err(e) => return Err(e.into()),
+        Ok(m) => m,
+    };
+    if link.file_type().is_symlink() && !allow_symlink {
+        return Err(unsafe_dir(
+            "it is a symlink (pass --allow-symlinked-data-dir if that is intended)".into(),
+        ));
+    }
+    let m = std::fs::metadata(path)?;
+    if !m.is_dir() {
+        return Err(unsafe_dir("it is not a directory".into()));
+    }
+    if let Some(uid) = effective_uid() {
+        if m.uid() != uid {
+            return Err(unsafe_dir(format!(
+                "it is owned by uid {}, not by this user (uid {uid})",
+                m.uid()
+            )));
+        }
+    }
+    if m.permissions().mode() & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "it is writable by group or others (mode {:o}; chmod 700 it)",
+            m.permissions().mode() & 0o777
+        )));
+    }
+    Ok(std::fs::read_dir(path)?.next().is_none())
+}
+
+/// Takes group and other permissions off `dir` and everything under it (owner bits kept:
+/// dirs end 0700, RocksDB's files 0600), as the README promises for a data dir.
+pub(crate) fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let tighten = |p: &Path, m: &std::fs::Metadata| {
+        let mode = m.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode & 0o700))
+        } else {
+            Ok(())
+        }
+    };
+    tighten(dir, &std::fs::metadata(dir)?)?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        if ty.is_dir() {
+            make_private(&e.path())?;
+        } else if ty.is_file() {
+            tighten(&e.path(), &e.metadata()?)?;
+        }
+    }
+    Ok(())
+}
+
+fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !path.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)?;
+    }
+    Ok(())
+}
