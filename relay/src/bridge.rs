@@ -31,7 +31,7 @@ use crate::outbox::{CutReason, Outbox};
 use crate::pending::{self, ByteBudget, Entry, Origin};
 use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route, VERSION};
-use crate::sink::{Sink, Staged};
+use crate::socket::{BridgeSocket, Staged};
 
 /// Relay replies a bridge may leave unread before the relay stops reading its requests (a
 /// bridge that never reads is then cut by the write deadline, never queued without bound).
@@ -84,7 +84,9 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
-    *outbox.sink_slot().lock() = Some(Sink::new(conn_id, conn.write));
+    outbox
+        .socket()
+        .install(BridgeSocket::new(conn_id, conn.write));
     let mut writer = tokio::spawn(write_loop(route.clone(), bridge.clone()));
     let mut reader = BridgeReader {
         route: route.clone(),
@@ -125,7 +127,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
         writer.abort();
         let _ = (&mut writer).await;
         outbox.close();
-        drop(outbox.sink_slot().lock().take());
+        outbox.socket().discard();
         if let Some(why) = outbox.cut_reason() {
             tracing::info!(route = %route.cfg.name, conn = conn_id, peer = %bridge.peer, "bridge cut: {}", why.as_str());
         }
@@ -678,9 +680,9 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
     let outbox = &bridge.outbox;
     let deadline = route.cfg.write_deadline;
     loop {
-        // The slot is empty only while this task holds the sink, so this always succeeds;
+        // The slot is empty only while this task holds the lease, so this always succeeds;
         // the mod reader writes in place under the slot's lock and never takes it out.
-        let Some(mut sink) = outbox.sink_slot().lock().take() else {
+        let Some(mut sink) = outbox.socket().lease() else {
             outbox.ready().await;
             continue;
         };
@@ -690,21 +692,22 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
         record_staged(&route, &sink, staged);
         match written {
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                // Dropping the sink here lets the connection task reset the socket.
-                return outbox.cut(CutReason::WriteDeadline);
+                // Retiring the socket here lets the connection task reset it.
+                outbox.cut(CutReason::WriteDeadline);
+                return sink.retire();
             }
             Err(_) => {
                 // A write failure means the bridge is gone: stop queueing for it.
                 outbox.close();
-                return;
+                return sink.retire();
             }
             Ok(()) if !open => {
                 let _ = tokio::time::timeout(deadline, sink.shutdown()).await;
-                return;
+                return sink.retire();
             }
             Ok(()) => {}
         }
-        *outbox.sink_slot().lock() = Some(sink);
+        drop(sink); // back in the slot
         if !outbox.has_queued() {
             outbox.ready().await;
         }
@@ -716,22 +719,18 @@ async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
 /// otherwise, or if the socket takes only part of it, wake the writer to do the rest.
 pub fn write_from_reader(route: &Route, outbox: &Outbox) {
     outbox.clear_wake_mark();
-    let Some(mut slot) = outbox.sink_slot().try_lock() else {
-        return outbox.wake();
-    };
-    let Some(sink) = slot.as_mut().filter(|s| s.is_idle()) else {
-        drop(slot);
+    let Some(mut sink) = outbox.socket().try_idle() else {
         return outbox.wake();
     };
     if outbox.take(&mut sink.batch).is_none() {
         // Closed and drained: the writer shuts the socket.
-        drop(slot);
+        drop(sink);
         return outbox.wake();
     }
     let staged = sink.stage();
     let result = sink.write_now();
-    record_staged(route, sink, staged);
-    drop(slot);
+    record_staged(route, &sink, staged);
+    drop(sink);
     match result {
         Ok(true) => {}
         Ok(false) => outbox.wake(),
@@ -741,7 +740,7 @@ pub fn write_from_reader(route: &Route, outbox: &Outbox) {
 
 /// Counts what was staged and records its `relay/dropped` notices. Never waits on the
 /// recorder: under `stall` that would freeze this bridge (and the mod reader).
-fn record_staged(route: &Route, sink: &Sink, staged: Staged) {
+fn record_staged(route: &Route, sink: &BridgeSocket, staged: Staged) {
     route.metrics.bridge_out.increment(staged.events);
     for body in staged.notices {
         route.record_current_detached(Direction::RelayToBridge, sink.conn, body);
