@@ -129,7 +129,7 @@ impl Outbox {
 
     /// The slot holding the bridge's socket between writes: the writer task leases it for the
     /// length of a write; the mod reader writes in place while holding the lock.
-    pub fn socket(&self) -> &SocketSlot {
+    pub(crate) fn socket(&self) -> &SocketSlot {
         &self.socket
     }
 
