@@ -2,11 +2,13 @@
 
 mod codec;
 mod fanout;
+mod maps;
 mod storage;
 
 criterion::criterion_main!(
     codec::benches,
     codec::parts_group,
     fanout::benches,
+    maps::benches,
     storage::benches
 );

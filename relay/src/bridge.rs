@@ -34,7 +34,7 @@ use crate::outbox::Outbox;
 use crate::pending::{self, ByteBudget};
 use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route};
-use crate::sink::Sink;
+use crate::socket::BridgeSocket;
 use reader::BridgeReader;
 
 /// Failed frames tolerated before a successful hello; then the connection is closed.
@@ -80,7 +80,9 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
-    *outbox.sink_slot().lock() = Some(Sink::new(conn_id, conn.write));
+    outbox
+        .socket()
+        .install(BridgeSocket::new(conn_id, conn.write));
     let mut writer = tokio::spawn(writer::write_loop(route.clone(), bridge.clone()));
     let mut reader = BridgeReader::new(
         route.clone(),
@@ -115,7 +117,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
         writer.abort();
         let _ = (&mut writer).await;
         outbox.close();
-        drop(outbox.sink_slot().lock().take());
+        outbox.socket().discard();
         if let Some(why) = outbox.cut_reason() {
             tracing::info!(route = %route.cfg.name, conn = conn_id, peer = %bridge.peer, "bridge cut: {}", why.as_str());
         }

@@ -1,18 +1,25 @@
 //! gabp-relay: many GABP bridges share one game mod, and every session is recorded.
 //!
+//! The API, re-exported here: [`Relay`] starts and stops a relay from a [`RelayConfig`] of
+//! [`RouteConfig`]s (each an [`Upstream`] and a slow-bridge policy, [`OnSlow`]);
+//! [`generate_token`] makes bridge tokens; [`private_file_modes`] sets the umask a recording
+//! needs. The modules still `pub` below serve the command line, the benches and the
+//! integration tests; `socket` and `http` are internal (`pub(crate)`).
+//!
 //! Modules, in the direction data flows:
 //! - [`config`]: routes and policies, from flags or TOML.
 //! - [`auth`]: tokens, constant-time checks, failed-hello throttling.
 //! - [`upstream`]: the mod connection (connect, hello, read, route, reconnect).
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
-//! - [`sink`]: each bridge's socket and the frames on their way into it (written by the mod
-//!   reader directly when the bridge's writer is idle).
+//! - `socket`: each bridge's socket, the frames on their way into it, and the slot that
+//!   decides who writes (the mod reader directly when the bridge's writer is idle).
 //! - [`bridge`]: a bridge connection (strict reading, handshake, forwarding, writers).
 //! - [`pending`]: forwarded requests awaiting the mod's answer.
 //! - [`route`]: one route's shared state and status.
 //! - [`recorder`]: the recorder thread in front of `gabp-storage`.
-//! - [`metrics`]: metric handles and the Prometheus endpoint.
+//! - [`metrics`]: metric names, bounded labels and per-route handles.
+//! - `http`: the metrics port (`/metrics`, `/healthz`, `/readyz`).
 //! - [`server`]: starting and stopping a relay.
 //! - [`replay`], [`export`], [`stats`]: reading recordings back.
 //! - [`transport`]: the stdio upstream (a mod started as a child process).
@@ -28,6 +35,7 @@ pub mod demo;
 pub mod discovery;
 pub mod display;
 pub mod export;
+pub(crate) mod http;
 pub mod hub;
 pub mod metrics;
 pub mod outbox;
@@ -36,11 +44,13 @@ pub mod recorder;
 pub mod replay;
 pub mod route;
 pub mod server;
-pub mod sink;
+pub(crate) mod socket;
 pub mod stats;
 pub mod transport;
 pub mod upstream;
 pub mod wrap;
 
+pub use auth::generate_token;
 pub use config::{OnSlow, RelayConfig, RouteConfig, Upstream};
-pub use server::Relay;
+pub use recorder::private_file_modes;
+pub use server::{Relay, ShutdownReport, StartError};

@@ -4,20 +4,14 @@
 //! one atomic add. Label values come only from bounded sets: the route names of the config,
 //! known GABP methods plus methods the mod has answered successfully (capped), and the mod's
 //! channel names, sanitised and capped; anything else is counted under `other`, so no peer can
-//! grow `/metrics` by sending new names. The exporter serves `GET /metrics` from a tiny HTTP responder on the
-//! relay's own runtime; that keeps hyper and TLS out of the dependency tree.
+//! grow `/metrics` by sending new names. The port that serves them is [`crate::http`].
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// Every metric name the relay exports (the Grafana dashboard test checks against this).
 pub const NAMES: &[&str] = &[
@@ -206,52 +200,6 @@ pub fn install() -> Option<PrometheusHandle> {
         .ok()?
         .install_recorder()
         .ok()
-}
-
-/// Serves `GET /metrics` until cancelled.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle, cancel: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            _ = cancel.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let mut sock = match accepted {
-            Ok((sock, _)) => sock,
-            Err(e) => {
-                // Out of descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "metrics: accept failed");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                }
-            }
-        };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let mut req = [0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut req)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let head = String::from_utf8_lossy(&req[..n]);
-            let (status, body) = if head.starts_with("GET /metrics") || head.starts_with("GET / ") {
-                ("200 OK", handle.render())
-            } else {
-                ("404 Not Found", "not found\n".to_string())
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
-}
-
-/// Binds the metrics listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
 
 #[cfg(test)]

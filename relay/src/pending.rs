@@ -10,13 +10,12 @@
 //! recorded), so a mod that stops reading cannot make the relay hold more than the budget, and
 //! the memory is back as soon as the bytes are gone.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use parking_lot::Mutex;
+use dashmap::DashMap;
 use uuid::Uuid;
 
 use crate::outbox::Outbox;
@@ -142,10 +141,10 @@ pub fn hold(bytes: Bytes, holds: Vec<Reservation>) -> Bytes {
     })
 }
 
-/// The table.
+/// The table: a sharded map, measured at least as fast as one lock (ARCHITECTURE.md).
 #[derive(Debug)]
 pub struct Pending {
-    map: Mutex<HashMap<Uuid, Entry>>,
+    map: DashMap<Uuid, Entry>,
     /// Bytes of forwarded requests the whole route holds.
     pub bytes: Arc<ByteBudget>,
 }
@@ -153,7 +152,7 @@ pub struct Pending {
 impl Default for Pending {
     fn default() -> Self {
         Pending {
-            map: Mutex::default(),
+            map: DashMap::new(),
             bytes: ByteBudget::new(ROUTE_BYTES),
         }
     }
@@ -162,39 +161,41 @@ impl Default for Pending {
 impl Pending {
     /// Adds an entry (the bridge's in-flight count was already raised by the caller).
     pub fn insert(&self, id: Uuid, entry: Entry) {
-        self.map.lock().insert(id, entry);
+        self.map.insert(id, entry);
     }
 
     /// Takes the entry for an upstream id.
     pub fn take(&self, id: &Uuid) -> Option<Entry> {
-        self.map.lock().remove(id)
+        self.map.remove(id).map(|(_, e)| e)
     }
 
     /// Takes every entry past its deadline.
     pub fn expire(&self, now: Instant) -> Vec<Entry> {
-        let mut map = self.map.lock();
-        let ids: Vec<Uuid> = map
-            .iter()
-            .filter(|(_, e)| e.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.iter().filter_map(|id| map.remove(id)).collect()
+        self.take_where(|e| e.deadline <= now)
     }
 
     /// Takes every entry of a session.
     pub fn drain_session(&self, session: Uuid) -> Vec<Entry> {
-        let mut map = self.map.lock();
-        let ids: Vec<Uuid> = map
+        self.take_where(|e| e.session == session)
+    }
+
+    /// Takes every entry matching `f`. Ids are collected first: removing while iterating
+    /// would deadlock on the shard being read.
+    fn take_where(&self, f: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+        let ids: Vec<Uuid> = self
+            .map
             .iter()
-            .filter(|(_, e)| e.session == session)
-            .map(|(id, _)| *id)
+            .filter(|e| f(e.value()))
+            .map(|e| *e.key())
             .collect();
-        ids.iter().filter_map(|id| map.remove(id)).collect()
+        ids.iter()
+            .filter_map(|id| self.map.remove(id).map(|(_, e)| e))
+            .collect()
     }
 
     /// Entries pending.
     pub fn len(&self) -> usize {
-        self.map.lock().len()
+        self.map.len()
     }
 
     /// Whether nothing is pending.

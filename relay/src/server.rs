@@ -89,11 +89,12 @@ impl Relay {
         }
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
+        let ready = crate::http::Readiness::default();
         // Metrics first: everything started below registers its handles with this recorder.
         let metrics_addr = match cfg.metrics {
             Some(addr) => {
                 let listener =
-                    crate::metrics::bind(addr)
+                    crate::http::bind(addr)
                         .await
                         .map_err(|source| StartError::Bind {
                             addr: addr.to_string(),
@@ -101,7 +102,12 @@ impl Relay {
                         })?;
                 let bound = listener.local_addr().ok();
                 if let Some(handle) = crate::metrics::install() {
-                    tracker.spawn(crate::metrics::serve(listener, handle, cancel.clone()));
+                    tracker.spawn(crate::http::serve(
+                        listener,
+                        handle,
+                        ready.clone(),
+                        cancel.clone(),
+                    ));
                 } else {
                     tracing::warn!("a metrics recorder is already installed in this process; /metrics not served");
                 }
@@ -162,6 +168,7 @@ impl Relay {
             routes.push(route);
         }
         drop(recorder);
+        ready.watch(&routes);
         Ok(Relay {
             routes,
             addrs,

@@ -10,7 +10,7 @@ use gabp_storage::Direction;
 
 use crate::outbox::{CutReason, Outbox};
 use crate::route::{BridgeState, Route};
-use crate::sink::{Sink, Staged};
+use crate::socket::{BridgeSocket, Staged};
 
 /// The bridge's writer task: writes whatever the mod reader did not write directly (control
 /// frames, notices, bursts a full socket held back), waiting for the socket as long as it keeps
@@ -19,9 +19,9 @@ pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
     let outbox = &bridge.outbox;
     let deadline = route.cfg.write_deadline;
     loop {
-        // The slot is empty only while this task holds the sink, so this always succeeds;
+        // The slot is empty only while this task holds the lease, so this always succeeds;
         // the mod reader writes in place under the slot's lock and never takes it out.
-        let Some(mut sink) = outbox.sink_slot().lock().take() else {
+        let Some(mut sink) = outbox.socket().lease() else {
             outbox.ready().await;
             continue;
         };
@@ -31,21 +31,22 @@ pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
         record_staged(&route, &sink, staged);
         match written {
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                // Dropping the sink here lets the connection task reset the socket.
-                return outbox.cut(CutReason::WriteDeadline);
+                // Retiring the socket here lets the connection task reset it.
+                outbox.cut(CutReason::WriteDeadline);
+                return sink.retire();
             }
             Err(_) => {
                 // A write failure means the bridge is gone: stop queueing for it.
                 outbox.close();
-                return;
+                return sink.retire();
             }
             Ok(()) if !open => {
                 let _ = tokio::time::timeout(deadline, sink.shutdown()).await;
-                return;
+                return sink.retire();
             }
             Ok(()) => {}
         }
-        *outbox.sink_slot().lock() = Some(sink);
+        drop(sink); // back in the slot
         if !outbox.has_queued() {
             outbox.ready().await;
         }
@@ -57,22 +58,18 @@ pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
 /// otherwise, or if the socket takes only part of it, wake the writer to do the rest.
 pub fn write_from_reader(route: &Route, outbox: &Outbox) {
     outbox.clear_wake_mark();
-    let Some(mut slot) = outbox.sink_slot().try_lock() else {
-        return outbox.wake();
-    };
-    let Some(sink) = slot.as_mut().filter(|s| s.is_idle()) else {
-        drop(slot);
+    let Some(mut sink) = outbox.socket().try_idle() else {
         return outbox.wake();
     };
     if outbox.take(&mut sink.batch).is_none() {
         // Closed and drained: the writer shuts the socket.
-        drop(slot);
+        drop(sink);
         return outbox.wake();
     }
     let staged = sink.stage();
     let result = sink.write_now();
-    record_staged(route, sink, staged);
-    drop(slot);
+    record_staged(route, &sink, staged);
+    drop(sink);
     match result {
         Ok(true) => {}
         Ok(false) => outbox.wake(),
@@ -82,7 +79,7 @@ pub fn write_from_reader(route: &Route, outbox: &Outbox) {
 
 /// Counts what was staged and records its `relay/dropped` notices. Never waits on the
 /// recorder: under `stall` that would freeze this bridge (and the mod reader).
-fn record_staged(route: &Route, sink: &Sink, staged: Staged) {
+fn record_staged(route: &Route, sink: &BridgeSocket, staged: Staged) {
     route.metrics.bridge_out.increment(staged.events);
     for body in staged.notices {
         route.record_current_detached(Direction::RelayToBridge, sink.conn, body);

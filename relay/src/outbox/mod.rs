@@ -24,52 +24,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::OnSlow;
-use crate::sink::Sink;
+use crate::socket::SocketSlot;
 
-/// One event as fanned out: built once, shared by every subscriber.
-#[derive(Debug)]
-pub struct EventFrame {
-    /// The channel name.
-    pub channel: Arc<str>,
-    /// The relay seq written into the frame.
-    pub seq: u64,
-    /// The complete wire frame (header and body).
-    pub wire: Bytes,
-    /// Never dropped: relay notices that must keep their place in the event stream.
-    pub keep: bool,
-}
+mod frame;
 
-/// A run of dropped events on one channel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DropRun {
-    /// The channel.
-    pub channel: Arc<str>,
-    /// First dropped seq.
-    pub from: u64,
-    /// Last dropped seq.
-    pub to: u64,
-    /// Events dropped (`to - from + 1` unless runs were merged across a gap).
-    pub count: u64,
-}
-
-/// One queued frame: a shared event, or a control frame (a response or the relay's own reply).
-#[derive(Debug, Clone)]
-pub enum Frame {
-    /// An event (or an ordered relay notice).
-    Event(Arc<EventFrame>),
-    /// A control frame in wire form.
-    Control(Bytes),
-}
-
-impl Frame {
-    /// The wire bytes.
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            Frame::Event(e) => &e.wire,
-            Frame::Control(b) => b,
-        }
-    }
-}
+pub use frame::{Batch, DropRun, EventFrame, Frame};
 
 /// The result of offering an event to an outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,22 +62,6 @@ struct State {
 impl State {
     fn fits(&self, len: usize, max_frames: usize, max_bytes: usize) -> bool {
         self.events == 0 || (self.events < max_frames && self.event_bytes + len <= max_bytes)
-    }
-}
-
-/// What a writer takes out in one go.
-#[derive(Debug, Default)]
-pub struct Batch {
-    /// Drop runs to announce first.
-    pub drops: Vec<DropRun>,
-    /// Frames in the order they were queued (a ring, so whole queues can be swapped, not copied).
-    pub frames: VecDeque<Frame>,
-}
-
-impl Batch {
-    /// Whether there is nothing to write.
-    pub fn is_empty(&self) -> bool {
-        self.drops.is_empty() && self.frames.is_empty()
     }
 }
 
@@ -160,8 +103,8 @@ pub struct Outbox {
     /// Cancelled when the bridge is cut: its connection task resets the socket at once.
     cut: CancellationToken,
     cut_reason: Mutex<Option<CutReason>>,
-    /// The bridge's socket, while nobody is writing to it (see [`crate::sink`]).
-    sink: Mutex<Option<Sink>>,
+    /// The bridge's socket, while nobody is writing to it (see [`crate::socket`]).
+    socket: SocketSlot,
 }
 
 impl Outbox {
@@ -180,14 +123,14 @@ impl Outbox {
             delivered: AtomicU64::new(0),
             cut: CancellationToken::new(),
             cut_reason: Mutex::new(None),
-            sink: Mutex::new(None),
+            socket: SocketSlot::default(),
         }
     }
 
-    /// The slot holding the bridge's socket between writes: the writer task takes it out for
-    /// the length of a write; the mod reader writes in place while holding the lock.
-    pub fn sink_slot(&self) -> &Mutex<Option<Sink>> {
-        &self.sink
+    /// The slot holding the bridge's socket between writes: the writer task leases it for the
+    /// length of a write; the mod reader writes in place while holding the lock.
+    pub(crate) fn socket(&self) -> &SocketSlot {
+        &self.socket
     }
 
     /// Forgets that a wake is owed (the caller is about to write instead of waking).
@@ -473,162 +416,4 @@ fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ev(ch: &str, seq: u64) -> Arc<EventFrame> {
-        Arc::new(EventFrame {
-            channel: ch.into(),
-            seq,
-            wire: Bytes::from(vec![b'x'; 10]),
-            keep: false,
-        })
-    }
-
-    fn events(b: &Batch) -> Vec<(&str, u64)> {
-        b.frames
-            .iter()
-            .filter_map(|f| match f {
-                Frame::Event(e) => Some((&*e.channel, e.seq)),
-                Frame::Control(_) => None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn ordered_notices_keep_their_place_and_are_never_dropped() {
-        let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
-        o.offer(&ev("a", 0));
-        let notice = EventFrame {
-            channel: "relay/session".into(),
-            seq: 0,
-            wire: Bytes::from_static(b"n"),
-            keep: true,
-        };
-        o.push_ordered(Arc::new(notice));
-        for s in 1..6 {
-            o.offer(&ev("a", s));
-        }
-        let mut b = Batch::default();
-        o.take(&mut b).expect("open");
-        assert_eq!(
-            events(&b),
-            vec![("relay/session", 0), ("a", 3), ("a", 4), ("a", 5)]
-        );
-        assert_eq!(
-            b.drops,
-            vec![DropRun {
-                channel: "a".into(),
-                from: 0,
-                to: 2,
-                count: 3
-            }]
-        );
-    }
-
-    #[test]
-    fn drop_oldest_keeps_newest_and_records_runs() {
-        let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
-        for s in 0..5 {
-            o.offer(&ev("a", s));
-        }
-        o.push_control(Bytes::from_static(b"resp"));
-        let mut b = Batch::default();
-        o.take(&mut b).expect("open");
-        assert_eq!(events(&b), vec![("a", 2), ("a", 3), ("a", 4)]);
-        assert_eq!(
-            b.drops,
-            vec![DropRun {
-                channel: "a".into(),
-                from: 0,
-                to: 1,
-                count: 2
-            }]
-        );
-        assert_eq!(b.frames.len(), 4, "control frames are never dropped");
-        assert_eq!(o.dropped(), 2);
-    }
-
-    #[test]
-    fn control_frames_keep_their_place_among_events() {
-        // A response queued after events stays after them, even when older events are dropped
-        // around it: the bridge sees the mod's order.
-        let o = Outbox::new(OnSlow::DropOldest, 2, 1 << 20);
-        o.offer(&ev("a", 0));
-        o.offer(&ev("a", 1));
-        o.push_control(Bytes::from_static(b"resp"));
-        o.offer(&ev("a", 2));
-        let mut b = Batch::default();
-        o.take(&mut b).expect("open");
-        let order: Vec<String> = b
-            .frames
-            .iter()
-            .map(|f| match f {
-                Frame::Event(e) => format!("e{}", e.seq),
-                Frame::Control(_) => "resp".into(),
-            })
-            .collect();
-        assert_eq!(order, vec!["e1", "resp", "e2"]);
-    }
-
-    #[test]
-    fn byte_bound_applies() {
-        let o = Outbox::new(OnSlow::DropOldest, 100, 25);
-        for s in 0..4 {
-            o.offer(&ev("a", s));
-        }
-        assert_eq!(o.depth().0, 2);
-    }
-
-    #[test]
-    fn control_frames_past_their_bound_cut_the_bridge() {
-        let o = Outbox::new(OnSlow::DropOldest, 100, 25);
-        assert!(
-            o.push_control(Bytes::from(vec![b'r'; 40])),
-            "one always fits"
-        );
-        assert!(!o.is_closed());
-        assert!(!o.push_control(Bytes::from(vec![b'r'; 10])));
-        assert!(o.cut_signal().is_cancelled());
-        assert_eq!(o.cut_reason(), Some(CutReason::ControlBacklog));
-        assert_eq!(o.depth(), (0, 0, 0), "what was queued is freed at once");
-    }
-
-    #[test]
-    fn disconnect_cuts_and_block_reports_full() {
-        let o = Outbox::new(OnSlow::Disconnect, 1, 1 << 20);
-        assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
-        assert_eq!(o.offer(&ev("a", 1)), Offer::Disconnected);
-        assert!(o.is_closed());
-        assert!(o.cut_signal().is_cancelled());
-        let mut b = Batch::default();
-        assert!(o.take(&mut b).is_none(), "a cut bridge gets nothing more");
-
-        let o = Outbox::new(OnSlow::Block, 1, 1 << 20);
-        assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
-        assert_eq!(o.offer(&ev("a", 1)), Offer::Full);
-        assert_eq!(o.dropped(), 0);
-    }
-
-    #[tokio::test]
-    async fn block_waits_for_bytes_not_only_frames() {
-        // The byte bound is reached first: `space` must not return until the refused event
-        // fits (it used to check frames only, and the mod reader spun).
-        let o = Arc::new(Outbox::new(OnSlow::Block, 100, 25));
-        assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
-        assert_eq!(o.offer(&ev("a", 1)), Offer::Queued);
-        assert_eq!(o.offer(&ev("a", 2)), Offer::Full);
-        let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), o.space()).await;
-        assert!(waiting.is_err(), "no room yet: space() waits");
-        let o2 = o.clone();
-        let taker = tokio::spawn(async move {
-            let mut b = Batch::default();
-            o2.take(&mut b).expect("open");
-        });
-        tokio::time::timeout(std::time::Duration::from_secs(5), o.space())
-            .await
-            .expect("room after the writer took");
-        taker.await.expect("taker");
-        assert_eq!(o.offer(&ev("a", 2)), Offer::Queued);
-    }
-}
+mod tests;

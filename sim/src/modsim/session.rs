@@ -1,270 +1,27 @@
-//! A simulated GABP mod: seeded, rate-controlled, and as quirky as real mod libraries.
-//!
-//! It runs on plain OS threads with blocking sockets rather than on tokio: fixed-rate emission
-//! needs sleeps finer than tokio's 1 ms timer, or the mod's own scheduling would show up as
-//! relay latency. Each event's payload carries `t`, its *scheduled* send time in wall-clock
-//! nanoseconds, so latency is measured without coordinated omission.
-//!
-//! Methods: `session/hello` (token checked, -31000 on mismatch, -31001 for anything before it),
-//! `tools/list`, `tools/call` (`sim/echo` returns its arguments or legacy `parameters`,
-//! `sim/fail` errors, `sim/emit` emits `count` events on `channel` as fast as possible;
-//! `sim/twice` answers twice and `sim/stray` also answers an id nobody sent, for fault tests),
-//! `events/subscribe`, `events/unsubscribe`, `state/get`. Emission starts with the first
-//! subscription when `autostart` is set; otherwise only `sim/emit` produces events.
+//! One connection to the simulated mod: the handshake, the methods it answers (with their
+//! latency and quirks), and the event stream it paces. Runs on the connection's own thread and
+//! must not touch the listener (that is [`super`]'s).
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use gabp_proto::{encode_frame, message, GabpCodec, Mode, Parser};
+use gabp_rt::clock::now_ns;
 use serde_json::{json, Value};
 use tokio_util::codec::Decoder;
 
-use crate::events::{EventTemplate, Pace, Schedule};
-use gabp_rt::clock::now_ns;
-use gabp_rt::net::Addr;
+use super::{ModSimConfig, Shared, Stream};
+use crate::events::{EventTemplate, Schedule};
 
-/// How the simulated mod behaves.
-#[derive(Debug, Clone)]
-pub struct ModSimConfig {
-    /// The token bridges must present.
-    pub token: String,
-    /// The channels advertised in the welcome.
-    pub channels: Vec<String>,
-    /// Events per second across all channels once streaming; `None` is as fast as possible.
-    pub rate: Option<f64>,
-    /// Target size of each event body in bytes (the padding is adjusted to reach it).
-    pub payload_bytes: usize,
-    /// Seed for payload contents and channel choice.
-    pub seed: u64,
-    /// Delay before answering `tools/call`.
-    pub tool_latency: Duration,
-    /// First seq per channel (a widely used mod library starts at 1).
-    pub seq_start: u64,
-    /// Write `"error": null` in successes, `"result": null` in errors and an event `timestamp`.
-    pub quirks: bool,
-    /// Start streaming at the first subscription.
-    pub autostart: bool,
-    /// Stop streaming after this many events per connection.
-    pub max_events: Option<u64>,
-    /// `app.name` in the welcome.
-    pub app_name: String,
-    /// At max rate, stay within a window of the slowest reader (see [`crate::events`]).
-    pub pace: Option<Arc<Pace>>,
-}
+/// Where a session writes its frames (shared with the emitting thread).
+pub(super) type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
 
-impl Default for ModSimConfig {
-    fn default() -> Self {
-        ModSimConfig {
-            token: String::new(),
-            channels: vec![
-                "world/tick".into(),
-                "player/move".into(),
-                "chat/message".into(),
-            ],
-            rate: Some(1000.0),
-            payload_bytes: 256,
-            seed: 1,
-            tool_latency: Duration::ZERO,
-            seq_start: 0,
-            quirks: false,
-            autostart: true,
-            max_events: None,
-            app_name: "SimGame".into(),
-            pace: None,
-        }
-    }
-}
-
-/// A running simulated mod.
-#[derive(Debug, Clone)]
-pub struct ModSim {
-    addr: Addr,
-    shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-struct Shared {
-    cfg: ModSimConfig,
-    stopped: AtomicBool,
-    conns: Mutex<Vec<Stream>>,
-    accepted: AtomicUsize,
-    emitted: AtomicU64,
-    calls: AtomicU64,
-}
-
-#[derive(Debug)]
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn try_clone(&self) -> std::io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    // Delegation inside a `Write` impl: callers use `write_all`, which loops over this.
-    #[allow(clippy::disallowed_methods)]
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl ModSim {
-    /// Binds `addr` and starts accepting bridges (normally the relay) on a background thread.
-    pub fn start(addr: &Addr, cfg: ModSimConfig) -> std::io::Result<ModSim> {
-        let shared = Arc::new(Shared {
-            cfg,
-            stopped: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            accepted: AtomicUsize::new(0),
-            emitted: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-        });
-        let (bound, accept): (Addr, Box<dyn FnMut() -> std::io::Result<Stream> + Send>) = match addr
-        {
-            Addr::Tcp(a) => {
-                let l = TcpListener::bind(a)?;
-                let bound = Addr::Tcp(l.local_addr()?);
-                (
-                    bound,
-                    Box::new(move || {
-                        l.accept().map(|(s, _)| {
-                            let _ = s.set_nodelay(true);
-                            Stream::Tcp(s)
-                        })
-                    }),
-                )
-            }
-            Addr::Unix(p) => {
-                gabp_rt::net::remove_stale_socket(p)?;
-                let l = UnixListener::bind(p)?;
-                (
-                    addr.clone(),
-                    Box::new(move || l.accept().map(|(s, _)| Stream::Unix(s))),
-                )
-            }
-        };
-        let sh = shared.clone();
-        thread::Builder::new()
-            .name("modsim-accept".into())
-            .spawn(move || {
-                let mut accept = accept;
-                while let Ok(stream) = accept() {
-                    if sh.stopped.load(Ordering::Acquire) {
-                        stream.shutdown();
-                        break;
-                    }
-                    sh.accepted.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(c) = stream.try_clone() {
-                        sh.conns.lock().expect("conn list lock").push(c);
-                    }
-                    let sh = sh.clone();
-                    let _ = thread::Builder::new()
-                        .name("modsim-conn".into())
-                        .spawn(move || serve(sh, stream));
-                }
-            })?;
-        Ok(ModSim {
-            addr: bound,
-            shared,
-        })
-    }
-
-    /// Serves one already-connected peer on the current thread (the stdio transport uses this).
-    pub fn serve_stdio(cfg: ModSimConfig) {
-        let shared = Arc::new(Shared {
-            cfg,
-            stopped: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            accepted: AtomicUsize::new(1),
-            emitted: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-        });
-        let out = Arc::new(Mutex::new(
-            Box::new(std::io::stdout()) as Box<dyn Write + Send>
-        ));
-        run_session(shared, Box::new(std::io::stdin()), out);
-    }
-
-    /// The address the mod listens on.
-    pub fn addr(&self) -> &Addr {
-        &self.addr
-    }
-
-    /// How many connections it has accepted.
-    pub fn accepted(&self) -> usize {
-        self.shared.accepted.load(Ordering::Relaxed)
-    }
-
-    /// How many events it has written.
-    pub fn emitted(&self) -> u64 {
-        self.shared.emitted.load(Ordering::Relaxed)
-    }
-
-    /// How many `tools/call` requests it has answered.
-    pub fn calls(&self) -> u64 {
-        self.shared.calls.load(Ordering::Relaxed)
-    }
-
-    /// Drops every open connection, as a crashing game would.
-    pub fn kill_connections(&self) {
-        for c in self.shared.conns.lock().expect("conn list lock").drain(..) {
-            c.shutdown();
-        }
-    }
-
-    /// Stops accepting and drops every connection.
-    pub fn stop(&self) {
-        self.shared.stopped.store(true, Ordering::Release);
-        self.kill_connections();
-        // Wake the accept loop so it sees the flag.
-        match &self.addr {
-            Addr::Tcp(a) => drop(TcpStream::connect(a)),
-            Addr::Unix(p) => {
-                drop(UnixStream::connect(p));
-                let _ = std::fs::remove_file(p);
-            }
-        }
-    }
-}
-
-type SharedWriter = Arc<Mutex<Box<dyn Write + Send>>>;
-
-fn serve(shared: Arc<Shared>, stream: Stream) {
+/// Serves one accepted connection on the current thread.
+pub(super) fn serve(shared: Arc<Shared>, stream: Stream) {
     let Ok(write_half) = stream.try_clone() else {
         return;
     };
@@ -272,19 +29,19 @@ fn serve(shared: Arc<Shared>, stream: Stream) {
     run_session(shared, Box::new(stream), out);
 }
 
-struct Session {
-    subscribed: Mutex<HashSet<String>>,
-    streaming: AtomicBool,
-    closed: AtomicBool,
+pub(super) struct Session {
+    pub(super) subscribed: Mutex<HashSet<String>>,
+    pub(super) streaming: AtomicBool,
+    pub(super) closed: AtomicBool,
 }
 
-fn write_frames(out: &SharedWriter, wire: &[u8]) -> bool {
+pub(super) fn write_frames(out: &SharedWriter, wire: &[u8]) -> bool {
     // Flush: on the stdio transport stdout is line-buffered and a body has no newline.
     let mut w = out.lock().expect("writer lock");
     w.write_all(wire).is_ok() && w.flush().is_ok()
 }
 
-fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: SharedWriter) {
+pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: SharedWriter) {
     let session = Arc::new(Session {
         subscribed: Mutex::new(HashSet::new()),
         streaming: AtomicBool::new(false),
@@ -393,7 +150,7 @@ fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: Shared
     session.closed.store(true, Ordering::Release);
 }
 
-fn welcome(cfg: &ModSimConfig) -> Value {
+pub(super) fn welcome(cfg: &ModSimConfig) -> Value {
     json!({
         "agentId": "gabp-sim",
         "app": { "name": cfg.app_name, "version": "1.0.0" },
@@ -408,7 +165,7 @@ fn welcome(cfg: &ModSimConfig) -> Value {
     })
 }
 
-fn reply(
+pub(super) fn reply(
     out: &SharedWriter,
     cfg: &ModSimConfig,
     id: Option<&str>,
@@ -432,7 +189,7 @@ fn reply(
     write_frames(out, &wire);
 }
 
-fn handle(
+pub(super) fn handle(
     shared: &Arc<Shared>,
     session: &Arc<Session>,
     seqs: &Arc<Vec<AtomicU64>>,
@@ -518,7 +275,12 @@ fn handle(
     }
 }
 
-fn stream_events(shared: &Shared, session: &Session, seqs: &[AtomicU64], out: &SharedWriter) {
+pub(super) fn stream_events(
+    shared: &Shared,
+    session: &Session,
+    seqs: &[AtomicU64],
+    out: &SharedWriter,
+) {
     let cfg = &shared.cfg;
     if cfg.channels.is_empty() {
         return;

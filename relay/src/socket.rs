@@ -1,11 +1,18 @@
-//! A bridge's write side: frames taken from its outbox, on their way into the socket.
+//! A bridge's write side: its socket, the frames taken from its outbox on their way into it,
+//! and the slot that decides who may write.
 //!
 //! Two parties write to a bridge, never at once: its writer task, and the mod reader, which
 //! writes directly when the writer is idle (as Redis and nats-server write from the thread that
 //! read the message). The direct write saves a task wake-up and a context switch per burst of
 //! events for every bridge, which on a small machine is most of the cost of fan-out at moderate
-//! rates. Whoever holds the [`Sink`] writes; it never waits in the reader: what the socket does
-//! not take at once stays queued here, in order, and the writer task finishes it.
+//! rates. Whoever holds the [`BridgeSocket`] writes; it never waits in the reader: what the
+//! socket does not take at once stays queued here, in order, and the writer task finishes it.
+//!
+//! The socket lives in a [`SocketSlot`]. The writer task takes it out as a [`Lease`], which puts
+//! it back when dropped (also when the task is aborted mid-write) unless the writer
+//! [retires](Lease::retire) it; the mod reader only ever writes in place, under the slot's lock,
+//! through [`SocketSlot::try_idle`]. Neither can leave the slot empty by mistake. This module
+//! must not decide policy (cuts, closes): it reports what the socket did.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -19,13 +26,15 @@ use gabp_rt::net::BoxWrite;
 use serde_json::json;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+
 use crate::outbox::{Batch, Frame};
 
 /// Linux takes at most 1024 buffers per `writev` (IOV_MAX).
 const MAX_IOV: usize = 512;
 
 /// The socket and the frames queued for it.
-pub struct Sink {
+pub struct BridgeSocket {
     /// The bridge's connection number (for recording its notices).
     pub conn: u32,
     write: BoxWrite,
@@ -39,16 +48,16 @@ pub struct Sink {
     pub batch: Batch,
 }
 
-impl std::fmt::Debug for Sink {
+impl std::fmt::Debug for BridgeSocket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sink")
+        f.debug_struct("BridgeSocket")
             .field("queued", &self.queue.len())
             .field("notice_seq", &self.notice_seq)
             .finish()
     }
 }
 
-/// What [`Sink::stage`] queued.
+/// What [`BridgeSocket::stage`] queued.
 #[derive(Debug, Default)]
 pub struct Staged {
     /// Events queued.
@@ -57,10 +66,10 @@ pub struct Staged {
     pub notices: Vec<Bytes>,
 }
 
-impl Sink {
+impl BridgeSocket {
     /// A sink writing to bridge `conn`'s socket.
-    pub fn new(conn: u32, write: BoxWrite) -> Sink {
-        Sink {
+    pub fn new(conn: u32, write: BoxWrite) -> BridgeSocket {
+        BridgeSocket {
             conn,
             write,
             queue: VecDeque::new(),
@@ -75,7 +84,7 @@ impl Sink {
         self.queue.is_empty()
     }
 
-    /// Queues what [`Sink::batch`] holds, emptying it: drop runs first as `relay/dropped`
+    /// Queues what [`BridgeSocket::batch`] holds, emptying it: drop runs first as `relay/dropped`
     /// notices (they stand where the gap is), then the frames in the order they were queued.
     pub fn stage(&mut self) -> Staged {
         let mut staged = Staged::default();
@@ -141,7 +150,7 @@ impl Sink {
     }
 
     /// Writes what the socket takes without waiting. `Ok(true)`: everything went out;
-    /// `Ok(false)`: the socket is full and the rest stays queued for [`Sink::flush`].
+    /// `Ok(false)`: the socket is full and the rest stays queued for [`BridgeSocket::flush`].
     pub fn write_now(&mut self) -> std::io::Result<bool> {
         // Nothing waits on this context: a full socket just ends the attempt. The writer task,
         // which finishes the job, registers its own waker when it polls.
@@ -179,7 +188,8 @@ impl Sink {
         Ok(())
     }
 
-    /// Bytes queued and not yet accepted by the socket.
+    /// Bytes queued and not yet accepted by the socket (the tests' view of a partial write).
+    #[cfg(test)]
     pub fn queued_bytes(&self) -> usize {
         self.queue.iter().map(|f| f.bytes().len()).sum::<usize>() - self.skip
     }
@@ -187,6 +197,83 @@ impl Sink {
     /// Shuts the socket's write side.
     pub async fn shutdown(&mut self) {
         let _ = self.write.shutdown().await;
+    }
+}
+
+/// The slot a bridge's socket lives in between writes (one per outbox).
+#[derive(Debug, Default)]
+pub struct SocketSlot(Mutex<Option<BridgeSocket>>);
+
+impl SocketSlot {
+    /// Puts the bridge's socket in the slot, once, when the bridge connects.
+    pub fn install(&self, socket: BridgeSocket) {
+        let old = self.0.lock().replace(socket);
+        debug_assert!(old.is_none(), "a bridge has one socket");
+    }
+
+    /// Takes the socket out for a write that may wait (the writer task); it goes back when the
+    /// lease is dropped. `None` while a lease is out, or once the socket is retired or
+    /// discarded.
+    pub fn lease(&self) -> Option<Lease<'_>> {
+        let socket = self.0.lock().take()?;
+        Some(Lease {
+            slot: self,
+            socket: Some(socket),
+        })
+    }
+
+    /// The socket in place, under the slot's lock, if no lease is out, nobody holds the lock and
+    /// nothing is left queued in it: the mod reader's direct write. Never waits.
+    pub fn try_idle(&self) -> Option<MappedMutexGuard<'_, BridgeSocket>> {
+        let guard = self.0.try_lock()?;
+        MutexGuard::try_map(guard, |s| s.as_mut().filter(|s| s.is_idle())).ok()
+    }
+
+    /// Drops the socket if it is in the slot (the connection task, resetting a cut bridge).
+    pub fn discard(&self) {
+        let socket = self.0.lock().take();
+        drop(socket);
+    }
+}
+
+/// A bridge's socket taken out of its slot by the writer task; put back when dropped (also
+/// when the task is aborted mid-write), so the slot is empty only while a write is under way.
+#[derive(Debug)]
+pub struct Lease<'a> {
+    slot: &'a SocketSlot,
+    /// `Some` until dropped or retired.
+    socket: Option<BridgeSocket>,
+}
+
+impl Lease<'_> {
+    /// Drops the socket instead of putting it back: the writer is done with the bridge.
+    pub fn retire(mut self) {
+        self.socket = None;
+    }
+}
+
+impl std::ops::Deref for Lease<'_> {
+    type Target = BridgeSocket;
+    fn deref(&self) -> &BridgeSocket {
+        self.socket
+            .as_ref()
+            .expect("a lease holds its socket until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut BridgeSocket {
+        self.socket
+            .as_mut()
+            .expect("a lease holds its socket until dropped")
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            *self.slot.0.lock() = Some(socket);
+        }
     }
 }
 
@@ -210,7 +297,7 @@ mod tests {
     async fn partial_writes_keep_order_and_the_writer_finishes_them() {
         // A 64-byte pipe: most of a big batch cannot go out at once.
         let (a, mut b) = tokio::io::duplex(64);
-        let mut sink = Sink::new(1, Box::pin(a));
+        let mut sink = BridgeSocket::new(1, Box::pin(a));
         sink.batch.drops.push(DropRun {
             channel: Arc::from("c"),
             from: 0,
@@ -250,7 +337,7 @@ mod tests {
     #[tokio::test]
     async fn a_socket_that_takes_nothing_fails_the_flush_at_the_deadline() {
         let (a, _b) = tokio::io::duplex(64);
-        let mut sink = Sink::new(1, Box::pin(a));
+        let mut sink = BridgeSocket::new(1, Box::pin(a));
         sink.batch
             .frames
             .push_back(Frame::Control(Bytes::from(vec![b'x'; 1000])));
@@ -263,5 +350,58 @@ mod tests {
         assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(sink.queued_bytes(), 1000 - 64, "what the pipe took is gone");
+    }
+
+    #[test]
+    fn a_lease_goes_back_when_dropped_and_only_a_retired_one_leaves_the_slot_empty() {
+        let (a, _b) = tokio::io::duplex(64);
+        let slot = SocketSlot::default();
+        slot.install(BridgeSocket::new(7, Box::pin(a)));
+        let lease = slot.lease().expect("installed");
+        assert_eq!(lease.conn, 7);
+        assert!(slot.lease().is_none(), "one lease at a time");
+        assert!(
+            slot.try_idle().is_none(),
+            "the reader cannot write while a lease is out"
+        );
+        drop(lease);
+        assert!(slot.try_idle().is_some(), "back in the slot");
+        let mut lease = slot.lease().expect("back");
+        lease
+            .batch
+            .frames
+            .push_back(Frame::Control(Bytes::from(vec![b'x'; 1000])));
+        lease.stage();
+        assert!(!lease.write_now().expect("no error"));
+        drop(lease);
+        assert!(
+            slot.try_idle().is_none(),
+            "not idle: the writer finishes it"
+        );
+        slot.lease().expect("back").retire();
+        assert!(slot.lease().is_none(), "retired");
+    }
+
+    #[tokio::test]
+    async fn an_aborted_writer_puts_the_socket_back() {
+        let (a, _b) = tokio::io::duplex(64);
+        let slot = std::sync::Arc::new(SocketSlot::default());
+        slot.install(BridgeSocket::new(1, Box::pin(a)));
+        let s = slot.clone();
+        let (held, is_held) = tokio::sync::oneshot::channel();
+        let writer = tokio::spawn(async move {
+            let mut lease = s.lease().expect("installed");
+            lease
+                .batch
+                .frames
+                .push_back(Frame::Control(Bytes::from(vec![b'x'; 1000])));
+            lease.stage();
+            let _ = held.send(());
+            let _ = lease.flush(Duration::from_secs(3600)).await;
+        });
+        is_held.await.expect("the writer holds the lease");
+        writer.abort();
+        let _ = writer.await;
+        assert!(slot.lease().is_some(), "the aborted write's socket is back");
     }
 }

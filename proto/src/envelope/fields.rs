@@ -1,0 +1,143 @@
+//! Top-level envelope members as routing sees them: decoded keys, typed values and raw spans,
+//! each envelope field at most once. Owns string decoding (borrowing when there are no escapes)
+//! and must not judge a field's meaning (that is [`super::view`]'s).
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use crate::error::EnvelopeError;
+use crate::scan::{self, Member};
+
+/// A top-level value as routing sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Val<'a> {
+    Str(Cow<'a, str>),
+    UInt(u64),
+    Int(i64),
+    Null,
+    Object,
+    Other,
+}
+
+/// One top-level member: decoded key, typed value, raw span, and (strict) its tape index.
+#[derive(Debug)]
+pub(super) struct Field<'a> {
+    pub(super) key: Cow<'a, str>,
+    pub(super) val: Val<'a>,
+    pub(super) span: Range<usize>,
+    pub(super) node: Option<usize>,
+}
+
+/// The envelope fields routing reads, each at most once.
+#[derive(Debug, Default)]
+pub(super) struct Known<'a> {
+    pub(super) v: Option<Field<'a>>,
+    pub(super) id: Option<Field<'a>>,
+    pub(super) ty: Option<Field<'a>>,
+    pub(super) method: Option<Field<'a>>,
+    pub(super) channel: Option<Field<'a>>,
+    pub(super) seq: Option<Field<'a>>,
+    pub(super) params: Option<Field<'a>>,
+    pub(super) payload: Option<Field<'a>>,
+    pub(super) result: Option<Field<'a>>,
+    pub(super) error: Option<Field<'a>>,
+    /// The first field that is not an envelope field (strict mode rejects it).
+    pub(super) unknown: Option<String>,
+}
+
+impl<'a> Known<'a> {
+    pub(super) fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Field<'a>>> {
+        Some(match key {
+            b"v" => &mut self.v,
+            b"id" => &mut self.id,
+            b"type" => &mut self.ty,
+            b"method" => &mut self.method,
+            b"channel" => &mut self.channel,
+            b"seq" => &mut self.seq,
+            b"params" => &mut self.params,
+            b"payload" => &mut self.payload,
+            b"result" => &mut self.result,
+            b"error" => &mut self.error,
+            _ => return None,
+        })
+    }
+}
+
+/// Decodes a raw JSON string (quotes included), borrowing when it has no escapes.
+pub(super) fn decode_str<'a>(
+    text: &'a str,
+    span: &Range<usize>,
+) -> Result<Cow<'a, str>, EnvelopeError> {
+    let inner = text
+        .get(span.start + 1..span.end - 1)
+        .ok_or(EnvelopeError::InvalidJson)?;
+    if !inner.as_bytes().contains(&b'\\') {
+        return Ok(Cow::Borrowed(inner));
+    }
+    serde_json::from_str::<String>(&text[span.clone()])
+        .map(Cow::Owned)
+        .map_err(|_| EnvelopeError::InvalidJson)
+}
+
+impl<'a> Field<'a> {
+    pub(super) fn from_raw(text: &'a str, m: &Member) -> Result<Field<'a>, EnvelopeError> {
+        let key = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+        let raw = text
+            .as_bytes()
+            .get(m.value.clone())
+            .ok_or(EnvelopeError::InvalidJson)?;
+        let parse = |raw: &[u8]| {
+            std::str::from_utf8(raw)
+                .ok()
+                .and_then(|s| s.parse::<i128>().ok())
+        };
+        let val = match raw[0] {
+            b'"' => Val::Str(decode_str(text, &m.value)?),
+            b'{' => Val::Object,
+            b'n' => Val::Null,
+            b'0'..=b'9' | b'-' if raw[1..].iter().all(u8::is_ascii_digit) => match parse(raw) {
+                Some(n) if n >= 0 => u64::try_from(n).map_or(Val::Other, Val::UInt),
+                Some(n) => i64::try_from(n).map_or(Val::Other, Val::Int),
+                None => Val::Other,
+            },
+            _ => Val::Other,
+        };
+        Ok(Field {
+            key,
+            val,
+            span: m.value.clone(),
+            node: None,
+        })
+    }
+}
+
+/// Reads the error code of a response's error object from its raw span.
+pub(super) fn error_code(body: &[u8], span: &Range<usize>) -> Option<i64> {
+    let obj = &body[span.clone()];
+    let mut inner = Vec::new();
+    scan::members(obj, &mut inner)?;
+    let m = inner.iter().find(|m| &obj[m.key.clone()] == b"code")?;
+    std::str::from_utf8(&obj[m.value.clone()])
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// Keys echoed in error messages are cut short so a reply never grows with hostile input.
+pub(super) fn truncate_key(k: &str) -> String {
+    k.chars().take(64).collect()
+}
+
+/// The decoded string, borrowed from the body when it has no escapes.
+pub(super) fn borrow_or_own<'a>(
+    body: &'a [u8],
+    span: &Range<usize>,
+    decoded: &str,
+) -> Cow<'a, str> {
+    let inner = &body[span.start + 1..span.end - 1];
+    if inner == decoded.as_bytes() {
+        Cow::Borrowed(std::str::from_utf8(inner).expect("body was checked as UTF-8"))
+    } else {
+        Cow::Owned(decoded.to_owned())
+    }
+}

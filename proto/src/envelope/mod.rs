@@ -1,0 +1,404 @@
+//! The envelope view: one simd-json parse per frame into a small view borrowed from the body.
+//!
+//! simd-json rewrites its input, so the body that gets forwarded is never parsed: [`Parser`]
+//! copies it into a per-connection scratch buffer and parses that with reused buffers. The
+//! resulting [`EnvelopeView`] holds only what routing needs (type, id, method, channel, seq and
+//! where the params, payload, result and error sit in the *original* body, found by
+//! [`crate::scan`]). Nothing is re-serialized.
+//!
+//! Two modes follow DESIGN.md. [`Mode::Strict`] is for bridges (untrusted): the full envelope
+//! schema, UUID ids, the method pattern, no duplicate keys anywhere, no unknown envelope fields,
+//! no non-finite numbers, and the parameter checks of [`crate::params`]. [`Mode::Tolerant`] is
+//! for the mod (trusted, quirky): `"result": null` / `"error": null` count as absent, extra fields
+//! are allowed, and only what routing needs must be well formed.
+//!
+//! This module owns the view's types and the parse entry point; [`fields`] reads top-level
+//! members, [`tape`] walks simd-json's tape, and [`view`] applies the envelope rules.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use simd_json::Node;
+
+use crate::error::EnvelopeError;
+use crate::scan::{self, Member};
+
+mod fields;
+mod tape;
+mod view;
+
+use fields::{decode_str, truncate_key, Field, Known};
+use tape::recycle;
+pub(crate) use tape::{node_size, object_members};
+use view::{build_view, strict_view};
+
+/// How strictly a frame is validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Bridge input: the whole schema, nothing extra.
+    Strict,
+    /// Mod input: routing fields must be sound; quirks are tolerated.
+    Tolerant,
+}
+
+/// The three GABP message types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MsgType {
+    /// A method call.
+    Request,
+    /// The answer to a request.
+    Response,
+    /// A message on a channel.
+    Event,
+}
+
+impl MsgType {
+    /// The wire name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MsgType::Request => "request",
+            MsgType::Response => "response",
+            MsgType::Event => "event",
+        }
+    }
+}
+
+/// What routing needs to know about one frame, borrowed from its body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvelopeView<'a> {
+    /// Request, response or event.
+    pub kind: MsgType,
+    /// The message id, decoded.
+    pub id: Option<Cow<'a, str>>,
+    /// Span of the id value in the body, quotes included.
+    pub id_span: Option<Range<usize>>,
+    /// The method of a request.
+    pub method: Option<Cow<'a, str>>,
+    /// The channel of an event.
+    pub channel: Option<Cow<'a, str>>,
+    /// The sequence number of an event, when it is a non-negative integer.
+    pub seq: Option<u64>,
+    /// Span of the seq value in the body.
+    pub seq_span: Option<Range<usize>>,
+    /// Span of a request's params object.
+    pub params: Option<Range<usize>>,
+    /// Span of an event's payload.
+    pub payload: Option<Range<usize>>,
+    /// Span of a response's (non-null) result.
+    pub result: Option<Range<usize>>,
+    /// The code of a response's (non-null) error.
+    pub error_code: Option<i64>,
+}
+
+impl EnvelopeView<'_> {
+    /// Whether this is an error response.
+    pub fn is_error(&self) -> bool {
+        self.error_code.is_some()
+    }
+}
+
+/// A reusable parser; keep one per connection so its buffers are allocated once.
+#[derive(Default)]
+pub struct Parser {
+    scratch: Vec<u8>,
+    buffers: Option<simd_json::Buffers>,
+    tape: Vec<Node<'static>>,
+    members: Vec<Member>,
+}
+
+impl std::fmt::Debug for Parser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parser")
+            .field("scratch_capacity", &self.scratch.capacity())
+            .finish()
+    }
+}
+
+/// A canonical 8-4-4-4-12 hex UUID string.
+pub fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 36
+        && b.iter().enumerate().all(|(i, &c)| match i {
+            8 | 13 | 18 | 23 => c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// `^[a-z][a-z0-9_-]*(/[a-z][a-z0-9_-]*)+$`: the method and tool-name pattern of GABP 1.0.
+pub fn is_method_name(s: &str) -> bool {
+    let mut segments = 0;
+    for seg in s.split('/') {
+        let mut chars = seg.bytes();
+        match chars.next() {
+            Some(b'a'..=b'z') => {}
+            _ => return false,
+        }
+        if !chars.all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-')) {
+            return false;
+        }
+        segments += 1;
+    }
+    segments >= 2
+}
+
+impl Parser {
+    /// A parser with empty buffers.
+    pub fn new() -> Self {
+        Parser::default()
+    }
+
+    /// Validates `body` and returns its view. The view borrows `body`, never the parser.
+    pub fn parse<'a>(
+        &mut self,
+        body: &'a [u8],
+        mode: Mode,
+    ) -> Result<EnvelopeView<'a>, EnvelopeError> {
+        // Checked once here; every string below is a slice of this `str` at ASCII quote
+        // boundaries, so slicing it never re-validates.
+        let text = std::str::from_utf8(body).map_err(|_| EnvelopeError::InvalidUtf8)?;
+        self.members.clear();
+        match mode {
+            Mode::Tolerant => {
+                scan::members(body, &mut self.members)
+                    .ok_or_else(|| not_object_or_invalid(body))?;
+                let mut known = Known::default();
+                for m in &self.members {
+                    let raw = &body[m.key.clone()];
+                    let decoded;
+                    let key: &[u8] = if raw.contains(&b'\\') {
+                        decoded = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+                        decoded.as_bytes()
+                    } else {
+                        raw
+                    };
+                    // Extra fields are the mod's business; only routing fields are read.
+                    if let Some(slot) = known.slot(key) {
+                        if slot.replace(Field::from_raw(text, m)?).is_some() {
+                            return Err(EnvelopeError::DuplicateKey(truncate_key(
+                                &String::from_utf8_lossy(key),
+                            )));
+                        }
+                    }
+                }
+                build_view(body, &known, mode)
+            }
+            Mode::Strict => {
+                self.scratch.clear();
+                self.scratch.extend_from_slice(body);
+                let buffers = self
+                    .buffers
+                    .get_or_insert_with(|| simd_json::Buffers::new(body.len()));
+                let mut tape = simd_json::tape::Tape(recycle(std::mem::take(&mut self.tape)));
+                let result = match simd_json::fill_tape(&mut self.scratch, buffers, &mut tape) {
+                    Ok(()) => strict_view(body, &tape.0, &mut self.members),
+                    Err(_) => Err(invalid_json(body)),
+                };
+                self.tape = recycle(tape.0);
+                result
+            }
+        }
+    }
+}
+
+/// Tells "valid JSON, but not an object" apart from "not JSON".
+fn not_object_or_invalid(body: &[u8]) -> EnvelopeError {
+    if scan::is_valid_json(body) {
+        EnvelopeError::NotAnObject
+    } else {
+        invalid_json(body)
+    }
+}
+
+/// "Not JSON", or the precise rule a grammatical body broke (non-finite number, lone surrogate).
+fn invalid_json(body: &[u8]) -> EnvelopeError {
+    match scan::diagnose(body) {
+        Some(scan::Refusal::NonFiniteNumber) => EnvelopeError::NonFiniteNumber,
+        Some(scan::Refusal::LoneSurrogate) => EnvelopeError::LoneSurrogate,
+        None => EnvelopeError::InvalidJson,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVENT: &str = r#"{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440020","type":"event","channel":"test/event","seq":1,"payload":{"data":"x"}}"#;
+
+    fn strict(s: &str) -> Result<EnvelopeView<'_>, EnvelopeError> {
+        Parser::new().parse(s.as_bytes(), Mode::Strict)
+    }
+    fn tolerant(s: &str) -> Result<EnvelopeView<'_>, EnvelopeError> {
+        Parser::new().parse(s.as_bytes(), Mode::Tolerant)
+    }
+
+    #[test]
+    fn event_view_borrows_and_locates_fields() {
+        let v = strict(EVENT).expect("valid");
+        assert_eq!(v.kind, MsgType::Event);
+        assert!(matches!(v.channel, Some(Cow::Borrowed("test/event"))));
+        assert_eq!(v.seq, Some(1));
+        assert_eq!(&EVENT[v.seq_span.expect("seq")], "1");
+        assert_eq!(
+            &EVENT[v.id_span.expect("id")],
+            "\"550e8400-e29b-41d4-a716-446655440020\""
+        );
+        assert_eq!(&EVENT[v.payload.expect("payload")], r#"{"data":"x"}"#);
+    }
+
+    #[test]
+    fn escaped_strings_are_decoded() {
+        let s = r#"{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440020","type":"event","channel":"a\/b","seq":0,"payload":1}"#;
+        assert_eq!(strict(s).expect("valid").channel.as_deref(), Some("a/b"));
+    }
+
+    #[test]
+    fn strict_rejections() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        let cases = [
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","id":"{id}","type":"request","method":"a/b"}}"#
+                ),
+                EnvelopeError::DuplicateKey("id".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1,"x":2}}}}"#
+                ),
+                EnvelopeError::DuplicateKey("x".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","extra":1}}"#
+                ),
+                EnvelopeError::UnknownField("extra".into()),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":1e999}}}}"#
+                ),
+                EnvelopeError::NonFiniteNumber,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":"\ud800"}}}}"#
+                ),
+                EnvelopeError::LoneSurrogate,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":"\udc00"}}}}"#
+                ),
+                EnvelopeError::LoneSurrogate,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":NaN}}}}"#
+                ),
+                EnvelopeError::InvalidJson,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":[]}}"#
+                ),
+                EnvelopeError::InvalidField("params"),
+            ),
+            (
+                r#"{"v":"gabp/1","id":"not-a-uuid","type":"request","method":"a/b"}"#.to_string(),
+                EnvelopeError::InvalidField("id"),
+            ),
+            (
+                format!(r#"{{"v":"gabp/1","id":"{id}","type":"response"}}"#),
+                EnvelopeError::ResultAndError,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":null}}"#
+                ),
+                EnvelopeError::ResultAndError,
+            ),
+            (
+                format!(r#"{{"v":"gabp/1","id":"{id}","type":"notice"}}"#),
+                EnvelopeError::InvalidType,
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":-1,"payload":1}}"#
+                ),
+                EnvelopeError::InvalidField("seq"),
+            ),
+            (
+                format!(
+                    r#"{{"v":"gabp/1","id":"{id}","type":"event","channel":"c","seq":1,"payload":1,"timestamp":5}}"#
+                ),
+                EnvelopeError::UnknownField("timestamp".into()),
+            ),
+            ("[1,2]".to_string(), EnvelopeError::NotAnObject),
+            ("{".to_string(), EnvelopeError::InvalidJson),
+        ];
+        for (body, want) in cases {
+            assert_eq!(strict(&body).expect_err(&body), want, "{body}");
+        }
+        assert_eq!(
+            Parser::new()
+                .parse(b"{\"v\":\"gabp/1\xff\"}", Mode::Strict)
+                .expect_err("utf8"),
+            EnvelopeError::InvalidUtf8
+        );
+    }
+
+    #[test]
+    fn tolerant_accepts_mod_quirks() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"response","result":{{"a":1}},"error":null}}"#
+        );
+        let ok = tolerant(&body).expect("ok");
+        assert!(ok.result.is_some() && !ok.is_error());
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":{{"code":-31000,"message":"bad"}}}}"#
+        );
+        let err = tolerant(&body).expect("ok");
+        assert_eq!(err.error_code, Some(-31000));
+        let ev = tolerant(r#"{"v":"gabp/1","id":"e1","type":"event","channel":"c","seq":1,"payload":{},"timestamp":17}"#).expect("ok");
+        assert_eq!(ev.seq, Some(1));
+        // Routing fields must still be sound.
+        assert!(tolerant(r#"{"v":"gabp/1","type":"response","result":1}"#).is_err());
+        // One rule with the strict boundary: what bridges could not decode is refused.
+        assert_eq!(
+            tolerant(r#"{"v":"gabp/1","type":"event","channel":"c","payload":{"x":1e999}}"#),
+            Err(EnvelopeError::NonFiniteNumber)
+        );
+        assert_eq!(
+            tolerant(r#"{"v":"gabp/1","type":"event","channel":"c","payload":"\ud800"}"#),
+            Err(EnvelopeError::LoneSurrogate)
+        );
+    }
+
+    #[test]
+    fn method_pattern() {
+        for ok in ["tools/call", "a/b/c", "x1/y_z-2"] {
+            assert!(is_method_name(ok), "{ok}");
+        }
+        for bad in [
+            "tools",
+            "Tools/call",
+            "tools/",
+            "/a",
+            "a//b",
+            "1a/b",
+            "a.b/c",
+        ] {
+            assert!(!is_method_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parser_reuse_across_frames() {
+        let mut p = Parser::new();
+        for _ in 0..3 {
+            assert!(p.parse(EVENT.as_bytes(), Mode::Strict).is_ok());
+            assert!(p.parse(b"{]", Mode::Strict).is_err());
+        }
+    }
+}

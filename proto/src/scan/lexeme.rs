@@ -1,0 +1,229 @@
+//! The byte-level JSON grammar the scanner is built from: whitespace, strings (memchr and a
+//! vectorised control-byte check over long runs), numbers (finite only, when asked), and
+//! containers walked with an explicit stack bounded by [`MAX_DEPTH`]. Each function returns the
+//! index just past what it accepted, or `None`; none of them allocates or builds a value.
+
+use super::MAX_DEPTH;
+
+#[inline]
+pub(super) fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
+}
+
+/// Whether any byte is a control character (below 0x20), written so it vectorises.
+#[inline]
+pub(super) fn any_control(seg: &[u8]) -> bool {
+    seg.iter().fold(false, |acc, &c| acc | (c < 0x20))
+}
+
+/// The value of the four hex digits at `b[at..at + 4]`.
+#[inline]
+pub(super) fn hex4(b: &[u8], at: usize) -> Option<u16> {
+    let hex = b.get(at..at + 4)?;
+    hex.iter().try_fold(0u16, |n, &c| {
+        let d = (c as char).to_digit(16)?;
+        Some(n << 4 | d as u16)
+    })
+}
+
+/// Given `b[i] == '"'`, the index just past the closing quote; `None` if the string is invalid
+/// (lone surrogate escapes included).
+#[inline]
+pub fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    skip_str::<true>(b, i)
+}
+
+/// [`skip_string`]; with `PAIRS` false, lone surrogate escapes are let through (diagnosis only).
+#[inline]
+pub(super) fn skip_str<const PAIRS: bool>(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        // Short strings (keys, ids, channel names) are done byte by byte; long ones (payload
+        // text) jump to the next quote or backslash with memchr and check the skipped bytes for
+        // control characters in one vectorised pass.
+        let short_end = (j + 16).min(b.len());
+        let mut k = j;
+        while k < short_end && !matches!(b[k], b'"' | b'\\' | 0..=0x1f) {
+            k += 1;
+        }
+        if k == short_end && k < b.len() {
+            let stop = memchr::memchr2(b'"', b'\\', &b[k..])? + k;
+            if any_control(&b[k..stop]) {
+                return None;
+            }
+            k = stop;
+        }
+        match *b.get(k)? {
+            b'"' => return Some(k + 1),
+            b'\\' => match *b.get(k + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j = k + 2,
+                b'u' => {
+                    let unit = hex4(b, k + 2)?;
+                    j = k + 6;
+                    if PAIRS {
+                        match unit {
+                            // A high surrogate must be followed at once by an escaped low one.
+                            0xD800..=0xDBFF => {
+                                if b.get(j..j + 2) != Some(&b"\\u"[..])
+                                    || !matches!(hex4(b, j + 2)?, 0xDC00..=0xDFFF)
+                                {
+                                    return None;
+                                }
+                                j += 6;
+                            }
+                            0xDC00..=0xDFFF => return None,
+                            _ => {}
+                        }
+                    }
+                }
+                _ => return None,
+            },
+            _ => return None, // a control character
+        }
+    }
+}
+
+/// Integer digits below which a number without exponent is always a finite double.
+pub(super) const FINITE_DIGITS: usize = 300;
+
+/// Validates a number starting at `i`; returns the index just past it. With `FINITE`, a number
+/// that overflows a double is refused (only numbers with an exponent or over 300 integer digits
+/// are ever converted to check).
+pub(super) fn skip_number<const FINITE: bool>(b: &[u8], mut i: usize) -> Option<usize> {
+    let start = i;
+    let digits = |b: &[u8], mut i: usize| {
+        let s = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        (i > s).then_some(i)
+    };
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    let int_start = i;
+    match b.get(i)? {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits(b, i)?,
+        _ => return None,
+    }
+    let mut may_overflow = i - int_start > FINITE_DIGITS;
+    if b.get(i) == Some(&b'.') {
+        i = digits(b, i + 1)?;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        i = digits(b, i)?;
+        may_overflow = true;
+    }
+    if FINITE && may_overflow {
+        // ASCII digits, signs, dot and exponent only: always a valid `str` and `f64` syntax.
+        let text = std::str::from_utf8(&b[start..i]).ok()?;
+        if !text.parse::<f64>().ok()?.is_finite() {
+            return None;
+        }
+    }
+    Some(i)
+}
+
+/// Validates the value starting at `i` (no leading whitespace); returns the index past it.
+pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    skip_val::<true, true>(b, i)
+}
+
+/// [`skip_value`] with the two extra rules switchable (diagnosis only).
+pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => skip_str::<PAIRS>(b, i),
+        b'{' | b'[' => skip_container::<FINITE, PAIRS>(b, i),
+        b't' => b.get(i..i + 4).filter(|s| *s == b"true").map(|_| i + 4),
+        b'f' => b.get(i..i + 5).filter(|s| *s == b"false").map(|_| i + 5),
+        b'n' => b.get(i..i + 4).filter(|s| *s == b"null").map(|_| i + 4),
+        _ => skip_number::<FINITE>(b, i),
+    }
+}
+
+/// Validates an object or array with an explicit stack (no recursion).
+pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
+    b: &[u8],
+    i: usize,
+) -> Option<usize> {
+    // Each stack entry says whether that level is an object.
+    let mut stack = [false; MAX_DEPTH];
+    let mut depth = 0usize;
+    let mut j = i;
+    // Open the first container, then loop: at each step we are just after an opening bracket
+    // or a comma (expecting a member/element) or just after a value.
+    let open =
+        |b: &[u8], j: usize, stack: &mut [bool; MAX_DEPTH], depth: &mut usize| -> Option<usize> {
+            if *depth == MAX_DEPTH {
+                return None;
+            }
+            stack[*depth] = b[j] == b'{';
+            *depth += 1;
+            Some(j + 1)
+        };
+    j = open(b, j, &mut stack, &mut depth)?;
+    let mut expect_item = true;
+    let mut first = true;
+    loop {
+        j = skip_ws(b, j);
+        let in_object = stack[depth - 1];
+        if expect_item {
+            let c = *b.get(j)?;
+            if first && c == if in_object { b'}' } else { b']' } {
+                // Empty container.
+                depth -= 1;
+                j += 1;
+                if depth == 0 {
+                    return Some(j);
+                }
+                expect_item = false;
+                first = false;
+                continue;
+            }
+            if in_object {
+                if c != b'"' {
+                    return None;
+                }
+                j = skip_ws(b, skip_str::<PAIRS>(b, j)?);
+                if b.get(j) != Some(&b':') {
+                    return None;
+                }
+                j = skip_ws(b, j + 1);
+            }
+            match *b.get(j)? {
+                b'{' | b'[' => {
+                    j = open(b, j, &mut stack, &mut depth)?;
+                    first = true;
+                    continue;
+                }
+                _ => j = skip_val::<FINITE, PAIRS>(b, j)?,
+            }
+            expect_item = false;
+            first = false;
+        } else {
+            match *b.get(j)? {
+                b',' => {
+                    j += 1;
+                    expect_item = true;
+                    first = false;
+                }
+                c if c == if in_object { b'}' } else { b']' } => {
+                    depth -= 1;
+                    j += 1;
+                    if depth == 0 {
+                        return Some(j);
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! What an outbox holds and hands over: shared event frames, control frames, runs of dropped
+//! events, and the batch a writer takes in one go. Plain data; the queueing rules are
+//! [`super`]'s.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// One event as fanned out: built once, shared by every subscriber.
+#[derive(Debug)]
+pub struct EventFrame {
+    /// The channel name.
+    pub channel: Arc<str>,
+    /// The relay seq written into the frame.
+    pub seq: u64,
+    /// The complete wire frame (header and body).
+    pub wire: Bytes,
+    /// Never dropped: relay notices that must keep their place in the event stream.
+    pub keep: bool,
+}
+
+/// A run of dropped events on one channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DropRun {
+    /// The channel.
+    pub channel: Arc<str>,
+    /// First dropped seq.
+    pub from: u64,
+    /// Last dropped seq.
+    pub to: u64,
+    /// Events dropped (`to - from + 1` unless runs were merged across a gap).
+    pub count: u64,
+}
+
+/// One queued frame: a shared event, or a control frame (a response or the relay's own reply).
+#[derive(Debug, Clone)]
+pub enum Frame {
+    /// An event (or an ordered relay notice).
+    Event(Arc<EventFrame>),
+    /// A control frame in wire form.
+    Control(Bytes),
+}
+
+impl Frame {
+    /// The wire bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Frame::Event(e) => &e.wire,
+            Frame::Control(b) => b,
+        }
+    }
+}
+
+/// What a writer takes out in one go.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Drop runs to announce first.
+    pub drops: Vec<DropRun>,
+    /// Frames in the order they were queued (a ring, so whole queues can be swapped, not copied).
+    pub frames: VecDeque<Frame>,
+}
+
+impl Batch {
+    /// Whether there is nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.drops.is_empty() && self.frames.is_empty()
+    }
+}

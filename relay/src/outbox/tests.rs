@@ -1,0 +1,159 @@
+//! The outbox's unit tests: policies, bounds, order, and waiting for room.
+
+use super::*;
+
+fn ev(ch: &str, seq: u64) -> Arc<EventFrame> {
+    Arc::new(EventFrame {
+        channel: ch.into(),
+        seq,
+        wire: Bytes::from(vec![b'x'; 10]),
+        keep: false,
+    })
+}
+
+fn events(b: &Batch) -> Vec<(&str, u64)> {
+    b.frames
+        .iter()
+        .filter_map(|f| match f {
+            Frame::Event(e) => Some((&*e.channel, e.seq)),
+            Frame::Control(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn ordered_notices_keep_their_place_and_are_never_dropped() {
+    let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
+    o.offer(&ev("a", 0));
+    let notice = EventFrame {
+        channel: "relay/session".into(),
+        seq: 0,
+        wire: Bytes::from_static(b"n"),
+        keep: true,
+    };
+    o.push_ordered(Arc::new(notice));
+    for s in 1..6 {
+        o.offer(&ev("a", s));
+    }
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    assert_eq!(
+        events(&b),
+        vec![("relay/session", 0), ("a", 3), ("a", 4), ("a", 5)]
+    );
+    assert_eq!(
+        b.drops,
+        vec![DropRun {
+            channel: "a".into(),
+            from: 0,
+            to: 2,
+            count: 3
+        }]
+    );
+}
+
+#[test]
+fn drop_oldest_keeps_newest_and_records_runs() {
+    let o = Outbox::new(OnSlow::DropOldest, 3, 1 << 20);
+    for s in 0..5 {
+        o.offer(&ev("a", s));
+    }
+    o.push_control(Bytes::from_static(b"resp"));
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    assert_eq!(events(&b), vec![("a", 2), ("a", 3), ("a", 4)]);
+    assert_eq!(
+        b.drops,
+        vec![DropRun {
+            channel: "a".into(),
+            from: 0,
+            to: 1,
+            count: 2
+        }]
+    );
+    assert_eq!(b.frames.len(), 4, "control frames are never dropped");
+    assert_eq!(o.dropped(), 2);
+}
+
+#[test]
+fn control_frames_keep_their_place_among_events() {
+    // A response queued after events stays after them, even when older events are dropped
+    // around it: the bridge sees the mod's order.
+    let o = Outbox::new(OnSlow::DropOldest, 2, 1 << 20);
+    o.offer(&ev("a", 0));
+    o.offer(&ev("a", 1));
+    o.push_control(Bytes::from_static(b"resp"));
+    o.offer(&ev("a", 2));
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    let order: Vec<String> = b
+        .frames
+        .iter()
+        .map(|f| match f {
+            Frame::Event(e) => format!("e{}", e.seq),
+            Frame::Control(_) => "resp".into(),
+        })
+        .collect();
+    assert_eq!(order, vec!["e1", "resp", "e2"]);
+}
+
+#[test]
+fn byte_bound_applies() {
+    let o = Outbox::new(OnSlow::DropOldest, 100, 25);
+    for s in 0..4 {
+        o.offer(&ev("a", s));
+    }
+    assert_eq!(o.depth().0, 2);
+}
+
+#[test]
+fn control_frames_past_their_bound_cut_the_bridge() {
+    let o = Outbox::new(OnSlow::DropOldest, 100, 25);
+    assert!(
+        o.push_control(Bytes::from(vec![b'r'; 40])),
+        "one always fits"
+    );
+    assert!(!o.is_closed());
+    assert!(!o.push_control(Bytes::from(vec![b'r'; 10])));
+    assert!(o.cut_signal().is_cancelled());
+    assert_eq!(o.cut_reason(), Some(CutReason::ControlBacklog));
+    assert_eq!(o.depth(), (0, 0, 0), "what was queued is freed at once");
+}
+
+#[test]
+fn disconnect_cuts_and_block_reports_full() {
+    let o = Outbox::new(OnSlow::Disconnect, 1, 1 << 20);
+    assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
+    assert_eq!(o.offer(&ev("a", 1)), Offer::Disconnected);
+    assert!(o.is_closed());
+    assert!(o.cut_signal().is_cancelled());
+    let mut b = Batch::default();
+    assert!(o.take(&mut b).is_none(), "a cut bridge gets nothing more");
+
+    let o = Outbox::new(OnSlow::Block, 1, 1 << 20);
+    assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
+    assert_eq!(o.offer(&ev("a", 1)), Offer::Full);
+    assert_eq!(o.dropped(), 0);
+}
+
+#[tokio::test]
+async fn block_waits_for_bytes_not_only_frames() {
+    // The byte bound is reached first: `space` must not return until the refused event
+    // fits (it used to check frames only, and the mod reader spun).
+    let o = Arc::new(Outbox::new(OnSlow::Block, 100, 25));
+    assert_eq!(o.offer(&ev("a", 0)), Offer::Queued);
+    assert_eq!(o.offer(&ev("a", 1)), Offer::Queued);
+    assert_eq!(o.offer(&ev("a", 2)), Offer::Full);
+    let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), o.space()).await;
+    assert!(waiting.is_err(), "no room yet: space() waits");
+    let o2 = o.clone();
+    let taker = tokio::spawn(async move {
+        let mut b = Batch::default();
+        o2.take(&mut b).expect("open");
+    });
+    tokio::time::timeout(std::time::Duration::from_secs(5), o.space())
+        .await
+        .expect("room after the writer took");
+    taker.await.expect("taker");
+    assert_eq!(o.offer(&ev("a", 2)), Offer::Queued);
+}
