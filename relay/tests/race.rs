@@ -97,7 +97,10 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
     let (starts, watched) = watch_starts(&addr).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while watched.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "no session streams to the watcher");
+        assert!(
+            Instant::now() < deadline,
+            "no session streams to the watcher"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let next = Arc::new(AtomicUsize::new(0));

@@ -111,7 +111,10 @@ async fn reader(addr: &gabp_sim::Addr) -> Reader {
         let mut last: BTreeMap<String, u64> = BTreeMap::new();
         while let Ok(e) = c.next_event().await {
             if e["channel"] == "relay/dropped" {
-                a.fetch_add(e["payload"]["count"].as_u64().unwrap_or(0), Ordering::Relaxed);
+                a.fetch_add(
+                    e["payload"]["count"].as_u64().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
                 continue;
             }
             if let (Some(ch), Some(seq)) = (e["channel"].as_str(), e["seq"].as_u64()) {
@@ -157,7 +160,10 @@ async fn start(policy: &str) -> Option<Rig> {
         }
     };
     // The mount answers before the relay touches it.
-    assert!(std::fs::read_dir(mnt.path()).is_ok(), "the slow disk is mounted");
+    assert!(
+        std::fs::read_dir(mnt.path()).is_ok(),
+        "the slow disk is mounted"
+    );
     disk.dev.set(SLOW_BW, SLOW_FSYNC);
     let data = mnt.path().join("data");
     let sim = ModSim::start(
@@ -283,7 +289,12 @@ async fn slow_disk(policy: &str) {
     let honest = reader(&rig.listen).await;
     let mut watchers = Vec::new();
     for _ in 0..3 {
-        watchers.push(Client::connect_hello(&rig.listen, "t").await.expect("hello").0);
+        watchers.push(
+            Client::connect_hello(&rig.listen, "t")
+                .await
+                .expect("hello")
+                .0,
+        );
     }
     let m = rig.metrics.clone();
     let recorded = || {
@@ -358,11 +369,15 @@ async fn slow_disk(policy: &str) {
     });
     // The recorder holds the route, never a bridge's output: every event the relay has read
     // reaches the honest bridge (or is announced dropped to it) while the mod is held.
-    until(30, "the honest bridge gets every event the relay read", || {
-        let m = m.clone();
-        let seen = honest.seen();
-        async move { seen as f64 >= metric(&m, "gabp_events_total").await }
-    })
+    until(
+        30,
+        "the honest bridge gets every event the relay read",
+        || {
+            let m = m.clone();
+            let seen = honest.seen();
+            async move { seen as f64 >= metric(&m, "gabp_events_total").await }
+        },
+    )
     .await;
     // Still held at the bound: the mod advances only as the slow disk takes frames.
     let now_backlog = (rig.sim.emitted() as f64 - recorded().await) * frame_bytes();
@@ -407,7 +422,11 @@ async fn slow_disk(policy: &str) {
         !honest.disordered.load(Ordering::Relaxed),
         "the honest bridge saw seqs out of order"
     );
-    assert_eq!(honest.seen(), EVENTS, "the honest bridge lost events silently");
+    assert_eq!(
+        honest.seen(),
+        EVENTS,
+        "the honest bridge lost events silently"
+    );
     eprintln!(
         "{policy}: the honest bridge received {} events ({} announced dropped)",
         honest.received.load(Ordering::Relaxed),

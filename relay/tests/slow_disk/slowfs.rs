@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 const TTL: Duration = Duration::from_secs(1);
@@ -485,7 +485,12 @@ impl Filesystem for SlowFs {
     ) {
         self.dev.fsync();
         let r = self.file(fh).and_then(|f| {
-            if datasync { f.sync_data() } else { f.sync_all() }.map_err(Errno::from)
+            if datasync {
+                f.sync_data()
+            } else {
+                f.sync_all()
+            }
+            .map_err(Errno::from)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -537,10 +542,11 @@ impl Filesystem for SlowFs {
         reply: ReplyEmpty,
     ) {
         self.dev.fsync();
-        match self
-            .path(ino)
-            .and_then(|p| File::open(p).and_then(|d| d.sync_all()).map_err(Errno::from))
-        {
+        match self.path(ino).and_then(|p| {
+            File::open(p)
+                .and_then(|d| d.sync_all())
+                .map_err(Errno::from)
+        }) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
