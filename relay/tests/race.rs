@@ -5,25 +5,29 @@
 //!
 //! Driven many times: the mod's connection is killed, and from the moment the mod accepts the
 //! relay's new connection (hello and welcome still under way) until after bridges are told the
-//! session started, several bridges subscribe to fresh channels back to back, so subscribes
-//! land before, inside and after the window. The simulated mod only emits events on channels
+//! session started, several bridges pipeline subscribes to fresh channels, so the relay handles
+//! one every few microseconds before, inside and after the window. The simulated mod only emits events on channels
 //! its current connection was asked for, so an event arriving on every one of those channels
 //! proves each subscribe reached the new connection.
 
 use std::collections::HashSet;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
 const ROUNDS: usize = 16;
 const SUBSCRIBERS: usize = 3;
-const CHANNELS: usize = 3000;
+/// Subscribes each bridge keeps in flight.
+const DEPTH: usize = 8;
+/// Advertised channels (within the relay's 4096 per session), two halves used in turn.
+const CHANNELS: usize = 4000;
 
 /// Counts `relay/session` "started" notices, and events, on a bridge of its own.
 async fn watch_starts(addr: &Addr) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
@@ -103,8 +107,7 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut inside = 0;
+    let (mut inside, mut total) = (0, 0);
     for round in 0..ROUNDS {
         let mut bridges = Vec::new();
         for _ in 0..SUBSCRIBERS {
@@ -120,61 +123,74 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
             assert!(Instant::now() < deadline, "round {round}: no reconnect");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        // Each bridge keeps DEPTH subscribes to fresh channels in flight (a new one as each is
+        // answered), so the relay handles one every few microseconds all through the
+        // session's set-up, until a few after bridges were told the session started. Rounds
+        // alternate between two halves of the channels, so the last round's (now unsubscribed)
+        // ones had time to go. Every channel must then stream from the new connection.
+        let base = (round % 2) * (CHANNELS / 2);
+        let per_bridge = CHANNELS / 2 / SUBSCRIBERS;
         let tasks: Vec<_> = bridges
             .into_iter()
-            .map(|mut b| {
-                let (next, starts) = (next.clone(), starts.clone());
+            .enumerate()
+            .map(|(j, mut b)| {
+                let starts = starts.clone();
                 tokio::spawn(async move {
-                    let mut mine = Vec::new();
-                    let mut after = 0;
-                    let mut before_start = 0;
-                    // Until a few subscribes after bridges were told the session started.
-                    while after < 3 && mine.len() < 200 {
-                        let ch = format!("c/{}", next.fetch_add(1, Ordering::SeqCst));
-                        let early = starts.load(Ordering::SeqCst) == started;
-                        b.subscribe(&[&ch]).await.expect("subscribe");
-                        if starts.load(Ordering::SeqCst) != started {
-                            after += 1;
+                    let first = base + j * per_bridge;
+                    let (mut sent, mut answers, mut after, mut early) = (0, 0, 0, 0);
+                    let mut pending = HashSet::new();
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while answers < sent || !pending.is_empty() || sent == 0 {
+                        while after < 5 && sent < per_bridge && sent - answers < DEPTH {
+                            if starts.load(Ordering::SeqCst) == started {
+                                early += 1;
+                            } else {
+                                after += 1;
+                            }
+                            let ch = format!("c/{}", first + sent);
+                            let body = gabp_proto::message::request(
+                                &gabp_sim::client::new_id(),
+                                "events/subscribe",
+                                json!({ "channels": [&ch] }),
+                            );
+                            b.send_body(&body).await.expect("subscribe");
+                            pending.insert(ch);
+                            sent += 1;
                         }
-                        if early {
-                            before_start += 1;
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let m = tokio::time::timeout(left, b.next_message()).await;
+                        let Ok(Ok(Some(m))) = m else {
+                            panic!(
+                                "round {round}: {answers} of {sent} subscribes answered; no \
+                                 events on {} of the channels (their subscribe never reached \
+                                 the new mod connection): {:?}",
+                                pending.len(),
+                                pending.iter().take(5).collect::<Vec<_>>()
+                            );
+                        };
+                        match m["type"].as_str() {
+                            Some("response") => {
+                                assert!(m["error"].is_null(), "{m}");
+                                answers += 1;
+                            }
+                            Some("event") => {
+                                if let Some(ch) = m["channel"].as_str() {
+                                    pending.remove(ch);
+                                }
+                            }
+                            _ => {}
                         }
-                        mine.push(ch);
                     }
-                    (b, mine, before_start)
+                    (b, sent, early)
                 })
             })
             .collect();
         let mut subscribed = Vec::new();
         for t in tasks {
-            let (b, mine, early) = t.await.expect("subscriber");
+            let (b, sent, early) = t.await.expect("subscriber");
             inside += early;
-            subscribed.push((b, mine));
-        }
-        assert!(
-            next.load(Ordering::SeqCst) < CHANNELS,
-            "ran out of fresh channels"
-        );
-        // Every channel subscribed around the reconnect now streams from the new connection.
-        for (b, mine) in &mut subscribed {
-            let mut pending: HashSet<String> = mine.iter().cloned().collect();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !pending.is_empty() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let e = tokio::time::timeout(left, b.next_event()).await;
-                let Ok(Ok(e)) = e else {
-                    panic!(
-                        "round {round}: no events on {} of {} channels subscribed around the \
-                         reconnect (the subscribe never reached the new mod connection): {:?}",
-                        pending.len(),
-                        mine.len(),
-                        pending.iter().take(5).collect::<Vec<_>>()
-                    );
-                };
-                if let Some(ch) = e["channel"].as_str() {
-                    pending.remove(ch);
-                }
-            }
+            total += sent;
+            subscribed.push(b);
         }
         // Closing the bridges unsubscribes their channels, so each round starts from fresh ones.
         drop(subscribed);
@@ -186,7 +202,7 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
     );
     eprintln!(
         "{ROUNDS} reconnects, {} channels subscribed around them ({inside} before the start notice)",
-        next.load(Ordering::SeqCst)
+        total
     );
     sim.stop();
 }
