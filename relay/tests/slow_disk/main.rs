@@ -442,7 +442,7 @@ async fn slow_disk(policy: &str) {
         stderr,
         disk,
         sim,
-        _dirs,
+        _dirs: dirs,
         ..
     } = rig;
     let pid = child.id().expect("running").to_string();
@@ -496,6 +496,9 @@ async fn slow_disk(policy: &str) {
         disk.dev.fsyncs.load(Ordering::Relaxed),
         disk.dev.delayed_us.load(Ordering::Relaxed) as f64 / 1e6
     );
+    // Unmount before the mount point and the backing dir are removed.
+    drop(disk);
+    drop(dirs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
