@@ -29,6 +29,7 @@ pub mod discovery;
 pub mod display;
 pub mod export;
 pub mod hub;
+pub mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod pending;

@@ -53,6 +53,8 @@ enum Cmd {
     ModSim(ModSimArgs),
     /// Print a fresh 128-bit token.
     Token,
+    /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
+    Mcp(gabp_relay::mcp::McpArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -131,6 +133,9 @@ struct ServeArgs {
     /// Serve Prometheus metrics at HOST:PORT.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
+    /// Serve MCP's Streamable HTTP transport at http://ADDR/mcp for the first route (bearer token).
+    #[arg(long, value_name = "ADDR")]
+    mcp_listen: Option<std::net::SocketAddr>,
     /// A TOML config with one or more routes.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -547,6 +552,7 @@ async fn run(cli: Cli) -> Result<()> {
             std::process::exit(code);
         }
         Cmd::ModSim(a) => mod_sim(a).await,
+        Cmd::Mcp(a) => gabp_relay::mcp::run(a).await,
         Cmd::Token => {
             outln!("{}", gabp_relay::auth::generate_token());
             Ok(())
@@ -826,6 +832,9 @@ fn write_bridge_files(relay: &Relay, paths: &[(usize, PathBuf)]) -> Vec<PathBuf>
 async fn serve(a: ServeArgs) -> Result<()> {
     let mut signals = Signals::install()?;
     let cfg = relay_config(&a)?;
+    if a.mcp_listen.is_some_and(|m| !m.ip().is_loopback()) && !cfg.allow_remote {
+        return Err(usage("--mcp-listen must be a loopback address unless --allow-remote is given"));
+    }
     let paths = if a.no_bridge_file {
         Vec::new()
     } else {
@@ -856,6 +865,21 @@ async fn serve(a: ServeArgs) -> Result<()> {
     }
     if let Some(m) = relay.metrics_addr {
         text += &format!("metrics on http://{m}/metrics\n");
+    }
+    if let Some(addr) = a.mcp_listen {
+        match gabp_relay::mcp::http::serve_route(
+            &relay,
+            addr,
+            cfg.allow_remote,
+            cfg.records().then(|| cfg.data_dir.clone()),
+        )
+        .await {
+            Ok(at) => text += &format!("mcp on http://{at}{}\n", gabp_relay::mcp::http::PATH),
+            Err(e) => {
+                bridge_files.iter().for_each(|p| gabp_relay::discovery::remove_own(p));
+                return Err(e);
+            }
+        }
     }
     for p in &bridge_files {
         text += &format!("bridge file {}\n", p.display());
