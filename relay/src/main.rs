@@ -833,7 +833,9 @@ async fn serve(a: ServeArgs) -> Result<()> {
     let mut signals = Signals::install()?;
     let cfg = relay_config(&a)?;
     if a.mcp_listen.is_some_and(|m| !m.ip().is_loopback()) && !cfg.allow_remote {
-        return Err(usage("--mcp-listen must be a loopback address unless --allow-remote is given"));
+        return Err(usage(
+            "--mcp-listen must be a loopback address unless --allow-remote is given",
+        ));
     }
     let paths = if a.no_bridge_file {
         Vec::new()
@@ -873,10 +875,13 @@ async fn serve(a: ServeArgs) -> Result<()> {
             cfg.allow_remote,
             cfg.records().then(|| cfg.data_dir.clone()),
         )
-        .await {
+        .await
+        {
             Ok(at) => text += &format!("mcp on http://{at}{}\n", gabp_relay::mcp::http::PATH),
             Err(e) => {
-                bridge_files.iter().for_each(|p| gabp_relay::discovery::remove_own(p));
+                bridge_files
+                    .iter()
+                    .for_each(|p| gabp_relay::discovery::remove_own(p));
                 return Err(e);
             }
         }

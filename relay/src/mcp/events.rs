@@ -97,7 +97,8 @@ pub struct Missed {
 pub struct Query {
     /// Channels to read; empty is every buffered channel.
     pub channels: Vec<String>,
-    /// Next seq wanted per channel; a channel not named starts at its oldest buffered event.
+    /// Next seq wanted per channel; a channel not named starts at its oldest buffered event
+    /// (the answer's cursor names only channels with an event seen or a cursor given).
     pub cursor: BTreeMap<String, u64>,
     /// The session the cursor belongs to; another session's cursor is ignored.
     pub session: Option<String>,
@@ -207,7 +208,11 @@ impl Buffer {
                 None
             };
             let Some(buf) = g.channels.get(name.as_str()) else {
-                cursor.insert(name.clone(), want.unwrap_or(0));
+                // Nothing seen on it yet: keep the caller's cursor; without one, the next poll
+                // starts at the first event that arrives.
+                if let Some(w) = want {
+                    cursor.insert(name.clone(), w);
+                }
                 continue;
             };
             let start = match want {
@@ -223,9 +228,7 @@ impl Buffer {
                     });
                 }
             }
-            let next = want
-                .unwrap_or(0)
-                .max(buf.front().map_or(0, |f| f.seq));
+            let next = want.unwrap_or(0).max(buf.front().map_or(0, |f| f.seq));
             cursor.insert(name.clone(), next);
             runs.push((name.as_str(), buf.range(start..)));
         }
@@ -321,13 +324,31 @@ mod tests {
         b.push("a", 0, raw(0));
         b.push("b", 0, raw(1));
         b.push("a", 1, raw(2));
-        let v = poll_now(&b, &Query { max: 10, ..Query::default() });
+        let v = poll_now(
+            &b,
+            &Query {
+                max: 10,
+                ..Query::default()
+            },
+        );
         let ns: Vec<u64> = v["events"]
             .as_array()
-            .map(|a| a.iter().filter_map(|e| e["payload"]["n"].as_u64()).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e["payload"]["n"].as_u64())
+                    .collect()
+            })
             .unwrap_or_default();
         assert_eq!(ns, vec![0, 1, 2]);
         b.new_session("s2");
-        assert!(b.try_poll(&Query { max: 10, ..Query::default() }, false).is_none());
+        assert!(b
+            .try_poll(
+                &Query {
+                    max: 10,
+                    ..Query::default()
+                },
+                false
+            )
+            .is_none());
     }
 }

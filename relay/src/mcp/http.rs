@@ -23,7 +23,10 @@ use super::server::{Front, FrontConfig};
 /// The path the MCP endpoint is served at.
 pub const PATH: &str = "/mcp";
 
-fn plain(status: StatusCode, text: &'static str) -> Response<http_body_util::combinators::BoxBody<Bytes, Infallible>> {
+fn plain(
+    status: StatusCode,
+    text: &'static str,
+) -> Response<http_body_util::combinators::BoxBody<Bytes, Infallible>> {
     let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
     *r.status_mut() = status;
     if status == StatusCode::UNAUTHORIZED {
@@ -76,11 +79,19 @@ pub async fn listen(addr: SocketAddr, allow_remote: bool, cfg: FrontConfig) -> R
                     let (service, token) = (service.clone(), token.clone());
                     async move {
                         if req.uri().path() != PATH {
-                            return Ok::<_, Infallible>(plain(StatusCode::NOT_FOUND, "not found\n"));
+                            return Ok::<_, Infallible>(plain(
+                                StatusCode::NOT_FOUND,
+                                "not found\n",
+                            ));
                         }
                         if !bearer_ok(&req, &token) {
-                            tracing::warn!("security: MCP request without the route's bearer token");
-                            return Ok(plain(StatusCode::UNAUTHORIZED, "a bearer token is required\n"));
+                            tracing::warn!(
+                                "security: MCP request without the route's bearer token"
+                            );
+                            return Ok(plain(
+                                StatusCode::UNAUTHORIZED,
+                                "a bearer token is required\n",
+                            ));
                         }
                         Ok(service.handle(req).await)
                     }

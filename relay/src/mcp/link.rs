@@ -223,7 +223,9 @@ impl Link {
     /// Sends a request and waits for its result.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, CallError> {
         if self.is_closed() {
-            return Err(CallError::Link("the connection to the relay is closed".into()));
+            return Err(CallError::Link(
+                "the connection to the relay is closed".into(),
+            ));
         }
         let id = uuid::Uuid::new_v4().to_string();
         let (tx, rx) = oneshot::channel();
@@ -232,7 +234,9 @@ impl Link {
         encode_frame(&message::request(&id, method, params), &mut wire);
         if self.out.send(wire.freeze()).is_err() {
             self.pending.lock().remove(&id);
-            return Err(CallError::Link("the connection to the relay is closed".into()));
+            return Err(CallError::Link(
+                "the connection to the relay is closed".into(),
+            ));
         }
         let answer = match tokio::time::timeout(REQUEST_WAIT, rx).await {
             Ok(Ok(v)) => v,

@@ -352,7 +352,10 @@ impl ServerHandler for Front {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = self.mod_tools().await.map_err(|e| internal(e.to_string()))?;
+        let mut tools = self
+            .mod_tools()
+            .await
+            .map_err(|e| internal(e.to_string()))?;
         tools.extend(own_tools());
         let tools: Vec<Tool> = tools
             .into_iter()
@@ -399,13 +402,13 @@ impl ServerHandler for Front {
                     original = self.tools.lock().get(name).cloned();
                 }
                 let Some(original) = original else {
-                    return Err(McpError::invalid_params(format!("unknown tool {name}"), None));
+                    return Err(McpError::invalid_params(
+                        format!("unknown tool {name}"),
+                        None,
+                    ));
                 };
                 match link
-                    .request(
-                        "tools/call",
-                        json!({ "name": original, "arguments": args }),
-                    )
+                    .request("tools/call", json!({ "name": original, "arguments": args }))
                     .await
                 {
                     Ok(v) => {
