@@ -69,8 +69,14 @@ pub async fn listen(addr: SocketAddr, allow_remote: bool, cfg: FrontConfig) -> R
     );
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: back off instead of spinning on the error.
+                    tracing::warn!(error = %e, "MCP listener cannot accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let _ = stream.set_nodelay(true);
             let (service, token) = (service.clone(), token.clone());

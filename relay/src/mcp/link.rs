@@ -27,7 +27,7 @@ use super::events::Buffer;
 pub const REQUEST_WAIT: Duration = Duration::from_secs(120);
 
 /// Where the route is and how to get in.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Target {
     /// The route's bridge listener.
     pub addr: Addr,
@@ -35,6 +35,16 @@ pub struct Target {
     pub token: String,
     /// This client's name, sent in the hello's `clientInfo`.
     pub name: String,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Target")
+            .field("addr", &self.addr)
+            .field("name", &self.name)
+            .finish()
+    }
 }
 
 /// Why a request failed.
