@@ -71,7 +71,7 @@ impl std::fmt::Display for CallError {
 
 /// A live bridge connection.
 pub struct Link {
-    out: mpsc::UnboundedSender<Bytes>,
+    out: mpsc::Sender<Bytes>,
     pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>,
     closed: Arc<AtomicBool>,
     /// The welcome this bridge got (the mod's, with the relay's extension).
@@ -116,7 +116,8 @@ impl Link {
         let pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>> = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
         let events = Arc::new(Buffer::default());
-        let (out, mut out_rx) = mpsc::unbounded_channel::<Bytes>();
+        // Requests waiting for the writer: bounded, a full queue makes the next request wait.
+        let (out, mut out_rx) = mpsc::channel::<Bytes>(1024);
         let (restart_tx, restarts) = watch::channel(0u64);
         let mut writer = conn.write;
         let writer_closed = closed.clone();
@@ -242,7 +243,7 @@ impl Link {
         self.pending.lock().insert(id.clone(), tx);
         let mut wire = BytesMut::new();
         encode_frame(&message::request(&id, method, params), &mut wire);
-        if self.out.send(wire.freeze()).is_err() {
+        if self.out.send(wire.freeze()).await.is_err() {
             self.pending.lock().remove(&id);
             return Err(CallError::Link(
                 "the connection to the relay is closed".into(),
