@@ -37,6 +37,7 @@ pub mod display;
 pub mod export;
 pub(crate) mod http;
 pub mod hub;
+pub mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod pending;

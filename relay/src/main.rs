@@ -51,7 +51,8 @@ enum Cmd {
     ModSim(mod_sim::ModSimArgs),
     /// Print a fresh 128-bit token.
     Token,
-    // New commands (`mcp`, …) get a variant here and a module under cli/ (or their own).
+    /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
+    Mcp(gabp_relay::mcp::McpArgs),
 }
 
 fn main() {
@@ -101,6 +102,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Repair(a) => repair::run(a)?,
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,
+        Cmd::Mcp(a) => gabp_relay::mcp::run(a).await?,
         Cmd::Token => {
             use std::io::Write;
             writeln!(std::io::stdout(), "{}", gabp_relay::auth::generate_token())?;

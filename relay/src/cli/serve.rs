@@ -120,6 +120,9 @@ pub struct ServeArgs {
     /// Where bridges connect: HOST:PORT or unix:PATH.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Serve MCP's Streamable HTTP transport at http://ADDR/mcp for the first route (bearer token).
+    #[arg(long, value_name = "ADDR")]
+    pub mcp_listen: Option<std::net::SocketAddr>,
     /// Token bridges must present [default: generated and printed].
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -262,6 +265,11 @@ impl ServeArgs {
 pub async fn run(a: ServeArgs) -> Result<()> {
     let mut signals = Signals::install()?;
     let cfg = a.relay_config()?;
+    if a.mcp_listen.is_some_and(|m| !m.ip().is_loopback()) && !cfg.allow_remote {
+        return Err(usage(
+            "--mcp-listen must be a loopback address unless --allow-remote is given",
+        ));
+    }
     let paths = if a.no_bridge_file {
         Vec::new()
     } else {
@@ -287,6 +295,22 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     }
     if let Some(m) = relay.metrics_addr {
         text += &format!("metrics on http://{m}/metrics\n");
+    }
+    if let Some(addr) = a.mcp_listen {
+        match gabp_relay::mcp::http::serve_route(
+            &relay,
+            addr,
+            cfg.allow_remote,
+            cfg.records().then(|| cfg.data_dir.clone()),
+        )
+        .await
+        {
+            Ok(at) => text += &format!("mcp on http://{at}{}\n", gabp_relay::mcp::http::PATH),
+            Err(e) => {
+                bridge_files.iter().for_each(|p| discovery::remove_own(p));
+                return Err(e);
+            }
+        }
     }
     for p in &bridge_files {
         text += &format!("bridge file {}\n", p.display());

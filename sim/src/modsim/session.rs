@@ -268,6 +268,11 @@ pub(super) fn handle(
             }
             Ok(json!({"unsubscribed": chans}))
         }
+        // The sim never opens an attention item: nothing current, an ack finds nothing to ack.
+        "attention/current" => Ok(json!({ "attention": null })),
+        "attention/ack" => Ok(
+            json!({"acknowledged": false, "attentionId": params["attentionId"], "currentAttention": null}),
+        ),
         "state/get" => Ok(
             json!({"state": {"tick": shared.emitted.load(Ordering::Relaxed)}, "timestamp": now_ns() / 1_000_000_000}),
         ),

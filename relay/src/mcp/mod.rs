@@ -1,0 +1,116 @@
+//! The MCP front (issue 16): AI assistants attach to a route as one more bridge.
+//!
+//! `gabp-relay mcp` speaks MCP on stdio and connects to a running route (through its discovery
+//! file, or `--connect ADDR --token T`); `serve --mcp-listen` serves MCP's Streamable HTTP
+//! transport from the relay process ([`http`]). Either way each MCP client is a GABP bridge
+//! ([`link`]), so the relay's limits, the recording and the metrics apply to it.
+//! - [`server`]: the MCP handler (mirrored tools, the relay's own tools, resources).
+//! - [`names`]: strict-safe tool names and their collision rule.
+//! - [`events`]: the bounded buffer `events_poll` reads.
+
+pub mod events;
+pub mod http;
+pub mod link;
+pub mod names;
+pub mod server;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context, Result};
+use gabp_rt::Addr;
+use rmcp::ServiceExt;
+
+use link::{Link, Target};
+use server::{Front, FrontConfig};
+
+/// `gabp-relay mcp`: an MCP server on stdio attached to a running relay route.
+#[derive(clap::Args, Debug)]
+pub struct McpArgs {
+    /// The route whose discovery file to read ($XDG_CONFIG_HOME/gabp-relay/bridge-{route}.json).
+    #[arg(long, default_value = "default")]
+    pub route: String,
+    /// Read this discovery file instead.
+    #[arg(long, conflicts_with = "connect")]
+    pub bridge_file: Option<PathBuf>,
+    /// Connect to this bridge listener (HOST:PORT or unix:PATH) instead; needs --token.
+    #[arg(long, requires = "token")]
+    pub connect: Option<String>,
+    /// The route's bridge token (with --connect).
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// This client's name, sent in the hello (`clientInfo.name`) and shown in the recording.
+    #[arg(long, default_value = "mcp")]
+    pub name: String,
+    /// A data dir for `sessions_list` to read (read-only); without it the tool shows the
+    /// route's current session.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The route's address and token from a discovery file.
+pub fn read_bridge_file(path: &std::path::Path) -> Result<(Addr, String)> {
+    let raw = std::fs::read(path).with_context(|| {
+        format!(
+            "no discovery file at {} (is `gabp-relay serve` running for this route?)",
+            path.display()
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_slice(&raw)
+        .map_err(|_| anyhow!("{} is not a discovery file", path.display()))?;
+    let token = v["token"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| anyhow!("{} holds no token", path.display()))?;
+    let addr = v["transport"]["address"]
+        .as_str()
+        .ok_or_else(|| anyhow!("{} holds no address", path.display()))?
+        .parse::<Addr>()
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    Ok((addr, token.to_string()))
+}
+
+impl McpArgs {
+    /// Where to connect, from the flags.
+    pub fn target(&self) -> Result<Target> {
+        let (addr, token) = if let Some(c) = &self.connect {
+            let addr = c.parse::<Addr>().map_err(|e| anyhow!(e))?;
+            let Some(token) = self.token.clone().filter(|t| !t.is_empty()) else {
+                bail!("--connect needs --token");
+            };
+            (addr, token)
+        } else {
+            let path = match &self.bridge_file {
+                Some(p) => p.clone(),
+                None => crate::discovery::default_path(&self.route)
+                    .ok_or_else(|| anyhow!("no HOME or XDG_CONFIG_HOME to find the discovery file in; use --bridge-file or --connect"))?,
+            };
+            read_bridge_file(&path)?
+        };
+        Ok(Target {
+            addr,
+            token,
+            name: self.name.chars().take(128).collect(),
+        })
+    }
+}
+
+/// Runs `gabp-relay mcp` until the assistant closes stdin.
+pub async fn run(args: McpArgs) -> Result<()> {
+    let target = args.target()?;
+    let link = Link::connect(&target).await?;
+    tracing::info!(route = %link.route, name = %target.name, "MCP front attached");
+    let cfg = Arc::new(FrontConfig {
+        target,
+        data_dir: args.data_dir,
+    });
+    let service = Front::with_link(cfg, link)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| anyhow!("MCP session failed to start: {e}"))?;
+    service
+        .waiting()
+        .await
+        .map_err(|_| anyhow!("MCP session ended abnormally"))?;
+    Ok(())
+}

@@ -1,0 +1,489 @@
+//! The MCP server itself (rmcp's `ServerHandler`): the mod's tools mirrored under strict-safe
+//! names, the relay's own tools, and the channels, welcome and stats as resources. Every call
+//! goes through the front's GABP [`Link`], so it is one more bridge to the relay.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, InitializeResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, ServerCapabilities, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+
+use super::events::Query;
+use super::link::{CallError, Link, Target};
+use super::names;
+
+/// The relay's own tools (a mod tool mapping to one of these gets a suffix).
+pub const OWN_TOOLS: [&str; 5] = [
+    "events_poll",
+    "attention_get",
+    "attention_ack",
+    "relay_status",
+    "sessions_list",
+];
+
+/// Most events one `events_poll` returns.
+pub const POLL_MAX: usize = 5000;
+/// Longest wait one `events_poll` may ask for.
+pub const POLL_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Events a channel resource shows.
+const RESOURCE_EVENTS: usize = 100;
+
+/// What every MCP session of one front shares.
+#[derive(Debug)]
+pub struct FrontConfig {
+    /// The route to attach to.
+    pub target: Target,
+    /// A data dir to list sessions from (read-only), if given.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// One MCP session: its own bridge connection (made at first use) and tool-name map.
+#[derive(Clone)]
+pub struct Front {
+    cfg: Arc<FrontConfig>,
+    link: Arc<OnceCell<Arc<Link>>>,
+    /// MCP name -> mod name, from the last tool listing.
+    tools: Arc<Mutex<BTreeMap<String, String>>>,
+    watcher: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    /// The MCP client's own name (`clientInfo.name`), used when the config names none.
+    client_name: Arc<Mutex<Option<String>>>,
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        // The last clone gone: stop announcing restarts (the link closes with its last holder).
+        if Arc::strong_count(&self.watcher) == 1 {
+            if let Some(w) = self.watcher.lock().take() {
+                w.abort();
+            }
+        }
+    }
+}
+
+fn text_result(text: String, structured: Option<Value>, is_error: bool) -> CallToolResult {
+    let mut v = json!({ "content": [{ "type": "text", "text": text }], "isError": is_error });
+    if let Some(s) = structured.filter(Value::is_object) {
+        v["structuredContent"] = s;
+    }
+    serde_json::from_value(v).unwrap_or_else(|_| CallToolResult::error(Vec::new()))
+}
+
+fn json_result(v: Value) -> CallToolResult {
+    let text = serde_json::to_string(&v).unwrap_or_default();
+    text_result(text, Some(v), false)
+}
+
+/// A GABP error (or a lost answer) as an MCP tool error the assistant can read.
+fn error_result(e: &CallError) -> CallToolResult {
+    let structured = match e {
+        CallError::Gabp {
+            code,
+            message,
+            data,
+        } => json!({ "error": { "code": code, "message": message, "data": data } }),
+        CallError::Link(m) => json!({ "error": { "message": m } }),
+    };
+    text_result(e.to_string(), Some(structured), true)
+}
+
+fn internal(msg: impl Into<String>) -> McpError {
+    McpError::internal_error(msg.into(), None)
+}
+
+fn own_tools() -> Vec<Value> {
+    vec![
+        json!({
+            "name": "events_poll",
+            "title": "Poll game events",
+            "description": "New events on the game's channels since a cursor. Pass back the returned `cursor` and `session` to continue; per channel, seq is contiguous (a `missed` entry says what the buffer no longer held). Waits up to waitMs for the first event.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "channels": { "type": "array", "items": { "type": "string" }, "description": "Channels to read (default: all)" },
+                    "cursor": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0 }, "description": "Next seq wanted per channel, from the previous answer" },
+                    "session": { "type": "string", "description": "The session the cursor belongs to, from the previous answer" },
+                    "max": { "type": "integer", "minimum": 1, "maximum": POLL_MAX, "default": 100 },
+                    "waitMs": { "type": "integer", "minimum": 0, "maximum": 30000, "default": 0 }
+                }
+            }
+        }),
+        json!({
+            "name": "attention_get",
+            "title": "Current attention item",
+            "description": "The game's current open attention item (GABP attention/current), if any.",
+            "inputSchema": { "type": "object", "properties": {} }
+        }),
+        json!({
+            "name": "attention_ack",
+            "title": "Acknowledge attention",
+            "description": "Acknowledges an attention item by id (GABP attention/ack).",
+            "inputSchema": {
+                "type": "object",
+                "properties": { "attentionId": { "type": "string" } },
+                "required": ["attentionId"]
+            }
+        }),
+        json!({
+            "name": "relay_status",
+            "title": "Relay status",
+            "description": "The relay route's status: the mod session, channels with event counts, every bridge's queue and drops, recording health.",
+            "inputSchema": { "type": "object", "properties": {} }
+        }),
+        json!({
+            "name": "sessions_list",
+            "title": "Recorded sessions",
+            "description": "Sessions recorded in the data dir (when the front was given --data-dir), else the route's current session.",
+            "inputSchema": { "type": "object", "properties": {} }
+        }),
+    ]
+}
+
+impl Front {
+    /// A front for `cfg`; its bridge connection is made at first use.
+    pub fn new(cfg: Arc<FrontConfig>) -> Front {
+        Front {
+            cfg,
+            link: Arc::new(OnceCell::new()),
+            tools: Arc::default(),
+            watcher: Arc::default(),
+            client_name: Arc::default(),
+        }
+    }
+
+    /// A front over an already connected link (stdio connects before serving).
+    pub fn with_link(cfg: Arc<FrontConfig>, link: Arc<Link>) -> Front {
+        let f = Front::new(cfg);
+        let _ = f.link.set(link);
+        f
+    }
+
+    async fn link(&self) -> Result<Arc<Link>, McpError> {
+        let link = self
+            .link
+            .get_or_try_init(|| async {
+                let mut target = self.cfg.target.clone();
+                if target.name.is_empty() {
+                    let client = self.client_name.lock().clone();
+                    target.name = client.unwrap_or_else(|| "mcp".into());
+                }
+                Link::connect(&target)
+                    .await
+                    .map_err(|e| internal(format!("{e:#}")))
+            })
+            .await?;
+        if link.is_closed() {
+            return Err(internal("the connection to the relay is closed"));
+        }
+        Ok(link.clone())
+    }
+
+    /// The mod's tools (from `tools/list` through the relay), renamed; refreshes the name map.
+    async fn mod_tools(&self) -> Result<Vec<Value>, CallError> {
+        let link = self
+            .link()
+            .await
+            .map_err(|e| CallError::Link(e.message.to_string()))?;
+        let listed = link.request("tools/list", json!({})).await?;
+        let tools: Vec<Value> = listed["tools"].as_array().cloned().unwrap_or_default();
+        let originals: Vec<String> = tools
+            .iter()
+            .filter_map(|t| t["name"].as_str().map(String::from))
+            .collect();
+        let map = names::map(&originals, &OWN_TOOLS);
+        let by_original: BTreeMap<&String, &String> = map.iter().map(|(k, v)| (v, k)).collect();
+        let out = tools
+            .iter()
+            .filter_map(|t| {
+                let original = t["name"].as_str()?.to_string();
+                let name = by_original.get(&original)?;
+                let mut schema = t["inputSchema"].clone();
+                if !schema.is_object() {
+                    schema = json!({ "type": "object" });
+                }
+                let mut tool = json!({
+                    "name": name,
+                    "title": t["title"].as_str().unwrap_or(&original),
+                    "description": t["description"].as_str().map_or_else(
+                        || format!("The game's tool {original}"),
+                        |d| format!("{d} (game tool {original})")
+                    ),
+                    "inputSchema": schema,
+                });
+                if t["annotations"].is_object() {
+                    tool["annotations"] = t["annotations"].clone();
+                }
+                Some(tool)
+            })
+            .collect();
+        *self.tools.lock() = map;
+        Ok(out)
+    }
+
+    /// Announces `tools/list_changed` each time the mod's session restarts.
+    fn watch_restarts(&self, link: &Arc<Link>, peer: rmcp::Peer<RoleServer>) {
+        let mut rx = link.restarts.clone();
+        let me = Front {
+            cfg: self.cfg.clone(),
+            link: self.link.clone(),
+            tools: self.tools.clone(),
+            watcher: Arc::default(),
+            client_name: self.client_name.clone(),
+        };
+        let task = tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                // Refresh the map first so a call right after the notice finds the new names.
+                let _ = me.mod_tools().await;
+                if peer.notify_tool_list_changed().await.is_err() {
+                    break;
+                }
+                let _ = peer.notify_resource_list_changed().await;
+            }
+        });
+        if let Some(old) = self.watcher.lock().replace(task) {
+            old.abort();
+        }
+    }
+
+    async fn poll(&self, link: &Link, args: &Value) -> CallToolResult {
+        let q = Query {
+            channels: args["channels"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| c.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            cursor: args["cursor"]
+                .as_object()
+                .map(|o| {
+                    o.iter()
+                        .filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            session: args["session"].as_str().map(String::from),
+            max: args["max"]
+                .as_u64()
+                .map_or(100, |m| m as usize)
+                .clamp(1, POLL_MAX),
+        };
+        let wait = Duration::from_millis(args["waitMs"].as_u64().unwrap_or(0)).min(POLL_WAIT_MAX);
+        // Text only: re-parsing thousands of events for structuredContent would cost more
+        // than the poll itself.
+        text_result(link.events.poll(&q, wait).await, None, false)
+    }
+
+    async fn sessions(&self, link: &Link) -> CallToolResult {
+        if let Some(dir) = &self.cfg.data_dir {
+            let dir = dir.clone();
+            let listed = tokio::task::spawn_blocking(move || -> anyhow::Result<Value> {
+                let store = gabp_storage::Store::open_for_reading(&dir)?;
+                let list: Vec<Value> = store
+                    .sessions()?
+                    .iter()
+                    .map(|m| {
+                        json!({
+                            "id": m.id.to_string(), "route": m.route, "app": m.app_name,
+                            "appVersion": m.app_version, "startedNs": m.started_ns,
+                            "endedNs": m.ended_ns, "frames": m.frames, "events": m.events,
+                            "bridges": m.bridges.len(), "end": m.end_label(),
+                        })
+                    })
+                    .collect();
+                Ok(json!({ "sessions": list }))
+            })
+            .await;
+            return match listed {
+                Ok(Ok(v)) => json_result(v),
+                Ok(Err(e)) => text_result(format!("cannot list sessions: {e}"), None, true),
+                Err(_) => text_result("cannot list sessions".into(), None, true),
+            };
+        }
+        match link.request("relay/status", json!({})).await {
+            Ok(s) => json_result(json!({ "route": s["route"], "sessions": [s["session"]] })),
+            Err(e) => error_result(&e),
+        }
+    }
+}
+
+impl ServerHandler for Front {
+    fn get_info(&self) -> InitializeResult {
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tool_list_changed()
+            .enable_resources()
+            .enable_resources_list_changed()
+            .build();
+        InitializeResult::new(caps)
+            .with_server_info(
+                Implementation::new("gabp-relay", crate::route::VERSION)
+                    .with_title(format!("gabp-relay MCP front ({})", self.cfg.target.name)),
+            )
+            .with_instructions(
+                "A game reached through gabp-relay. The game's own tools are listed with `/` \
+                 replaced by `_`. Poll `events_poll` with the cursor it returns to follow the \
+                 game's events; `relay_status` shows the route.",
+            )
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if let Some(info) = context.peer.peer_info() {
+            let name: String = info.client_info.name.chars().take(128).collect();
+            *self.client_name.lock() = Some(name);
+        }
+        if let Ok(link) = self.link().await {
+            self.watch_restarts(&link, context.peer);
+        }
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut tools = self
+            .mod_tools()
+            .await
+            .map_err(|e| internal(e.to_string()))?;
+        tools.extend(own_tools());
+        let tools: Vec<Tool> = tools
+            .into_iter()
+            .filter_map(|t| serde_json::from_value(t).ok())
+            .collect();
+        serde_json::from_value(json!({ "tools": tools })).map_err(|e| internal(e.to_string()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let link = self.link().await?;
+        let args = Value::Object(request.arguments.unwrap_or_default());
+        let result = match &*request.name {
+            "events_poll" => self.poll(&link, &args).await,
+            "attention_get" => match link.request("attention/current", json!({})).await {
+                Ok(v) => json_result(v),
+                Err(e) => error_result(&e),
+            },
+            "attention_ack" => {
+                let Some(id) = args["attentionId"].as_str() else {
+                    return Err(McpError::invalid_params("attentionId is required", None));
+                };
+                match link
+                    .request("attention/ack", json!({ "attentionId": id }))
+                    .await
+                {
+                    Ok(v) => json_result(v),
+                    Err(e) => error_result(&e),
+                }
+            }
+            "relay_status" => match link.request("relay/status", json!({})).await {
+                Ok(v) => json_result(v),
+                Err(e) => error_result(&e),
+            },
+            "sessions_list" => self.sessions(&link).await,
+            name => {
+                let mut original = self.tools.lock().get(name).cloned();
+                if original.is_none() {
+                    // Called without a listing first (or after a restart): list, then map.
+                    let _ = self.mod_tools().await;
+                    original = self.tools.lock().get(name).cloned();
+                }
+                let Some(original) = original else {
+                    return Err(McpError::invalid_params(
+                        format!("unknown tool {name}"),
+                        None,
+                    ));
+                };
+                match link
+                    .request("tools/call", json!({ "name": original, "arguments": args }))
+                    .await
+                {
+                    Ok(v) => {
+                        let text = serde_json::to_string(&v).unwrap_or_default();
+                        text_result(text, Some(v), false)
+                    }
+                    Err(e) => error_result(&e),
+                }
+            }
+        };
+        Ok(result.into())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let link = self.link().await?;
+        let route = &link.route;
+        let mut list = vec![
+            json!({ "uri": format!("gabp://{route}/welcome"), "name": "welcome", "title": "The mod's welcome", "mimeType": "application/json" }),
+            json!({ "uri": format!("gabp://{route}/stats"), "name": "stats", "title": "The route's session and channel counts", "mimeType": "application/json" }),
+        ];
+        for c in link.channels() {
+            list.push(json!({
+                "uri": format!("gabp://{route}/channels/{c}"),
+                "name": format!("channel {c}"),
+                "title": format!("Latest events on {c}"),
+                "mimeType": "application/json",
+            }));
+        }
+        serde_json::from_value(json!({ "resources": list })).map_err(|e| internal(e.to_string()))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let link = self.link().await?;
+        let prefix = format!("gabp://{}/", link.route);
+        let Some(rest) = request.uri.strip_prefix(&prefix) else {
+            return Err(McpError::resource_not_found("no such resource", None));
+        };
+        let text = if rest == "welcome" {
+            let mut w = link.welcome.clone();
+            // The welcome as this bridge got it; it carries no token, but be sure.
+            if let Some(o) = w.as_object_mut() {
+                o.remove("token");
+            }
+            serde_json::to_string(&w).unwrap_or_default()
+        } else if rest == "stats" {
+            match link.request("relay/status", json!({})).await {
+                Ok(s) => serde_json::to_string(&json!({
+                    "route": s["route"],
+                    "session": s["session"],
+                    "recording": s["recording"],
+                    "bridges": s["bridges"].as_array().map_or(0, Vec::len),
+                }))
+                .unwrap_or_default(),
+                Err(e) => return Err(internal(e.to_string())),
+            }
+        } else if let Some(channel) = rest.strip_prefix("channels/") {
+            if !link.channels().iter().any(|c| c == channel) {
+                return Err(McpError::resource_not_found("no such channel", None));
+            }
+            link.events.latest(channel, RESOURCE_EVENTS)
+        } else {
+            return Err(McpError::resource_not_found("no such resource", None));
+        };
+        let result: ReadResourceResult = serde_json::from_value(json!({
+            "contents": [{ "uri": request.uri, "mimeType": "application/json", "text": text }]
+        }))
+        .map_err(|e| internal(e.to_string()))?;
+        Ok(result.into())
+    }
+}
