@@ -100,6 +100,9 @@ impl Target {
                     &sc.policy,
                     "--durability",
                     &sc.durability,
+                    // A measured relay is private to the run: it must not take (or clash with)
+                    // the discovery file of a relay the user runs on the same route name.
+                    "--no-bridge-file",
                 ]);
                 if !sc.record {
                     c.arg("--no-record");

@@ -222,7 +222,7 @@ fn ctrl_c_stops_the_relay_and_removes_the_temp_dir() {
     while let Ok(line) = rx.recv_timeout(Duration::from_secs(10)) {
         rest.push(line);
     }
-    assert_eq!(status.code(), Some(1), "{rest:?}");
+    assert_eq!(status.code(), Some(130), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("interrupted")), "{rest:?}");
     assert!(
         !Path::new(&format!("/proc/{pid}")).exists(),

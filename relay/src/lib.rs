@@ -28,28 +28,29 @@
 //! - [`wrap`]: running the relay invisibly between a launcher and a game.
 //! - [`demo`]: the built-in demo (simulated mod, relay, bridges in one process).
 
-pub mod auth;
+pub(crate) mod auth;
 pub mod bridge;
+pub mod cli;
 pub mod config;
-pub mod demo;
-pub mod discovery;
-pub mod display;
+pub(crate) mod demo;
+pub(crate) mod discovery;
+pub(crate) mod display;
 pub mod export;
 pub(crate) mod http;
 pub mod hub;
-pub mod mcp;
+pub(crate) mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod pending;
-pub mod recorder;
+pub(crate) mod recorder;
 pub mod replay;
 pub mod route;
-pub mod server;
+pub(crate) mod server;
 pub(crate) mod socket;
 pub mod stats;
-pub mod transport;
-pub mod upstream;
-pub mod wrap;
+pub(crate) mod transport;
+pub(crate) mod upstream;
+pub(crate) mod wrap;
 
 pub use auth::generate_token;
 pub use config::{OnSlow, RelayConfig, RouteConfig, Upstream};

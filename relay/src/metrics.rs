@@ -88,7 +88,7 @@ pub const KNOWN_METHODS: &[&str] = &[
     "events/list",
     "resources/list",
     "resources/read",
-    "attention/get",
+    "attention/current",
     "attention/ack",
     "state/get",
     "relay/status",

@@ -32,7 +32,6 @@ use gabp_rt::net::Conn;
 use serde_json::Value;
 use tokio_util::codec::FramedRead;
 
-pub use answers::request_key;
 pub use live::Live;
 pub use recorded::{Recorded, ReplayPlan};
 

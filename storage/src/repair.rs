@@ -110,13 +110,14 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "gabp-data".into());
-    let backup = path.with_file_name(format!("{name}.bak-{secs}"));
-    if backup.exists() {
-        return Err(StoreError::Open {
-            path: p,
-            reason: format!("{} already exists; nothing repaired", backup.display()),
-        });
-    }
+    // Two repairs within one second each keep their own copy: `-2`, `-3`, … after the first.
+    let backup = (1..)
+        .map(|n| match n {
+            1 => path.with_file_name(format!("{name}.bak-{secs}")),
+            n => path.with_file_name(format!("{name}.bak-{secs}-{n}")),
+        })
+        .find(|b| !b.exists())
+        .expect("an unused backup name");
     if let Err(e) = copy_dir(path, &backup) {
         // Only our own partial copy is removed; the data dir is untouched.
         let _ = std::fs::remove_dir_all(&backup);

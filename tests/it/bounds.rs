@@ -436,7 +436,7 @@ async fn deaf_mod() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) 
 async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
     let (mod_addr, stop) = deaf_mod().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = gabp_relay::auth::generate_token();
+    let token = gabp_relay::generate_token();
     let mut route = RouteConfig::new(
         "deaf",
         Upstream::Addr(gabp_sim::Addr::Tcp(mod_addr)),

@@ -48,7 +48,7 @@ impl Harness {
         gabp_rt::log::init_for_tests();
         let sim = ModSim::start(&loopback(), mod_cfg).expect("start simulated mod");
         let dir = tempfile::tempdir().expect("tempdir");
-        let token = gabp_relay::auth::generate_token();
+        let token = gabp_relay::generate_token();
         let mut route = RouteConfig::new(
             "test",
             Upstream::Addr(sim.addr().clone()),

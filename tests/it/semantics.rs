@@ -198,6 +198,9 @@ async fn a_mod_that_dies_with_calls_in_flight_leaves_outcomes_unknown() {
     let old = h.wait_session().await;
     let mut c = h.bridge().await;
     c.subscribe(&["a"]).await.expect("subscribe");
+    // The relay's own upstream requests (its subscribe) must be answered first, so that the
+    // pending entry waited for below is the bridge's call.
+    crate::harness::wait_pending(&h, true, "relay's own requests answered").await;
     let id = uuid::Uuid::new_v4().to_string();
     c.send_body(&gabp_proto::message::request(
         &id,

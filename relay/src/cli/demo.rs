@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::config::parse_duration;
 use anyhow::{anyhow, Result};
 use clap::Args;
-use gabp_relay::config::parse_duration;
 
 use super::{parse_rate, Signals};
 
@@ -36,7 +36,7 @@ pub async fn run(a: DemoArgs) -> Result<()> {
         signals.shutdown().await;
         on_signal.cancel();
     });
-    let opts = gabp_relay::demo::DemoOptions {
+    let opts = crate::demo::DemoOptions {
         duration: a.duration,
         data_dir: a.data_dir,
         bridges: a.bridges.max(1),
@@ -45,7 +45,7 @@ pub async fn run(a: DemoArgs) -> Result<()> {
         stop,
     };
     let mut out = std::io::stdout();
-    gabp_relay::demo::run(opts, &mut out)
+    crate::demo::run(opts, &mut out)
         .await
         .map_err(|e| anyhow!(e))
 }

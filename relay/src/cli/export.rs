@@ -1,12 +1,13 @@
 //! `gabp-relay export`: a recorded session as JSON lines, to stdout or a file.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::config::parse_duration;
+use crate::export::{export, export_to_file, ExportFilter};
 use anyhow::{Context, Result};
 use clap::Args;
-use gabp_relay::config::parse_duration;
-use gabp_relay::export::{export, export_to_file, ExportFilter};
 use gabp_storage::Store;
 
 use super::{usage, DataDir};
@@ -61,7 +62,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
                     "session": meta.id.to_string(), "frames": n, "output": path.display().to_string(),
                 }))?;
             } else {
-                eprintln!("exported {n} frames of session {}", meta.id);
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "exported {n} frames of session {}",
+                    meta.id
+                );
             }
         }
         None => {

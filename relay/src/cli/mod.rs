@@ -16,16 +16,19 @@ macro_rules! outln {
     };
 }
 
-pub mod demo;
-pub mod export;
-pub mod mod_sim;
-pub mod repair;
-pub mod replay;
-pub mod serve;
-pub mod sessions;
-pub mod stats;
-pub mod status;
-pub mod wrap;
+mod app;
+pub(crate) mod demo;
+pub(crate) mod export;
+pub(crate) mod mod_sim;
+pub(crate) mod repair;
+pub(crate) mod replay;
+pub(crate) mod serve;
+pub(crate) mod sessions;
+pub(crate) mod stats;
+pub(crate) mod status;
+pub(crate) mod wrap;
+
+pub use app::main;
 
 /// A usage problem found after parsing (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -61,8 +64,7 @@ pub struct Json {
 /// The exit code for an error: 2 for usage and config errors, 1 for everything else.
 pub fn exit_code(e: &anyhow::Error) -> i32 {
     let usage = e.downcast_ref::<UsageError>().is_some()
-        || e.downcast_ref::<gabp_relay::config::ConfigError>()
-            .is_some();
+        || e.downcast_ref::<crate::config::ConfigError>().is_some();
     if usage {
         2
     } else {

@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::time::Duration;
 
+use crate::config::parse_duration;
 use anyhow::{Context, Result};
 use clap::Args;
-use gabp_relay::config::parse_duration;
 use gabp_rt::Addr;
 
 use super::{parse_rate, usage, Signals};

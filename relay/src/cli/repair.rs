@@ -13,10 +13,10 @@ pub struct RepairArgs {
 
 pub fn run(a: RepairArgs) -> Result<()> {
     // The repaired dir and every file RocksDB writes into it stay private.
-    gabp_relay::recorder::private_file_modes();
+    crate::recorder::private_file_modes();
     let dir = &a.dir.data_dir;
     let r = gabp_storage::repair::repair(dir)?;
-    let size = gabp_relay::display::bytes;
+    let size = crate::display::bytes;
     super::print_best_effort(&format!(
         "kept an untouched copy at {} ({} files, {})\n",
         r.backup.display(),

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
+use crate::config::parse_duration;
 use anyhow::{Context, Result};
 use clap::Args;
-use gabp_relay::config::parse_duration;
 use gabp_rt::Addr;
 use gabp_storage::Store;
 
@@ -24,7 +24,7 @@ pub struct ReplayArgs {
     pub token: Option<String>,
     /// Speed factor (0.5, 2, …), or `max`.
     #[arg(long, default_value = "1")]
-    pub speed: gabp_relay::replay::Speed,
+    pub speed: crate::replay::Speed,
     /// Start over at the end.
     #[arg(long = "loop")]
     pub looping: bool,
@@ -56,18 +56,18 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     }
     let (token, generated) = match &a.token {
         Some(t) => (check_token(t)?.to_string(), false),
-        None => (gabp_relay::auth::generate_token(), true),
+        None => (crate::auth::generate_token(), true),
     };
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
-    let opts = gabp_relay::replay::ReplayOptions {
+    let opts = crate::replay::ReplayOptions {
         token: token.clone(),
         speed: a.speed,
         looping: a.looping,
         channels: a.channel,
         from: a.from,
     };
-    let rec = gabp_relay::replay::Recording::open(store, meta, &opts)?;
+    let rec = crate::replay::Recording::open(store, meta, &opts)?;
     let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -93,7 +93,7 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     };
     super::print_best_effort(&text);
     let cancel = tokio_util::sync::CancellationToken::new();
-    let mut server = tokio::spawn(gabp_relay::replay::serve(
+    let mut server = tokio::spawn(crate::replay::serve(
         listener,
         std::sync::Arc::new(rec),
         opts,

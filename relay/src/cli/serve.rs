@@ -5,11 +5,11 @@
 
 use std::path::PathBuf;
 
+use crate::config::file::Layer;
+use crate::config::{units, FileConfig};
+use crate::{discovery, Relay, RelayConfig};
 use anyhow::{bail, Result};
 use clap::Args;
-use gabp_relay::config::file::Layer;
-use gabp_relay::config::{units, FileConfig};
-use gabp_relay::{discovery, Relay, RelayConfig};
 use serde::Serialize;
 
 use super::{check_token, usage, Signals};
@@ -176,8 +176,7 @@ fn count(s: &str) -> Result<usize, String> {
 }
 
 fn retention(s: &str) -> Result<String, String> {
-    s.parse::<gabp_relay::config::Retention>()
-        .map(|_| s.to_string())
+    s.parse::<crate::config::Retention>().map(|_| s.to_string())
 }
 
 /// Flags as config keys.
@@ -278,7 +277,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     discovery::check_free(&cfg.routes, &paths).map_err(anyhow::Error::msg)?;
     let relay = Relay::start_with(
         cfg.clone(),
-        std::sync::Arc::new(gabp_relay::transport::AnyConnector::default()),
+        std::sync::Arc::new(crate::transport::AnyConnector::default()),
     )
     .await?;
     let bridge_files = discovery::write_all(&relay, &paths);
@@ -297,7 +296,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         text += &format!("metrics on http://{m}/metrics\n");
     }
     if let Some(addr) = a.mcp_listen {
-        match gabp_relay::mcp::http::serve_route(
+        match crate::mcp::http::serve_route(
             &relay,
             addr,
             cfg.allow_remote,
@@ -305,7 +304,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         )
         .await
         {
-            Ok(at) => text += &format!("mcp on http://{at}{}\n", gabp_relay::mcp::http::PATH),
+            Ok(at) => text += &format!("mcp on http://{at}{}\n", crate::mcp::http::PATH),
             Err(e) => {
                 bridge_files.iter().for_each(|p| discovery::remove_own(p));
                 return Err(e);

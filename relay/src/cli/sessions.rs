@@ -4,10 +4,10 @@
 
 use std::io::Write;
 
+use crate::config::Retention;
+use crate::display;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use gabp_relay::config::Retention;
-use gabp_relay::display;
 use gabp_storage::{SessionMeta, Store, StoreError};
 use serde_json::json;
 

@@ -21,10 +21,10 @@ pub struct StatsArgs {
 pub fn run(a: StatsArgs) -> Result<()> {
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
-    let stats = gabp_relay::stats::compute(&store, &meta)?;
+    let stats = crate::stats::compute(&store, &meta)?;
     if a.json.json {
         return super::print_json(&stats);
     }
-    write!(std::io::stdout(), "{}", gabp_relay::stats::render(&stats))?;
+    write!(std::io::stdout(), "{}", crate::stats::render(&stats))?;
     Ok(())
 }

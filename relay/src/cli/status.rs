@@ -9,10 +9,10 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::discovery::{self, Holder};
+use crate::display;
 use anyhow::{bail, Result};
 use clap::Args;
-use gabp_relay::discovery::{self, Holder};
-use gabp_relay::display;
 use gabp_rt::Addr;
 use gabp_sim::Client;
 use serde_json::{json, Value};
@@ -34,7 +34,7 @@ pub struct StatusArgs {
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// How long to wait for each relay's answer (a hello waits while the mod is away).
-    #[arg(long, value_parser = gabp_relay::config::parse_timeout, default_value = "15s")]
+    #[arg(long, value_parser = crate::config::parse_timeout, default_value = "15s")]
     pub wait: Duration,
     #[command(flatten)]
     pub json: Json,

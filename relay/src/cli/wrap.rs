@@ -1,16 +1,16 @@
 //! `gabp-relay wrap [serve flags] -- GAME…`: the relay between a launcher and its game.
 //!
-//! The route comes from the launcher's environment (see `gabp_relay::wrap`); every serve flag
+//! The route comes from the launcher's environment (see `crate::wrap`); every serve flag
 //! applies to it through the same layering as `serve`.
 
 use std::time::Duration;
 
+use crate::config::file::Layer;
+use crate::config::FileConfig;
+use crate::wrap::{forward_signal, free_port, spawn_game, LaunchEnv};
+use crate::Relay;
 use anyhow::Result;
 use clap::Args;
-use gabp_relay::config::file::Layer;
-use gabp_relay::config::FileConfig;
-use gabp_relay::wrap::{forward_signal, free_port, spawn_game, LaunchEnv};
-use gabp_relay::Relay;
 
 use super::serve::{GlobalFlags, PolicyFlags};
 use super::{usage, Signals};
@@ -34,7 +34,7 @@ pub async fn run(a: WrapArgs) -> Result<i32> {
     let mut signals = Signals::install()?;
     let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
     let game_port = free_port()?;
-    let game_token = gabp_relay::auth::generate_token();
+    let game_token = crate::auth::generate_token();
     let name = a
         .route_name
         .or(env.game_id.clone())

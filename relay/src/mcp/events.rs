@@ -119,11 +119,6 @@ impl Buffer {
         self.notify.notify_waiters();
     }
 
-    /// The current session id ("" before the first).
-    pub fn session(&self) -> String {
-        self.inner.lock().session.clone()
-    }
-
     /// Adds an event.
     pub fn push(&self, channel: &str, seq: u64, payload: Box<str>) {
         let mut g = self.inner.lock();

@@ -1,0 +1,119 @@
+//! The command line: parsing and dispatch. Each command lives in its own module beside this
+//! one; the rest of the library does the work.
+//!
+//! Exit codes: 0 ok, 2 usage, 1 runtime failure with a one-line reason on stderr; a reader
+//! that went away (a broken pipe) ends a command quietly with 0.
+
+use std::io::Write;
+
+use clap::{Parser, Subcommand};
+
+use super::{demo, export, mod_sim, repair, replay, serve, sessions, stats, status, wrap};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gabp-relay",
+    version,
+    about = "Relay and recorder for GABP: many bridges share one game mod"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Relay bridges to a mod and record every session.
+    Serve(Box<serve::ServeArgs>),
+    /// Show what running relays are doing: mod, session, bridges, queues, recorder.
+    Status(status::StatusArgs),
+    /// Run a simulated mod, the relay and simulated bridges for a few seconds.
+    Demo(demo::DemoArgs),
+    /// List, check or remove recorded sessions.
+    Sessions(sessions::SessionsArgs),
+    /// Per-channel and per-method figures of a recorded session.
+    Stats(stats::StatsArgs),
+    /// Write a recorded session as JSON lines.
+    Export(export::ExportArgs),
+    /// Serve a recorded session as a GABP mod.
+    Replay(replay::ReplayArgs),
+    /// Repair a damaged data dir, after copying it aside to DIR.bak-<time>.
+    Repair(repair::RepairArgs),
+    /// Run a game behind the relay where a launcher expects the game (GABP_SERVER_PORT, GABP_TOKEN).
+    Wrap(Box<wrap::WrapArgs>),
+    /// Run the built-in simulated mod on its own.
+    ModSim(mod_sim::ModSimArgs),
+    /// Print a fresh 128-bit token.
+    Token,
+    /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
+    Mcp(crate::mcp::McpArgs),
+}
+
+/// The `gabp-relay` binary's `main`: parses, runs the command, exits with its code.
+pub fn main() -> ! {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if e.use_stderr() => {
+            // Usage errors are one line, like every other error (clap adds a blank line and a
+            // hint to see --help).
+            let text = e.render().to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error");
+            let _ = writeln!(std::io::stderr(), "{line}");
+            std::process::exit(2);
+        }
+        Err(e) => {
+            // --help and --version.
+            let _ = e.print();
+            std::process::exit(0);
+        }
+    };
+    gabp_rt::log::init("info");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("gabp-relay")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "gabp-relay: cannot start: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) if super::is_broken_pipe(&e) => 0,
+        Err(e) => {
+            // Never panics on a closed stderr (eprintln! would: exit 101).
+            let _ = writeln!(std::io::stderr(), "gabp-relay: {}", super::one_line(&e));
+            super::exit_code(&e)
+        }
+    };
+    // Tasks still running (a replay's bridges) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    std::process::exit(code);
+}
+
+/// Runs the command; returns the exit code (a wrapped game's own, else 0).
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.cmd {
+        Cmd::Serve(a) => serve::run(*a).await?,
+        Cmd::Status(a) => status::run(a).await?,
+        Cmd::Demo(a) => demo::run(a).await?,
+        Cmd::Sessions(a) => sessions::run(a)?,
+        Cmd::Stats(a) => stats::run(a)?,
+        Cmd::Export(a) => export::run(a)?,
+        Cmd::Replay(a) => replay::run(a).await?,
+        Cmd::Repair(a) => repair::run(a)?,
+        Cmd::Wrap(a) => return wrap::run(*a).await,
+        Cmd::ModSim(a) => mod_sim::run(a).await?,
+        Cmd::Mcp(a) => crate::mcp::run(a).await?,
+        Cmd::Token => {
+            use std::io::Write;
+            writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;
+        }
+    }
+    Ok(0)
+}
