@@ -92,6 +92,7 @@ pub const KNOWN_METHODS: &[&str] = &[
     "attention/ack",
     "state/get",
     "relay/status",
+    "relay/mark",
 ];
 
 #[derive(Debug, Default)]

@@ -171,3 +171,48 @@ async fn replay_serves_the_same_events_and_answers() {
     cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_is_answered_by_the_relay_recorded_and_never_forwarded() {
+    let h = Harness::start(quiet_mod()).await;
+    let mut c = h.bridge().await;
+    let answer = c
+        .call(
+            "relay/mark",
+            json!({"label": "episode-start", "data": {"episode": 7}}),
+        )
+        .await
+        .expect("mark answered");
+    assert_eq!(answer["marked"], true);
+    assert_eq!(answer["label"], "episode-start");
+    // A mark needs a label: refused with -32602, and the connection carries on.
+    let refused = c.call("relay/mark", json!({"data": 1})).await;
+    assert!(
+        format!("{refused:?}").contains("-32602"),
+        "an unlabelled mark is refused: {refused:?}"
+    );
+    c.call("relay/status", json!({}))
+        .await
+        .expect("still usable");
+    drop(c);
+    let dir = h.shutdown().await;
+
+    let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
+    let sessions = store.sessions().expect("list");
+    let meta = &sessions[0];
+    let frames: Vec<_> = store.frames(meta.id).map(|f| f.expect("frame").1).collect();
+    let marks: Vec<_> = frames
+        .iter()
+        .filter(|r| {
+            r.dir == Direction::BridgeToRelay
+                && String::from_utf8_lossy(&r.body).contains("\"relay/mark\"")
+        })
+        .collect();
+    assert_eq!(marks.len(), 2, "both mark requests are in the recording");
+    assert!(String::from_utf8_lossy(&marks[0].body).contains("episode-start"));
+    assert!(
+        !frames.iter().any(|r| r.dir == Direction::RelayToMod
+            && String::from_utf8_lossy(&r.body).contains("relay/mark")),
+        "a mark never reaches the mod"
+    );
+}

@@ -83,7 +83,7 @@ impl BridgeReader {
                 "outboxBytes": route.cfg.outbox_bytes,
                 "droppedChannel": "relay/dropped",
             },
-            "methods": ["relay/status"],
+            "methods": ["relay/status", "relay/mark"],
         });
         route.backend.extend_welcome(&mut welcome);
         self.authed = true;

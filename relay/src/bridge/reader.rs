@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use gabp_proto::{frame_bytes, message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
+use gabp_rt::clock::now_ns;
 use gabp_storage::Direction;
 use serde_json::{json, Value};
 use tokio_util::codec::FramedRead;
@@ -27,6 +28,8 @@ const CONTROL_PAUSE: usize = 1 << 20;
 const MAX_BAD_RECORDED: u32 = 16;
 /// A read buffer grown past this by one big frame is given back once empty.
 const READ_BUFFER_KEEP: usize = 1 << 20;
+/// Longest `relay/mark` label (the whole frame is already bounded by `--max-body`).
+const MAX_MARK_LABEL: usize = 256;
 
 /// One bridge's reading side and its conversation state.
 pub(super) struct BridgeReader {
@@ -273,6 +276,7 @@ impl BridgeReader {
         match method.as_str() {
             "events/subscribe" => self.subscribe(&id, &params_value()).await,
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
+            "relay/mark" => self.mark(&id, &params_value()).await,
             m if m.starts_with("relay/") => {
                 self.reply_error(Some(&id), ErrorCode::MethodNotFound, "unknown relay method")
                     .await
@@ -290,6 +294,23 @@ impl BridgeReader {
                 if let Err(no) = route.backend.request(&route, req).await {
                     self.reply_error(Some(&id), no.code, no.message).await;
                 }
+            }
+        }
+    }
+
+    /// `relay/mark {label, data?}`: a point on the session's timeline (an episode's start or
+    /// end, a reward, a test step). The request itself is the recorded mark (with its bridge
+    /// and time); it is answered here and never reaches the mod.
+    async fn mark(&mut self, id: &str, params: &Value) {
+        match params["label"].as_str() {
+            Some(label) if !label.is_empty() && label.len() <= MAX_MARK_LABEL => {
+                let answer = json!({"marked": true, "label": label, "tNs": now_ns()});
+                self.reply(message::result_response(id, answer)).await;
+            }
+            _ => {
+                let why = format!("relay/mark needs a label: a non-empty string of at most {MAX_MARK_LABEL} bytes");
+                self.reply_error(Some(id), ErrorCode::InvalidParams, &why)
+                    .await;
             }
         }
     }
