@@ -40,7 +40,12 @@ async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
     let stderr = dir.join("serve.stderr");
     let mut cmd = Command::new(BIN);
     cmd.arg("serve")
-        .args(["--upstream", &sim.addr().to_string(), "--upstream-token", "modtok"])
+        .args([
+            "--upstream",
+            &sim.addr().to_string(),
+            "--upstream-token",
+            "modtok",
+        ])
         .args(["--listen", "127.0.0.1:0", "--token", &token, "--no-record"])
         .arg("--bridge-file")
         .arg(&bridge_file)
@@ -155,7 +160,9 @@ async fn idle_http_sessions_expire_and_free_their_bridge() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
     let s = serve(&sim, dir.path(), &[("GABP_RELAY_MCP_IDLE_MS", "1500")]).await;
-    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token).await.expect("hello");
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("hello");
     let (status, id, resp) = open_session(&s).await;
     assert_eq!(status, 200, "{resp}");
     assert!(
@@ -167,16 +174,24 @@ async fn idle_http_sessions_expire_and_free_their_bridge() {
     let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
     let (status, _) = http(&s.mcp, "POST", &[bearer(&s), session.clone()], note).await;
     assert_eq!(status, 202);
-    wait_for("the session's bridge", Duration::from_secs(20), async || {
-        mcp_bridges(&mut plain).await == 1
-    })
+    wait_for(
+        "the session's bridge",
+        Duration::from_secs(20),
+        async || mcp_bridges(&mut plain).await == 1,
+    )
     .await;
-    wait_for("the idle session's bridge to go", Duration::from_secs(30), async || {
-        mcp_bridges(&mut plain).await == 0
-    })
+    wait_for(
+        "the idle session's bridge to go",
+        Duration::from_secs(30),
+        async || mcp_bridges(&mut plain).await == 0,
+    )
     .await;
     let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
-    let headers = [bearer(&s), session, "MCP-Protocol-Version: 2025-06-18".into()];
+    let headers = [
+        bearer(&s),
+        session,
+        "MCP-Protocol-Version: 2025-06-18".into(),
+    ];
     let (status, resp) = http(&s.mcp, "POST", &headers, list).await;
     assert_eq!(status, 404, "the expired session is gone: {resp}");
 }
@@ -272,10 +287,16 @@ async fn malformed_http_bodies_get_a_short_json_rpc_error() {
     let (status, resp) = http(&s.mcp, "POST", &[bearer(&s)], "{not json").await;
     assert_eq!(status, 400, "{resp}");
     assert!(resp.contains(r#""code":-32700"#), "{resp}");
-    assert!(!resp.contains("column") && !resp.contains("expected"), "{resp}");
+    assert!(
+        !resp.contains("column") && !resp.contains("expected"),
+        "{resp}"
+    );
     let (status, resp) = http(&s.mcp, "POST", &[bearer(&s)], r#"{"id":7,"x":1}"#).await;
     assert_eq!(status, 400, "{resp}");
-    assert!(resp.contains(r#""code":-32600"#) && resp.contains(r#""id":7"#), "{resp}");
+    assert!(
+        resp.contains(r#""code":-32600"#) && resp.contains(r#""id":7"#),
+        "{resp}"
+    );
 }
 
 /// A running `gabp-relay mcp` on pipes, initialized.
@@ -368,7 +389,10 @@ async fn stdio_answers_malformed_and_overlong_lines() {
     let a = m.answer().await;
     assert_eq!(a["error"]["code"], -32700, "{a}");
     assert!(a["id"].is_null());
-    let long = format!(r#"{{"jsonrpc":"2.0","id":9,"method":"x","params":"{}"}}"#, "y".repeat(17 << 20));
+    let long = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"x","params":"{}"}}"#,
+        "y".repeat(17 << 20)
+    );
     m.send(&long).await;
     let a = m.answer().await;
     assert_eq!(a["error"]["code"], -32600, "{a}");

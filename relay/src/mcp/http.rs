@@ -26,11 +26,9 @@ use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
-use rmcp::transport::streamable_http_server::session::local::{
-    LocalSessionManager,
-};
-use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -141,11 +139,7 @@ fn idle() -> Duration {
         .map_or(IDLE, Duration::from_millis)
 }
 
-async fn respond(
-    shared: Arc<Shared>,
-    peer: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<Body> {
+async fn respond(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     if req.uri().path() != PATH {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
