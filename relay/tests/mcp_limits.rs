@@ -222,7 +222,7 @@ async fn wrong_bearer_tokens_are_throttled_counted_and_logged_once() {
     let mut took = Vec::new();
     for _ in 0..6 {
         let t = Instant::now();
-        let (status, _) = http(&s.mcp, "POST", &[wrong.clone()], INIT).await;
+        let (status, _) = http(&s.mcp, "POST", std::slice::from_ref(&wrong), INIT).await;
         assert_eq!(status, 401);
         took.push(t.elapsed());
     }
