@@ -2,7 +2,9 @@
 //! bounded, so an assistant can poll (`events_poll`) instead of holding a stream.
 //!
 //! Per channel the newest [`PER_CHANNEL`] events are kept, and all channels together stay under
-//! [`MAX_BYTES`] of payload (the oldest of the channel being written to goes first). A poll
+//! the buffer's byte budget (payload plus [`OVERHEAD`] per event, so tiny events count too; the
+//! oldest of the channel being written to goes first): [`STDIO_BYTES`] for `gabp-relay mcp`,
+//! [`HTTP_BYTES`] per session of `serve --mcp-listen`. A poll
 //! whose cursor points before what is still held is told which seqs it missed. Seq restarts at
 //! 0 on a new mod session, so the buffer is cleared then and cursors carry the session id.
 
@@ -15,8 +17,12 @@ use tokio::sync::Notify;
 
 /// Events kept per channel.
 pub const PER_CHANNEL: usize = 4096;
-/// Payload bytes kept over all channels.
-pub const MAX_BYTES: usize = 32 * 1024 * 1024;
+/// The byte budget of `gabp-relay mcp`'s one client.
+pub const STDIO_BYTES: usize = 16 * 1024 * 1024;
+/// The byte budget of each HTTP MCP session (times the session cap: the HTTP front's worst case).
+pub const HTTP_BYTES: usize = 2 * 1024 * 1024;
+/// What one held event costs beside its payload (its record, the deque slot, the allocation).
+pub const OVERHEAD: usize = 64;
 /// Channels tracked at most (more are not buffered).
 pub const MAX_CHANNELS: usize = 256;
 
@@ -37,10 +43,10 @@ struct Inner {
 }
 
 /// The bounded buffer, shared by the link's reader (writing) and the MCP handlers (reading).
-#[derive(Default)]
 pub struct Buffer {
     inner: Mutex<Inner>,
     notify: Notify,
+    max_bytes: usize,
 }
 
 /// One event as returned by a poll.
@@ -107,6 +113,15 @@ pub struct Query {
 }
 
 impl Buffer {
+    /// An empty buffer holding at most `max_bytes` (payload plus [`OVERHEAD`] per event).
+    pub fn new(max_bytes: usize) -> Buffer {
+        Buffer {
+            inner: Mutex::default(),
+            notify: Notify::new(),
+            max_bytes,
+        }
+    }
+
     /// Starts a new mod session: older events are gone (their seqs would repeat).
     pub fn new_session(&self, session: &str) {
         let mut g = self.inner.lock();
@@ -126,13 +141,13 @@ impl Buffer {
         if !g.channels.contains_key(channel) && g.channels.len() >= MAX_CHANNELS {
             return;
         }
-        let size = payload.len();
+        let size = payload.len() + OVERHEAD;
         let order = g.next_order;
         g.next_order += 1;
         let q = g.channels.entry(channel.to_string()).or_default();
-        while q.len() >= PER_CHANNEL || (g.bytes + size > MAX_BYTES && !q.is_empty()) {
+        while q.len() >= PER_CHANNEL || (g.bytes + size > self.max_bytes && !q.is_empty()) {
             if let Some(old) = q.pop_front() {
-                g.bytes -= old.payload.len();
+                g.bytes -= old.payload.len() + OVERHEAD;
             }
         }
         g.bytes += size;
@@ -288,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_cursor_walks_contiguously_and_reports_what_was_evicted() {
-        let b = Buffer::default();
+        let b = Buffer::new(STDIO_BYTES);
         b.new_session("s1");
         for i in 0..(PER_CHANNEL as u64 + 10) {
             b.push("a", i, raw(i));
@@ -314,7 +329,7 @@ mod tests {
 
     #[test]
     fn channels_merge_in_arrival_order_and_a_new_session_clears() {
-        let b = Buffer::default();
+        let b = Buffer::new(STDIO_BYTES);
         b.new_session("s1");
         b.push("a", 0, raw(0));
         b.push("b", 0, raw(1));

@@ -2,52 +2,205 @@
 //!
 //! Each MCP session gets its own bridge connection to the route's listener (so it is one more
 //! bridge, recorded and limited like any other). Every HTTP request must carry the route's token
-//! as `Authorization: Bearer T` (checked in constant time); the listener is loopback-only
-//! unless the operator allows remote listeners.
+//! as `Authorization: Bearer T` (scheme in any case, checked in constant time); wrong tokens are
+//! throttled per source and counted like failed hellos on the bridge port, and logged once per
+//! burst. The listener is loopback-only unless the operator allows remote listeners.
+//!
+//! Bounds: [`MAX_CONNS`] connections at once (more are closed at once), [`HEADER_TIMEOUT`] to
+//! send a request's headers (an idle keep-alive connection is closed after it),
+//! [`MAX_SESSIONS`] MCP sessions (and bridge connections) at once, a session closed after
+//! [`IDLE`] without a request (`GABP_RELAY_MCP_IDLE_MS` shortens it, for tests), bodies up to
+//! [`MAX_BODY`]; a body that is not a JSON-RPC message gets a short JSON-RPC error.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
 use super::server::{Front, FrontConfig};
+use crate::route::Route;
 
 /// The path the MCP endpoint is served at.
 pub const PATH: &str = "/mcp";
+/// Connections served at once; more are closed as soon as they are accepted.
+pub const MAX_CONNS: usize = 128;
+/// How long a connection may take to send a request's headers (or sit idle between requests).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// MCP sessions (each a bridge connection) at once.
+pub const MAX_SESSIONS: usize = 32;
+/// A session without a request for this long is closed (its bridge with it).
+pub const IDLE: Duration = Duration::from_secs(300);
+/// The largest request body.
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+/// How long a finished request's answer is kept for a client resuming its stream: short, as
+/// every kept answer (an `events_poll` can be megabytes) is memory.
+const RESUME_TTL: Duration = Duration::from_secs(2);
+/// Wrong tokens are logged at most once per this long.
+const LOG_EVERY: Duration = Duration::from_secs(10);
 
-fn plain(
-    status: StatusCode,
-    text: &'static str,
-) -> Response<http_body_util::combinators::BoxBody<Bytes, Infallible>> {
-    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+type Body = BoxBody<Bytes, Infallible>;
+
+fn plain(status: StatusCode, text: &str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(text.to_string())).boxed());
     *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if status == StatusCode::UNAUTHORIZED {
-        r.headers_mut().insert(
-            hyper::header::WWW_AUTHENTICATE,
-            hyper::header::HeaderValue::from_static("Bearer"),
-        );
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     r
 }
 
-fn bearer_ok(req: &Request<Incoming>, token: &str) -> bool {
+/// A JSON-RPC error as the whole answer (a body that is not a message).
+fn rpc_error(id: Value, code: i64, msg: &str) -> Response<Body> {
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": msg}});
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *r.status_mut() = StatusCode::BAD_REQUEST;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn bearer_ok<B>(req: &Request<B>, token: &str) -> bool {
     req.headers()
-        .get(hyper::header::AUTHORIZATION)
+        .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| crate::auth::token_matches(token, t.trim()))
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, t)| crate::auth::token_matches(token, t.trim()))
+}
+
+/// The token check: the route's throttle and failure counter, and a log line per burst.
+struct Gate {
+    token: String,
+    route: Weak<Route>,
+    /// When the current burst's line was logged, and the failures since.
+    burst: Mutex<Option<(Instant, u64)>>,
+}
+
+impl Gate {
+    /// How long to wait before answering a failure from `peer` (`None`: the route is gone).
+    fn fail(&self, peer: &SocketAddr) -> Option<Duration> {
+        let route = self.route.upgrade()?;
+        route.metrics.auth_failures.increment(1);
+        let delay = route.throttle.fail(&peer.ip().to_string());
+        let mut burst = self.burst.lock();
+        match &mut *burst {
+            Some((at, n)) if at.elapsed() < LOG_EVERY => *n += 1,
+            last => {
+                let before = last.as_ref().map_or(0, |(_, n)| *n);
+                tracing::warn!(
+                    route = %route.cfg.name, source = %peer.ip(), earlier_unlogged = before,
+                    "security: MCP request without the route's bearer token (more in the next 10 s are counted in gabp_auth_failures_total, not logged)"
+                );
+                *last = Some((Instant::now(), 0));
+            }
+        }
+        Some(delay)
+    }
+
+    fn succeed(&self, peer: &SocketAddr) {
+        if let Some(route) = self.route.upgrade() {
+            route.throttle.succeed(&peer.ip().to_string());
+        }
+    }
+}
+
+/// What every connection shares.
+struct Shared {
+    gate: Gate,
+    service: StreamableHttpService<Front, LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+}
+
+/// The idle timeout: [`IDLE`], or `GABP_RELAY_MCP_IDLE_MS` when set.
+fn idle() -> Duration {
+    std::env::var("GABP_RELAY_MCP_IDLE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(IDLE, Duration::from_millis)
+}
+
+async fn respond(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    if req.uri().path() != PATH {
+        return plain(StatusCode::NOT_FOUND, "not found\n");
+    }
+    if !bearer_ok(&req, &shared.gate.token) {
+        let Some(delay) = shared.gate.fail(&peer) else {
+            return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+        };
+        tokio::time::sleep(delay).await;
+        return plain(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
+    }
+    shared.gate.succeed(&peer);
+    if req.method() != Method::POST {
+        return shared.service.handle(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the request body is larger than {MAX_BODY} bytes or was cut off\n"),
+            )
+        }
+    };
+    // A body rmcp cannot take gets a JSON-RPC error here, without the parser's internals.
+    let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
+        return match serde_json::from_slice::<Value>(&body) {
+            Err(_) => rpc_error(Value::Null, -32700, "Parse error"),
+            Ok(v) => {
+                let id = match &v["id"] {
+                    id @ (Value::String(_) | Value::Number(_)) => id.clone(),
+                    _ => Value::Null,
+                };
+                rpc_error(id, -32600, "Invalid Request")
+            }
+        };
+    };
+    let initialize = matches!(&msg, ClientJsonRpcMessage::Request(r)
+        if matches!(r.request, ClientRequest::InitializeRequest(_)));
+    if initialize
+        && !parts.headers.contains_key("mcp-session-id")
+        && shared.sessions.sessions.read().await.len() >= MAX_SESSIONS
+    {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("too many MCP sessions ({MAX_SESSIONS}); close one (HTTP DELETE) or wait for idle ones to expire\n"),
+        );
+    }
+    shared
+        .service
+        .handle(Request::from_parts(parts, Full::new(body)))
+        .await
 }
 
 /// Binds `addr` and serves MCP there in the background; returns the bound address.
-pub async fn listen(addr: SocketAddr, allow_remote: bool, cfg: FrontConfig) -> Result<SocketAddr> {
+pub async fn listen(
+    addr: SocketAddr,
+    allow_remote: bool,
+    cfg: FrontConfig,
+    route: Weak<Route>,
+) -> Result<SocketAddr> {
     if !addr.ip().is_loopback() && !allow_remote {
         bail!("--mcp-listen {addr} is not a loopback address (add --allow-remote to allow it)");
     }
@@ -55,56 +208,62 @@ pub async fn listen(addr: SocketAddr, allow_remote: bool, cfg: FrontConfig) -> R
         .await
         .with_context(|| format!("cannot listen for MCP on {addr}"))?;
     let bound = listener.local_addr()?;
-    let token: Arc<str> = Arc::from(cfg.target.token.as_str());
+    let token = cfg.target.token.clone();
     let cfg = Arc::new(cfg);
     let mut config = StreamableHttpServerConfig::default();
     if allow_remote {
         // The bearer token is the gate then; the host check would refuse every remote name.
         config = config.disable_allowed_hosts();
     }
+    config.max_request_body_bytes = MAX_BODY;
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(idle());
+    sessions.session_config.completed_cache_ttl = RESUME_TTL;
+    let sessions = Arc::new(sessions);
     let service = StreamableHttpService::new(
         move || Ok(Front::new(cfg.clone())),
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
+    let shared = Arc::new(Shared {
+        gate: Gate {
+            token,
+            route,
+            burst: Mutex::new(None),
+        },
+        service,
+        sessions,
+    });
+    let slots = Arc::new(Semaphore::new(MAX_CONNS));
     tokio::spawn(async move {
         loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of descriptors, say: back off instead of spinning on the error.
                     tracing::warn!(error = %e, "MCP listener cannot accept");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                // Full: closed at once, so a flood never holds descriptors.
+                drop(stream);
+                continue;
+            };
             let _ = stream.set_nodelay(true);
-            let (service, token) = (service.clone(), token.clone());
+            let shared = shared.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let (service, token) = (service.clone(), token.clone());
-                    async move {
-                        if req.uri().path() != PATH {
-                            return Ok::<_, Infallible>(plain(
-                                StatusCode::NOT_FOUND,
-                                "not found\n",
-                            ));
-                        }
-                        if !bearer_ok(&req, &token) {
-                            tracing::warn!(
-                                "security: MCP request without the route's bearer token"
-                            );
-                            return Ok(plain(
-                                StatusCode::UNAUTHORIZED,
-                                "a bearer token is required\n",
-                            ));
-                        }
-                        Ok(service.handle(req).await)
-                    }
+                    let shared = shared.clone();
+                    async move { Ok::<_, Infallible>(respond(shared, peer, req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
+                drop(permit);
             });
         }
     });
@@ -129,6 +288,9 @@ pub async fn serve_route(
             name: String::new(),
         },
         data_dir,
+        route: route.cfg.name.clone(),
+        buffer_bytes: super::events::HTTP_BYTES,
+        slots: Some(Arc::new(Semaphore::new(MAX_SESSIONS))),
     };
-    listen(addr, allow_remote, cfg).await
+    listen(addr, allow_remote, cfg, Arc::downgrade(route)).await
 }

@@ -83,6 +83,8 @@ pub struct Link {
     /// Counts mod sessions started since attaching (a restart bumps it).
     pub restarts: watch::Receiver<u64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The front's connection slot (HTTP: one of the session cap), freed with the link.
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for Link {
@@ -108,14 +110,19 @@ struct Incoming<'a> {
 }
 
 impl Link {
-    /// Connects, says hello and subscribes to every channel the mod advertises.
-    pub async fn connect(t: &Target) -> Result<Arc<Link>> {
+    /// Connects, says hello and subscribes to every channel the mod advertises; events are
+    /// buffered up to `buffer_bytes`, and `slot` is held as long as the link.
+    pub async fn connect(
+        t: &Target,
+        buffer_bytes: usize,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Result<Arc<Link>> {
         let conn = Conn::connect(&t.addr)
             .await
             .with_context(|| format!("cannot connect to the relay at {}", t.addr))?;
         let pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>> = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        let events = Arc::new(Buffer::default());
+        let events = Arc::new(Buffer::new(buffer_bytes));
         // Requests waiting for the writer: bounded, a full queue makes the next request wait.
         let (out, mut out_rx) = mpsc::channel::<Bytes>(1024);
         let (restart_tx, restarts) = watch::channel(0u64);
@@ -181,6 +188,7 @@ impl Link {
             events,
             restarts,
             tasks: vec![write_task, read_task],
+            _slot: slot,
         };
         let platform = match std::env::consts::OS {
             "macos" => "macos",

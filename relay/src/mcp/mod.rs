@@ -7,12 +7,14 @@
 //! - [`server`]: the MCP handler (mirrored tools, the relay's own tools, resources).
 //! - [`names`]: strict-safe tool names and their collision rule.
 //! - [`events`]: the bounded buffer `events_poll` reads.
+//! - [`stdio`]: the stdio transport (bounded lines, parse errors answered).
 
 pub mod events;
 pub mod http;
 pub mod link;
 pub mod names;
 pub mod server;
+pub mod stdio;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -95,22 +97,57 @@ impl McpArgs {
     }
 }
 
-/// Runs `gabp-relay mcp` until the assistant closes stdin.
+/// Runs `gabp-relay mcp` until the assistant closes stdin, or SIGINT / SIGTERM (exit 0, like
+/// the other commands).
 pub async fn run(args: McpArgs) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let on = |k| signal(k).context("cannot install the signal handlers");
+    let (mut int, mut term) = (on(SignalKind::interrupt())?, on(SignalKind::terminate())?);
+    let stop = async move {
+        tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        }
+    };
+    tokio::pin!(stop);
     let target = args.target()?;
-    let link = Link::connect(&target).await?;
+    let link = tokio::select! {
+        l = Link::connect(&target, events::STDIO_BYTES, None) => l?,
+        sig = &mut stop => {
+            tracing::info!("{sig} received: stopping");
+            return Ok(());
+        }
+    };
     tracing::info!(route = %link.route, name = %target.name, "MCP front attached");
     let cfg = Arc::new(FrontConfig {
         target,
         data_dir: args.data_dir,
+        route: link.route.clone(),
+        buffer_bytes: events::STDIO_BYTES,
+        slots: None,
     });
-    let service = Front::with_link(cfg, link)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| anyhow!("MCP session failed to start: {e}"))?;
-    service
-        .waiting()
-        .await
-        .map_err(|_| anyhow!("MCP session ended abnormally"))?;
+    // Pipes (how MCP clients start servers) are read without a blocking thread, so a signal
+    // never waits for stdin.
+    let (read, write) = rmcp::transport::stdio_pipes();
+    let transport = stdio::LineTransport::new(read, write, stdio::MAX_LINE);
+    let service = tokio::select! {
+        s = Front::with_link(cfg, link).serve(transport) => {
+            s.map_err(|e| anyhow!("MCP session failed to start: {e}"))?
+        }
+        sig = &mut stop => {
+            tracing::info!("{sig} received: stopping");
+            return Ok(());
+        }
+    };
+    let token = service.cancellation_token();
+    tokio::select! {
+        r = service.waiting() => {
+            r.map_err(|_| anyhow!("MCP session ended abnormally"))?;
+        }
+        sig = &mut stop => {
+            tracing::info!("{sig} received: stopping");
+            token.cancel();
+        }
+    }
     Ok(())
 }

@@ -45,6 +45,12 @@ pub struct FrontConfig {
     pub target: Target,
     /// A data dir to list sessions from (read-only), if given.
     pub data_dir: Option<PathBuf>,
+    /// The route's name (shown in `serverInfo.title`).
+    pub route: String,
+    /// Each session's event buffer budget in bytes.
+    pub buffer_bytes: usize,
+    /// Bridge connections this front may hold at once (HTTP: the session cap), if bounded.
+    pub slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// One MCP session: its own bridge connection (made at first use) and tool-name map.
@@ -176,7 +182,11 @@ impl Front {
                     let client = self.client_name.lock().clone();
                     target.name = client.unwrap_or_else(|| "mcp".into());
                 }
-                Link::connect(&target)
+                let slot = self.cfg.slots.clone().map(|s| s.try_acquire_owned());
+                let slot = slot.transpose().map_err(|_| {
+                    internal("too many MCP sessions are attached to the relay; close one")
+                })?;
+                Link::connect(&target, self.cfg.buffer_bytes, slot)
                     .await
                     .map_err(|e| internal(format!("{e:#}")))
             })
@@ -328,7 +338,7 @@ impl ServerHandler for Front {
         InitializeResult::new(caps)
             .with_server_info(
                 Implementation::new("gabp-relay", crate::route::VERSION)
-                    .with_title(format!("gabp-relay MCP front ({})", self.cfg.target.name)),
+                    .with_title(format!("gabp-relay MCP front ({})", self.cfg.route)),
             )
             .with_instructions(
                 "A game reached through gabp-relay. The game's own tools are listed with `/` \

@@ -1,0 +1,403 @@
+//! The MCP front's bounds, attacked with real processes on loopback: idle HTTP sessions expire
+//! and free their bridge, sessions and connections are capped, wrong bearer tokens are
+//! throttled, counted and logged once per burst, `gabp-relay mcp` stops on SIGINT / SIGTERM, and
+//! malformed input gets a JSON-RPC error on stdio and HTTP.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+
+struct Serve {
+    _child: Child,
+    addr: Addr,
+    /// host:port of the MCP endpoint.
+    mcp: String,
+    metrics: Option<String>,
+    token: String,
+    bridge_file: std::path::PathBuf,
+    stderr: std::path::PathBuf,
+}
+
+fn sim() -> ModSim {
+    let cfg = ModSimConfig {
+        token: "modtok".into(),
+        ..ModSimConfig::default()
+    };
+    ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
+}
+
+async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let bridge_file = dir.join("bridge.json");
+    let stderr = dir.join("serve.stderr");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
+        .args([
+            "--upstream",
+            &sim.addr().to_string(),
+            "--upstream-token",
+            "modtok",
+        ])
+        .args(["--listen", "127.0.0.1:0", "--token", &token, "--no-record"])
+        .arg("--bridge-file")
+        .arg(&bridge_file)
+        .args(["--mcp-listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .env_remove("GABP_RELAY_TOKEN");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gabp-relay serve");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut addr, mut mcp, mut metrics) = (None, None, None);
+    let read = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if let Some(rest) = line.split(" listening on ").nth(1) {
+                addr = rest.split(' ').next().and_then(|a| a.parse::<Addr>().ok());
+            }
+            if let Some(url) = line.strip_prefix("mcp on http://") {
+                mcp = url.split('/').next().map(String::from);
+            }
+            if let Some(url) = line.strip_prefix("metrics on http://") {
+                metrics = url.split('/').next().map(String::from);
+            }
+            if line.starts_with("recording") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("relay printed its start-up lines");
+    Serve {
+        _child: child,
+        addr: addr.expect("listening line"),
+        mcp: mcp.expect("mcp line"),
+        metrics,
+        token,
+        bridge_file,
+        stderr,
+    }
+}
+
+/// One HTTP/1.1 request on its own connection: (status, headers and body as text).
+async fn http(host: &str, method: &str, headers: &[String], body: &str) -> (u16, String) {
+    let mut req = format!("{method} /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        req += h;
+        req += "\r\n";
+    }
+    req += "\r\n";
+    req += body;
+    let mut conn = TcpStream::connect(host).await.expect("connect");
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(30), conn.read_to_string(&mut resp))
+        .await
+        .expect("answer in time")
+        .expect("read");
+    let status = resp
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not HTTP: {resp:?}"));
+    (status, resp)
+}
+
+const INIT: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"limits","version":"1"}}}"#;
+
+fn bearer(s: &Serve) -> String {
+    format!("Authorization: Bearer {}", s.token)
+}
+
+/// Initializes an HTTP session; returns its id and the initialize answer.
+async fn open_session(s: &Serve) -> (u16, Option<String>, String) {
+    let (status, resp) = http(&s.mcp, "POST", &[bearer(s)], INIT).await;
+    let id = resp.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| v.trim().to_string())
+    });
+    (status, id, resp)
+}
+
+async fn mcp_bridges(plain: &mut Client) -> usize {
+    let status = plain.call("relay/status", json!({})).await.expect("status");
+    status["bridges"]
+        .as_array()
+        .expect("bridges")
+        .iter()
+        .filter(|b| {
+            b["bridgeVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("gabp-relay-mcp/"))
+        })
+        .count()
+}
+
+async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An HTTP session nobody closes expires after the idle timeout, and its bridge with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http_sessions_expire_and_free_their_bridge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[("GABP_RELAY_MCP_IDLE_MS", "1500")]).await;
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("hello");
+    let (status, id, resp) = open_session(&s).await;
+    assert_eq!(status, 200, "{resp}");
+    assert!(
+        resp.contains(r#""title":"gabp-relay MCP front (default)""#),
+        "serverInfo.title names the route: {resp}"
+    );
+    let id = id.expect("a session id");
+    let session = format!("Mcp-Session-Id: {id}");
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let (status, _) = http(&s.mcp, "POST", &[bearer(&s), session.clone()], note).await;
+    assert_eq!(status, 202);
+    wait_for(
+        "the session's bridge",
+        Duration::from_secs(20),
+        async || mcp_bridges(&mut plain).await == 1,
+    )
+    .await;
+    wait_for(
+        "the idle session's bridge to go",
+        Duration::from_secs(30),
+        async || mcp_bridges(&mut plain).await == 0,
+    )
+    .await;
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let headers = [
+        bearer(&s),
+        session,
+        "MCP-Protocol-Version: 2025-06-18".into(),
+    ];
+    let (status, resp) = http(&s.mcp, "POST", &headers, list).await;
+    assert_eq!(status, 404, "the expired session is gone: {resp}");
+}
+
+/// At most 32 sessions at once: the next initialize gets a clear 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_sessions_are_capped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    for i in 0..32 {
+        let (status, _, resp) = open_session(&s).await;
+        assert_eq!(status, 200, "session {i}: {resp}");
+    }
+    let (status, _, resp) = open_session(&s).await;
+    assert_eq!(status, 503, "{resp}");
+    assert!(resp.contains("too many MCP sessions (32)"), "{resp}");
+}
+
+/// Wrong tokens wait longer each time, are counted in gabp_auth_failures_total and logged once
+/// per burst; the scheme is matched in any case.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_bearer_tokens_are_throttled_counted_and_logged_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let wrong = "Authorization: Bearer 0123456789abcdef0123456789abcdef".to_string();
+    let mut took = Vec::new();
+    for _ in 0..6 {
+        let t = Instant::now();
+        let (status, _) = http(&s.mcp, "POST", std::slice::from_ref(&wrong), INIT).await;
+        assert_eq!(status, 401);
+        took.push(t.elapsed());
+    }
+    assert!(
+        took[5] >= Duration::from_millis(300) && took[5] > took[0],
+        "failures are slowed down: {took:?}"
+    );
+    let lower = format!("authorization: bearer {}", s.token);
+    let (status, resp) = http(&s.mcp, "POST", &[lower], INIT).await;
+    assert_eq!(status, 200, "a lowercase scheme is accepted: {resp}");
+    let metrics = s.metrics.as_deref().expect("metrics line");
+    let mut conn = TcpStream::connect(metrics).await.expect("metrics");
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n");
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.expect("read");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gabp_auth_failures_total") && l.ends_with(" 6")),
+        "six failures counted: {text}"
+    );
+    let log = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let warned = log.matches("without the route's bearer token").count();
+    assert_eq!(warned, 1, "one line per burst: {log}");
+    assert!(!log.contains(&s.token) && !log.contains("0123456789abcdef0123"));
+}
+
+/// Connections beyond the cap are closed at once; an idle one is closed after the header
+/// timeout; then a new connection is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excess_and_idle_connections_are_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut idle = Vec::new();
+    for _ in 0..128 {
+        idle.push(TcpStream::connect(&s.mcp).await.expect("connect"));
+    }
+    let mut extra = TcpStream::connect(&s.mcp).await.expect("connect");
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf))
+        .await
+        .expect("the 129th connection is closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    let t = Instant::now();
+    let n = tokio::time::timeout(Duration::from_secs(20), idle[0].read(&mut buf))
+        .await
+        .expect("an idle connection is closed after the header timeout");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(t.elapsed() < Duration::from_secs(15));
+    drop(idle);
+    let (status, _, resp) = open_session(&s).await;
+    assert_eq!(status, 200, "served again: {resp}");
+}
+
+/// A malformed body gets a short JSON-RPC parse error, without the parser's internals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_http_bodies_get_a_short_json_rpc_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let (status, resp) = http(&s.mcp, "POST", &[bearer(&s)], "{not json").await;
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp.contains(r#""code":-32700"#), "{resp}");
+    assert!(
+        !resp.contains("column") && !resp.contains("expected"),
+        "{resp}"
+    );
+    let (status, resp) = http(&s.mcp, "POST", &[bearer(&s)], r#"{"id":7,"x":1}"#).await;
+    assert_eq!(status, 400, "{resp}");
+    assert!(
+        resp.contains(r#""code":-32600"#) && resp.contains(r#""id":7"#),
+        "{resp}"
+    );
+}
+
+/// A running `gabp-relay mcp` on pipes, initialized.
+struct Stdio_ {
+    child: Child,
+    stdin: tokio::process::ChildStdin,
+    out: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+async fn stdio(s: &Serve) -> Stdio_ {
+    let mut child = Command::new(BIN)
+        .args(["mcp", "--name", "limits", "--bridge-file"])
+        .arg(&s.bridge_file)
+        .env_remove("GABP_RELAY_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gabp-relay mcp");
+    let stdin = child.stdin.take().expect("stdin");
+    let out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut m = Stdio_ { child, stdin, out };
+    m.send(INIT).await;
+    let init = m.answer().await;
+    assert_eq!(
+        init["result"]["serverInfo"]["title"],
+        "gabp-relay MCP front (default)"
+    );
+    m.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    m
+}
+
+impl Stdio_ {
+    async fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).await.expect("write");
+        self.stdin.write_all(b"\n").await.expect("write");
+    }
+
+    async fn answer(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(30), self.out.next_line())
+            .await
+            .expect("an answer in time")
+            .expect("read")
+            .expect("a line");
+        serde_json::from_str(&line).expect("JSON")
+    }
+}
+
+/// SIGINT and SIGTERM stop `gabp-relay mcp` within a second, with an events_poll waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_stops_promptly_on_sigint_and_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    for sig in ["INT", "TERM"] {
+        let mut m = stdio(&s).await;
+        let poll = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"events_poll","arguments":{"channels":["none/such"],"waitMs":30000}}});
+        m.send(&poll.to_string()).await;
+        let pid = m.child.id().expect("running").to_string();
+        let t = Instant::now();
+        let killed = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let status = tokio::time::timeout(Duration::from_secs(5), m.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("SIG{sig} did not stop gabp-relay mcp"))
+            .expect("wait");
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "SIG{sig}: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(status.code(), Some(0), "SIG{sig}");
+    }
+}
+
+/// On stdio a line that is not JSON gets -32700 and an over-long line -32600, and the session
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_answers_malformed_and_overlong_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    m.send("{this is not json").await;
+    let a = m.answer().await;
+    assert_eq!(a["error"]["code"], -32700, "{a}");
+    assert!(a["id"].is_null());
+    let long = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"x","params":"{}"}}"#,
+        "y".repeat(17 << 20)
+    );
+    m.send(&long).await;
+    let a = m.answer().await;
+    assert_eq!(a["error"]["code"], -32600, "{a}");
+    m.send(r#"{"jsonrpc":"2.0","id":3,"method":"ping"}"#).await;
+    let a = m.answer().await;
+    assert_eq!(a["id"], 3, "still served: {a}");
+    assert!(a["result"].is_object(), "{a}");
+}
