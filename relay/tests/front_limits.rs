@@ -154,7 +154,7 @@ async fn replay(data: &Path) -> (Child, Addr, tokio::sync::mpsc::UnboundedReceiv
         .args(["replay", "latest", "--speed", "max", "--data-dir"])
         .arg(data)
         .args(["--listen", "127.0.0.1:0", "--token", TOKEN])
-        .env("RUST_LOG", "info")
+        .env("GABP_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -195,7 +195,7 @@ async fn replay_listens_and_streams_before_its_answers_are_indexed() {
     synth(&data, events);
     eprintln!("wrote {events} events in {:?}", t.elapsed());
     let spawned = Instant::now();
-    let (_child, addr, mut log) = replay(&data).await;
+    let (child, addr, mut log) = replay(&data).await;
     let listening = spawned.elapsed();
     let (mut c, _) = Client::connect_hello(&addr, TOKEN).await.expect("hello");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
@@ -224,8 +224,11 @@ async fn replay_listens_and_streams_before_its_answers_are_indexed() {
             break at;
         }
     };
+    let pid = child.id().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM")).unwrap_or("");
     eprintln!(
-        "listening after {listening:?}; first event {:?} after spawn; indexed {:?} after spawn",
+        "listening after {listening:?}; first event {:?} after spawn; indexed {:?} after spawn; {hwm}",
         first_at - spawned,
         indexed_at - spawned
     );
