@@ -149,7 +149,13 @@ fn synth(dir: &Path, events: u64) -> SessionMeta {
 }
 
 /// A running replay (killed on drop), its address, and its stderr lines with their arrival.
-async fn replay(data: &Path) -> (Child, Addr, tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>) {
+async fn replay(
+    data: &Path,
+) -> (
+    Child,
+    Addr,
+    tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
+) {
     let mut child = relay()
         .args(["replay", "latest", "--speed", "max", "--data-dir"])
         .arg(data)
@@ -173,7 +179,11 @@ async fn replay(data: &Path) -> (Child, Addr, tokio::sync::mpsc::UnboundedReceiv
         .expect("stdout")
         .expect("a line");
     assert!(line.starts_with("replaying session "), "{line}");
-    let addr = line.rsplit(" on ").next().and_then(|a| a.parse().ok()).expect("address");
+    let addr = line
+        .rsplit(" on ")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("address");
     (child, addr, rx)
 }
 
@@ -226,7 +236,10 @@ async fn replay_listens_and_streams_before_its_answers_are_indexed() {
     };
     let pid = child.id().expect("running");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let hwm = status.lines().find(|l| l.starts_with("VmHWM")).unwrap_or("");
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .unwrap_or("");
     eprintln!(
         "listening after {listening:?}; first event {:?} after spawn; indexed {:?} after spawn; {hwm}",
         first_at - spawned,

@@ -305,16 +305,14 @@ async fn answer(
     let mut given: HashMap<u128, usize> = HashMap::new();
     while let Some(ask) = asks.recv().await {
         // Bounded by the request timeout, as a live mod's answer would be.
-        let ready = match tokio::time::timeout(
-            wait,
-            index.wait_for(|i| !matches!(i, Index::Building)),
-        )
-        .await
-        {
-            Ok(Ok(i)) => i.clone(),
-            Ok(Err(_)) => return,
-            Err(_) => Index::Building,
-        };
+        let ready =
+            match tokio::time::timeout(wait, index.wait_for(|i| !matches!(i, Index::Building)))
+                .await
+            {
+                Ok(Ok(i)) => i.clone(),
+                Ok(Err(_)) => return,
+                Err(_) => Index::Building,
+            };
         let frame = match &ready {
             Index::Ready(a) => {
                 let n = given.entry(ask.key).or_default();
