@@ -149,13 +149,7 @@ fn synth(dir: &Path, events: u64) -> SessionMeta {
 }
 
 /// A running replay (killed on drop), its address, and its stderr lines with their arrival.
-async fn replay(
-    data: &Path,
-) -> (
-    Child,
-    Addr,
-    tokio::sync::mpsc::UnboundedReceiver<(Instant, String)>,
-) {
+async fn replay(data: &Path) -> (Child, Addr, tokio::sync::mpsc::Receiver<(Instant, String)>) {
     let mut child = relay()
         .args(["replay", "latest", "--speed", "max", "--data-dir"])
         .arg(data)
@@ -165,11 +159,11 @@ async fn replay(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn replay");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
     tokio::spawn(async move {
         while let Ok(Some(line)) = err.next_line().await {
-            let _ = tx.send((Instant::now(), line));
+            let _ = tx.send((Instant::now(), line)).await;
         }
     });
     let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
