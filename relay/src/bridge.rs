@@ -8,13 +8,16 @@
 //! its reading, forwarded request bytes have a budget, and a socket that takes nothing for the
 //! write deadline gets the bridge cut (reset, state freed at once).
 //!
-//! - [`accept`]: the accept loop (connection cap, descriptor exhaustion).
+//! - [`accept`]: the accept loop (descriptor exhaustion).
+//! - [`gate`]: the bridge cap (welcomed bridges only) and the bound on connections before
+//!   hello (the oldest is closed to make room).
 //! - [`reader`]: reading a bridge, answering what the relay answers, handing the rest to the
 //!   backend.
 //! - [`hello`]: the handshake.
 //! - [`writer`]: the writer task, and the backend's direct write when it is idle.
 
 mod accept;
+mod gate;
 mod hello;
 mod reader;
 mod writer;
@@ -25,7 +28,6 @@ use std::time::Duration;
 
 use gabp_rt::clock::now_ns;
 use gabp_rt::net::Conn;
-use tokio::sync::OwnedSemaphorePermit;
 
 pub use accept::accept_loop;
 pub use writer::write_from_reader;
@@ -63,7 +65,7 @@ impl Closer {
 }
 
 /// Serves one bridge until it leaves, is cut, or the relay shuts down.
-pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, closer: Closer) {
+pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Closer) {
     let conn_id = route.next_conn();
     let outbox = Arc::new(Outbox::new(
         route.cfg.on_slow,
@@ -88,18 +90,23 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
         route.clone(),
         bridge.clone(),
         ByteBudget::new(pending::BRIDGE_BYTES.max(route.cfg.max_body)),
+        slot,
     );
     let cut = outbox.cut_signal().clone();
+    let evicted = reader.slot.evicted.clone();
+    // Evicted before hello (a newer connection needed the room): closed at once, nothing owed.
+    let mut gone = false;
     tokio::select! {
         _ = reader.run(conn.read) => {}
         _ = cut.cancelled() => {}
+        _ = evicted.cancelled() => gone = true,
         _ = route.cancel.cancelled() => {}
     }
 
     // Leave: the outbox closes (no more events are queued), then the writer flushes what is
     // queued (bounded by the write deadline, and by a short grace at shutdown) unless the
     // bridge was cut.
-    let flushed = !cut.is_cancelled() && {
+    let flushed = !cut.is_cancelled() && !gone && {
         outbox.close();
         tokio::select! {
             _ = &mut writer => true,
@@ -136,5 +143,6 @@ pub async fn serve(route: Arc<Route>, conn: Conn, permit: OwnedSemaphorePermit, 
         })
         .await;
     }
-    drop(permit);
+    // Last: the bridge's place under the cap frees only once its state is gone.
+    drop(reader);
 }

@@ -28,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "gabp_bad_frames_total",
     "gabp_unauthenticated_frames_total",
     "gabp_auth_failures_total",
+    "gabp_bridge_refusals_total",
     "gabp_recorded_frames_total",
     "gabp_record_errors_total",
     "gabp_record_lost_frames_total",

@@ -1,27 +1,25 @@
-//! Accepting bridges: the route's connection cap (a permit moved into each connection task;
-//! past the cap a connection gets one error frame and is closed), and descriptor exhaustion
+//! Accepting bridges: each connection gets a slot of the route's [`Gate`] (the pre-hello
+//! bound, then the bridge cap at hello), and descriptor exhaustion
 //! (a failing accept is retried every 100 ms and logged once per run, never spun on).
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gabp_proto::{frame_bytes, message, ErrorCode};
 use gabp_rt::net::{Conn, Listener};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
+use super::gate::Gate;
 use super::Closer;
 use crate::route::Route;
 
 /// Pause after a failed accept.
 const RETRY_ACCEPT: Duration = Duration::from_millis(100);
 
-/// Accepts bridges for `route` until it is cancelled; each is served by [`super::serve`] under a
-/// permit of the route's connection cap.
+/// Accepts bridges for `route` until it is cancelled; each is served by [`super::serve`] with
+/// its slot of the route's gate.
 pub async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTracker) {
-    let permits = Arc::new(Semaphore::new(route.cfg.max_bridges));
+    let gate = Gate::new(&route.cfg.name, route.cfg.max_bridges);
     let mut failing = false;
     loop {
         let conn = tokio::select! {
@@ -47,29 +45,7 @@ pub async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTra
                 continue;
             }
         };
-        match permits.clone().try_acquire_owned() {
-            Ok(permit) => {
-                tracker.spawn(super::serve(route.clone(), conn, permit, closer));
-            }
-            Err(_) => {
-                tracing::warn!(route = %route.cfg.name, peer = %conn.peer, max = route.cfg.max_bridges, "refusing bridge: too many connected");
-                tracker.spawn(async move {
-                    let mut w = conn.write;
-                    let body = message::error_response(
-                        None,
-                        ErrorCode::LimitExceeded,
-                        "too many bridges connected",
-                        None,
-                    );
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        w.write_all(&frame_bytes(&body)),
-                    )
-                    .await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        }
+        tracker.spawn(super::serve(route.clone(), conn, gate.arrive(), closer));
     }
 }
 

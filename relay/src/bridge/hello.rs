@@ -47,6 +47,17 @@ impl BridgeReader {
                 .await;
         }
         route.throttle.succeed(&source);
+        // Only welcomed bridges count against the cap: taken here, with the right token.
+        if !self.slot.admit() {
+            self.done = true;
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many bridges connected",
+                )
+                .await;
+        }
         let mut rx = route.session.subscribe();
         let session = tokio::time::timeout(route.cfg.hello_wait, rx.wait_for(|s| s.is_some()))
             .await

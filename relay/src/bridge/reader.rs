@@ -14,6 +14,7 @@ use gabp_storage::Direction;
 use serde_json::{json, Value};
 use tokio_util::codec::FramedRead;
 
+use super::gate::Slot;
 use super::MAX_PREHELLO_ERRORS;
 use crate::auth;
 use crate::pending::ByteBudget;
@@ -42,7 +43,9 @@ pub(super) struct BridgeReader {
     /// Bad frames recorded so far.
     bad_recorded: u32,
     /// Set when the connection must close after the reply just queued.
-    done: bool,
+    pub(super) done: bool,
+    /// This connection's place in the route's gate (pre-hello bound, then bridge cap).
+    pub(super) slot: Slot,
     /// Bytes of this bridge's forwarded requests still held by the relay.
     budget: Arc<ByteBudget>,
 }
@@ -77,6 +80,7 @@ impl BridgeReader {
         route: Arc<Route>,
         bridge: Arc<BridgeState>,
         budget: Arc<ByteBudget>,
+        slot: Slot,
     ) -> BridgeReader {
         BridgeReader {
             route,
@@ -86,6 +90,7 @@ impl BridgeReader {
             prehello_errors: 0,
             bad_recorded: 0,
             done: false,
+            slot,
             budget,
         }
     }

@@ -7,7 +7,7 @@
 //! to the same method and params (in recorded order; the last repeats once they run out), or
 //! an error when the recording has none. The answer index ([`super::answers`]) is built by one
 //! streaming pass on a thread of its own while bridges are already served; requests asked before
-//! it is ready wait for it, events do not. A recording that cannot be read ends the replay
+//! it is ready wait for it (up to the request timeout), events do not. A recording that cannot be read ends the replay
 //! ([`Recorded::failure`]). Nothing is recorded: the route has no recorder.
 
 use std::collections::HashMap;
@@ -139,6 +139,7 @@ impl Recorded {
                     self.index.subscribe(),
                     rx,
                     bridge.clone(),
+                    route.cfg.request_timeout,
                 ));
                 Arc::new(Timeline {
                     shared: Arc::new(Shared {
@@ -298,14 +299,20 @@ async fn answer(
     mut index: watch::Receiver<Index>,
     mut asks: mpsc::Receiver<Ask>,
     bridge: Arc<BridgeState>,
+    wait: std::time::Duration,
 ) {
     // Answers already given per request key: the next recorded one comes next.
     let mut given: HashMap<u128, usize> = HashMap::new();
     while let Some(ask) = asks.recv().await {
-        let ready = match index.wait_for(|i| !matches!(i, Index::Building)).await {
-            Ok(i) => i.clone(),
-            Err(_) => return,
-        };
+        // Bounded by the request timeout, as a live mod's answer would be.
+        let ready =
+            match tokio::time::timeout(wait, index.wait_for(|i| !matches!(i, Index::Building)))
+                .await
+            {
+                Ok(Ok(i)) => i.clone(),
+                Ok(Err(_)) => return,
+                Err(_) => Index::Building,
+            };
         let frame = match &ready {
             Index::Ready(a) => {
                 let n = given.entry(ask.key).or_default();
@@ -331,6 +338,12 @@ async fn answer(
                     ),
                 }
             }
+            None if matches!(ready, Index::Building) => message::error_response(
+                Some(&ask.id),
+                ErrorCode::OutcomeUnknown,
+                "the recorded answers are still being indexed; try again later",
+                Some(json!({"method": ask.method})),
+            ),
             None => message::error_response(
                 Some(&ask.id),
                 ErrorCode::NoRecordedResponse,

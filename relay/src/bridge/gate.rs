@@ -1,0 +1,159 @@
+//! Who may hold a connection: the route's bridge cap counts only welcomed bridges, and
+//! connections that have not said hello yet have a bound of their own. When that bound is full
+//! the OLDEST waiting connection is closed to make room, so idle connections can never keep an
+//! honest bridge (which says hello at once) from getting in. Refusals and evictions are counted
+//! (`gabp_bridge_refusals_total`) and logged at most once per burst.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::Counter;
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// Connections that may wait for their hello at once (per route).
+pub const MAX_PREHELLO_CONNS: usize = 128;
+/// At most one log line per this long about refusals and evictions.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A route's admission state, shared by its accept loop and its connections.
+#[derive(Debug)]
+pub struct Gate {
+    route: String,
+    max_bridges: usize,
+    bridges: Arc<Semaphore>,
+    waiting: Mutex<Waiting>,
+    evicted: Counter,
+    refused: Counter,
+    log: Mutex<Burst>,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    next: u64,
+    /// Connections before hello, oldest first.
+    conns: BTreeMap<u64, CancellationToken>,
+}
+
+/// Refusals and evictions since the last log line.
+#[derive(Debug, Default)]
+struct Burst {
+    last: Option<Instant>,
+    evicted: u64,
+    refused: u64,
+}
+
+/// One connection's place: in the pre-hello bound until admitted, then a bridge permit.
+#[derive(Debug)]
+pub struct Slot {
+    gate: Arc<Gate>,
+    id: u64,
+    /// Cancelled when the connection is evicted to make room for a newer one.
+    pub evicted: CancellationToken,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Gate {
+    /// The gate of route `route` with its bridge cap.
+    pub fn new(route: &str, max_bridges: usize) -> Arc<Gate> {
+        let label = route.to_string();
+        Arc::new(Gate {
+            route: label.clone(),
+            max_bridges,
+            bridges: Arc::new(Semaphore::new(max_bridges)),
+            waiting: Mutex::new(Waiting::default()),
+            evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "evicted_before_hello"),
+            refused: metrics::counter!("gabp_bridge_refusals_total", "route" => label, "reason" => "too_many_bridges"),
+            log: Mutex::new(Burst::default()),
+        })
+    }
+
+    /// A slot for a new connection; the oldest waiting one is evicted if the bound is full.
+    pub fn arrive(self: &Arc<Self>) -> Slot {
+        let evicted = CancellationToken::new();
+        let (id, oldest) = {
+            let mut w = self.waiting.lock();
+            let oldest = if w.conns.len() >= MAX_PREHELLO_CONNS {
+                w.conns.pop_first().map(|(_, t)| t)
+            } else {
+                None
+            };
+            let id = w.next;
+            w.next += 1;
+            w.conns.insert(id, evicted.clone());
+            (id, oldest)
+        };
+        if let Some(t) = oldest {
+            t.cancel();
+            self.evicted.increment(1);
+            self.note(true);
+        }
+        Slot {
+            gate: self.clone(),
+            id,
+            evicted,
+            permit: None,
+        }
+    }
+
+    /// Logs a refusal or eviction, at most once per [`LOG_EVERY`] (with the count since).
+    fn note(&self, evicted: bool) {
+        let mut b = self.log.lock();
+        if evicted {
+            b.evicted += 1;
+        } else {
+            b.refused += 1;
+        }
+        let now = Instant::now();
+        if b.last.is_none_or(|l| now.duration_since(l) >= LOG_EVERY) {
+            tracing::warn!(
+                route = %self.route,
+                max_bridges = self.max_bridges,
+                max_waiting = MAX_PREHELLO_CONNS,
+                evicted = b.evicted,
+                refused = b.refused,
+                "bridge connections refused or closed before hello (too many; logged once per {}s)",
+                LOG_EVERY.as_secs()
+            );
+            *b = Burst {
+                last: Some(now),
+                ..Burst::default()
+            };
+        }
+    }
+}
+
+impl Slot {
+    /// Admits the connection as a bridge (it leaves the pre-hello bound): false if it was
+    /// evicted, or if the bridge cap is full (counted and logged); either way it then closes.
+    pub fn admit(&mut self) -> bool {
+        if self.permit.is_some() {
+            return true;
+        }
+        // Already evicted (a newer connection took the room): closing anyway.
+        if self.gate.waiting.lock().conns.remove(&self.id).is_none() {
+            return false;
+        }
+        match self.gate.bridges.clone().try_acquire_owned() {
+            Ok(p) => {
+                self.permit = Some(p);
+                true
+            }
+            Err(_) => {
+                self.gate.refused.increment(1);
+                self.gate.note(false);
+                false
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.permit.is_none() {
+            self.gate.waiting.lock().conns.remove(&self.id);
+        }
+    }
+}
