@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use gabp_relay::{Relay, RelayConfig, RouteConfig, Upstream};
 use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
-use serde_json::Value;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
 
 pub const MOD_TOKEN: &str = "mod-token-for-tests";
 
@@ -282,4 +283,44 @@ pub fn rss_bytes() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .expect("VmRSS")
         * 1024
+}
+
+/// Events of 4 KiB, so a few thousand fill any socket's buffers.
+pub fn big_mod() -> ModSimConfig {
+    ModSimConfig {
+        payload_bytes: 4096,
+        ..quiet_mod()
+    }
+}
+
+/// A hostile bridge on a raw socket: hello, subscribe to `a`, then it never reads.
+pub async fn deaf_subscriber(h: &Harness) -> (tokio::net::TcpStream, u64) {
+    let before = listed(h);
+    let mut s = raw(h).await;
+    s.write_all(&hello_wire(&h.token)).await.expect("hello");
+    s.write_all(&request_wire(
+        "events/subscribe",
+        json!({"channels": ["a"]}),
+    ))
+    .await
+    .expect("subscribe");
+    let route = &h.relay().routes[0];
+    let mut conn = 0;
+    wait_until(
+        "the deaf bridge subscribed",
+        Duration::from_secs(10),
+        || {
+            let st = route.status();
+            let found = st["bridges"].as_array().expect("bridges").iter().find(|b| {
+                !before.contains(&b["conn"].as_u64().unwrap_or(0))
+                    && b["subscriptions"].as_array().is_some_and(|s| !s.is_empty())
+            });
+            if let Some(b) = found {
+                conn = b["conn"].as_u64().expect("conn");
+            }
+            found.is_some()
+        },
+    )
+    .await;
+    (s, conn)
 }

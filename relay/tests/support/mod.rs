@@ -1,13 +1,18 @@
-//! What the command-line tests share: the binary, a running `serve` and its start-up lines,
-//! commands run to completion, a simulated mod, signals and bounded waits.
-#![allow(dead_code)]
+//! What the relay integration tests share: the binary, a running `serve` and its start-up lines,
+//! commands run to completion, a simulated mod, signals, bounded waits, stdout lines, config
+//! files, JSON output; `hostile` holds the hostile-mod tests' scripted mod and logged `serve`.
+#![allow(dead_code, unused_imports)]
 
-use std::process::Stdio;
-use std::time::Duration;
+// What most tests name, so each test file needs only `use support::*;`.
+pub use std::process::Stdio;
+pub use std::time::Duration;
 
-use gabp_sim::{Addr, ModSim, ModSimConfig};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+pub use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+pub use tokio::io::{AsyncBufReadExt, BufReader};
+pub use tokio::process::{Child, Command};
+
+pub mod hostile;
+pub mod storage;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
 
@@ -132,4 +137,61 @@ pub fn json(out: &std::process::Output) -> serde_json::Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
+}
+
+/// Reads stdout lines until one contains `needle`; returns that line.
+pub async fn line_with(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    needle: &str,
+) -> String {
+    let find = async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            if line.contains(needle) {
+                return line;
+            }
+        }
+        panic!("stdout ended before {needle:?}");
+    };
+    tokio::time::timeout(Duration::from_secs(20), find)
+        .await
+        .expect("line in time")
+}
+
+/// A config file with mode 0600 (as an operator would keep one that holds tokens).
+pub fn config_file(dir: &std::path::Path, name: &str, body: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("write config");
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    p.to_str().expect("utf8").to_string()
+}
+
+pub fn route_toml(extra: &str) -> String {
+    format!(
+        "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\nrecord = false\n{extra}"
+    )
+}
+
+/// Collects a child's stderr in the background.
+pub fn collect_stderr(child: &mut Child) -> std::sync::Arc<parking_lot::Mutex<String>> {
+    let log = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let mut s = sink.lock();
+            s.push_str(&l);
+            s.push('\n');
+        }
+    });
+    log
+}
+
+/// CPU time (user + system, in clock ticks) a process has used so far.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the `(comm)`; utime and stime are the 14th and 15th of the whole line.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
 }

@@ -1,0 +1,197 @@
+//! Signals and resource pressure through the real binary: SIGHUP keeps serving, every stop
+//! signal ends cleanly, replay backs off when out of descriptors.
+
+mod support;
+use support::*;
+
+#[tokio::test]
+async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
+    let sim = start_mod(Some(1000.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf8");
+    for stop in ["TERM", "INT"] {
+        let bridge_file = dir.path().join(format!("bridge-{stop}.json"));
+        let mut child = relay()
+            .args(["serve", "--upstream", &sim.addr().to_string()])
+            .args(["--upstream-token", "modtok", "--listen", "127.0.0.1:0"])
+            .args([
+                "--token",
+                "tok",
+                "--data-dir",
+                data,
+                "--shutdown-timeout",
+                "5s",
+            ])
+            .args(["--bridge-file", bridge_file.to_str().expect("utf8")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let log = collect_stderr(&mut child);
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let addr: Addr = line_with(&mut lines, " listening on ")
+            .await
+            .split(" listening on ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .expect("address")
+            .parse()
+            .expect("addr");
+        line_with(&mut lines, "recording to").await;
+        assert!(bridge_file.exists());
+        let (mut c, _) = Client::connect_hello(&addr, "tok").await.expect("hello");
+        c.subscribe(&["world/tick"]).await.expect("subscribe");
+        c.next_event().await.expect("event");
+        signal(&child, "HUP");
+        until("the SIGHUP is logged", || log.lock().contains("SIGHUP")).await;
+        assert!(log.lock().contains("not supported yet"), "{}", log.lock());
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "alive after SIGHUP"
+        );
+        for _ in 0..50 {
+            tokio::time::timeout(Duration::from_secs(10), c.next_event())
+                .await
+                .expect("still relaying after SIGHUP")
+                .expect("event");
+        }
+        assert!(bridge_file.exists(), "discovery file kept while serving");
+        signal(&child, stop);
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("exits within the shutdown bound")
+            .expect("status");
+        assert_eq!(status.code(), Some(0), "SIG{stop}: {}", log.lock());
+        assert!(
+            !bridge_file.exists(),
+            "SIG{stop} removed the discovery file"
+        );
+    }
+    let out = output(&["sessions", "--data-dir", data, "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let sessions = v["sessions"].as_array().expect("list");
+    assert_eq!(sessions.len(), 2);
+    for s in sessions {
+        assert_eq!(s["end"], "relay_shutdown", "{s}");
+    }
+    // A reader that closes the pipe early ends the command quietly (no panic, exit 0).
+    for args in [&["sessions", "--data-dir", data][..], &["token"]] {
+        let mut child = relay()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take());
+        let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("exits")
+            .expect("output");
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    sim.stop();
+}
+
+#[tokio::test]
+async fn replay_backs_off_when_out_of_descriptors() {
+    // A short recording to replay.
+    let sim = start_mod(Some(2000.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let mut s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        "modtok",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "tok",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    for _ in 0..20 {
+        c.next_event().await.expect("event");
+    }
+    drop(c);
+    sigterm(&s.child);
+    s.child.wait().await.expect("exits");
+    sim.stop();
+    // The replay gets few descriptors; the test then holds every one it could accept.
+    let mut child = Command::new("prlimit")
+        .args([
+            "--nofile=40:40",
+            "--",
+            BIN,
+            "replay",
+            "latest",
+            "--data-dir",
+            data,
+        ])
+        .args(["--listen", "127.0.0.1:0", "--token", "tok"])
+        .env_remove("GABP_RELAY_DATA_DIR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn replay under prlimit");
+    let log = collect_stderr(&mut child);
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr: Addr = line_with(&mut lines, "replaying session")
+        .await
+        .rsplit(" on ")
+        .next()
+        .expect("address")
+        .parse()
+        .expect("addr");
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(
+            Client::connect(&addr)
+                .await
+                .expect("connect (queued at worst)"),
+        );
+    }
+    until("the replay runs out of descriptors", || {
+        log.lock().contains("cannot accept")
+    })
+    .await;
+    // A rate over a fixed window: the process must idle, not spin on the failing accept.
+    let pid = child.id().expect("running");
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let used = cpu_ticks(pid) - before;
+    eprintln!("replay out of descriptors: {used} CPU ticks in 1 s");
+    assert!(
+        used < 30,
+        "the replay used {used} ticks of CPU in 1 s while out of descriptors"
+    );
+    assert_eq!(
+        log.lock().matches("cannot accept").count(),
+        1,
+        "logged once"
+    );
+    // Descriptors free again: new bridges are served.
+    drop(held);
+    let (mut c, _) =
+        tokio::time::timeout(Duration::from_secs(10), Client::connect_hello(&addr, "tok"))
+            .await
+            .expect("served again in time")
+            .expect("hello after descriptors came back");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(0));
+}

@@ -1,0 +1,279 @@
+//! The slow-disk rig: the matrix cell's sizes, the slow disk mounted under a data dir, the mod
+//! and the relay recording onto it, a bridge that checks and counts what it reads, metrics,
+//! bounded polls and the recording's seqs from `export`.
+#![allow(unused_imports)]
+
+pub use std::collections::BTreeMap;
+pub use std::path::{Path, PathBuf};
+pub use std::process::Stdio;
+pub use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub use std::sync::Arc;
+pub use std::time::{Duration, Instant};
+
+pub use gabp_sim::{Client, ModSim, ModSimConfig};
+pub use serde_json::json;
+pub use tokio::io::{AsyncBufReadExt, BufReader};
+pub use tokio::process::{Child, Command};
+
+use crate::slowfs;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+/// Event body size: large, so the recorder's 256 MiB byte budget is the queue bound reached.
+pub const PAYLOAD: usize = 4096;
+/// Events the mod sends in all: about 1.25 times the queue's byte budget.
+pub const EVENTS: u64 = 80_000;
+/// What the relay may hold for the recorder: its byte budget (recorder::BUDGET_KIB).
+pub const QUEUE_BUDGET: f64 = 256.0 * 1024.0 * 1024.0;
+/// The slow disk: 2 MiB/s and 40 ms per fsync.
+pub const SLOW_BW: u64 = 2 << 20;
+pub const SLOW_FSYNC: Duration = Duration::from_millis(40);
+
+pub fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+pub async fn metric(addr: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.expect("response");
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `f` until it holds, within `secs`.
+pub async fn until<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn run(args: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(BIN).args(args).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("finished")
+    .expect("ran")
+}
+
+/// A bridge that reads every event, checking each channel's seqs only grow, and counting the
+/// events the relay announced it dropped for it (`relay/dropped`), if it fell behind.
+pub struct Reader {
+    pub received: Arc<AtomicU64>,
+    pub announced_dropped: Arc<AtomicU64>,
+    pub disordered: Arc<AtomicBool>,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    /// Events accounted for: received or announced dropped.
+    pub fn seen(&self) -> u64 {
+        self.received.load(Ordering::Relaxed) + self.announced_dropped.load(Ordering::Relaxed)
+    }
+}
+
+pub async fn reader(addr: &gabp_sim::Addr) -> Reader {
+    let (mut c, _) = Client::connect_hello(addr, "t").await.expect("hello");
+    // While the mod is held no event may come for a while: that is not the end.
+    c.set_wait(Duration::from_secs(600));
+    c.subscribe(&["world/tick", "player/move", "chat/message"])
+        .await
+        .expect("subscribe");
+    let received = Arc::new(AtomicU64::new(0));
+    let announced_dropped = Arc::new(AtomicU64::new(0));
+    let disordered = Arc::new(AtomicBool::new(false));
+    let (r, a, d) = (
+        received.clone(),
+        announced_dropped.clone(),
+        disordered.clone(),
+    );
+    let task = tokio::spawn(async move {
+        let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        while let Ok(e) = c.next_event().await {
+            if e["channel"] == "relay/dropped" {
+                a.fetch_add(
+                    e["payload"]["count"].as_u64().unwrap_or(0),
+                    Ordering::Relaxed,
+                );
+                continue;
+            }
+            // The relay's own notices (relay/session, ...) are not the mod's events.
+            if e["channel"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("relay/"))
+            {
+                continue;
+            }
+            if let (Some(ch), Some(seq)) = (e["channel"].as_str(), e["seq"].as_u64()) {
+                if last.insert(ch.to_string(), seq).is_some_and(|p| p >= seq) {
+                    d.store(true, Ordering::Relaxed);
+                }
+                r.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    Reader {
+        received,
+        announced_dropped,
+        disordered,
+        task,
+    }
+}
+
+pub struct Rig {
+    pub _dirs: (tempfile::TempDir, tempfile::TempDir),
+    pub disk: slowfs::Mounted,
+    pub data: PathBuf,
+    pub sim: ModSim,
+    pub child: Child,
+    pub metrics: String,
+    pub listen: gabp_sim::Addr,
+    pub stderr: tokio::task::JoinHandle<String>,
+}
+
+/// Mounts the slow disk (already slow) and starts the mod and the relay recording onto it.
+pub async fn start(policy: &str) -> Option<Rig> {
+    let backing = tempfile::tempdir().expect("tempdir");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let disk = match slowfs::mount(backing.path(), mnt.path()) {
+        Ok(d) => d,
+        Err(e) => {
+            assert!(
+                !is_root(),
+                "cannot mount the FUSE slow disk although running as root: {e}"
+            );
+            eprintln!("SKIPPED: cannot mount a FUSE file system ({e}): slow-disk tests NOT RUN");
+            return None;
+        }
+    };
+    // The mount answers before the relay touches it.
+    assert!(
+        std::fs::read_dir(mnt.path()).is_ok(),
+        "the slow disk is mounted"
+    );
+    disk.dev.set(SLOW_BW, SLOW_FSYNC);
+    let data = mnt.path().join("data");
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse().expect("addr"),
+        ModSimConfig {
+            token: "m".into(),
+            rate: Some(12_000.0),
+            payload_bytes: PAYLOAD,
+            max_events: Some(EVENTS),
+            ..ModSimConfig::default()
+        },
+    )
+    .expect("mod");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            &sim.addr().to_string(),
+            "--upstream-token",
+            "m",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "t",
+            "--no-bridge-file",
+            "--metrics",
+            "127.0.0.1:0",
+            "--on-record-error",
+            policy,
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut metrics, mut listen) = (None, None);
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await
+    {
+        if let Some(m) = line.strip_prefix("metrics on http://") {
+            metrics = Some(m.trim_end_matches("/metrics").to_string());
+        }
+        if let Some(a) = line.split(" listening on ").nth(1) {
+            listen = Some(a.split(' ').next().expect("addr").to_string());
+        }
+        if line.starts_with("recording") {
+            break;
+        }
+    }
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let stderr = tokio::spawn(async move {
+        let mut all = String::new();
+        while let Ok(Some(l)) = err.next_line().await {
+            all += &l;
+            all.push('\n');
+        }
+        all
+    });
+    let (Some(metrics), Some(listen)) = (metrics, listen) else {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        panic!(
+            "the relay did not start on the slow disk: {}",
+            stderr.await.expect("stderr")
+        );
+    };
+    Some(Rig {
+        _dirs: (backing, mnt),
+        disk,
+        data,
+        sim,
+        child,
+        metrics,
+        listen: listen.parse().expect("listen addr"),
+        stderr,
+    })
+}
+
+/// The mod's seqs per channel in the recording, from `export`.
+pub async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
+    let out = run(&[
+        "export",
+        "latest",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
+        if v["dir"] == "mod->relay" {
+            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["mod_seq"].as_u64()) {
+                assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
+                seqs.entry(ch.to_string()).or_default().push(seq);
+            }
+        }
+    }
+    seqs
+}
+
+/// Bytes one event takes in the recorder's budget (its body, which the mod pads to PAYLOAD).
+pub fn frame_bytes() -> f64 {
+    PAYLOAD as f64
+}
