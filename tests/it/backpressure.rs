@@ -5,10 +5,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use gabp_relay::OnSlow;
-use gabp_sim::{Client, ModSimConfig};
 use serde_json::json;
 
-use crate::harness::{emit, error_code, quiet_mod, rss_bytes, Harness, MOD_TOKEN};
+use crate::harness::{emit, quiet_mod, rss_bytes, Harness};
 
 async fn stalled_bridge_case(policy: OnSlow) {
     let h = Harness::start_with(quiet_mod(), |c| {

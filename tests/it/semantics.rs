@@ -4,7 +4,6 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use gabp_relay::OnSlow;
 use gabp_sim::{Client, ModSimConfig};
 use serde_json::json;
 

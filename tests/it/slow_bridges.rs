@@ -6,15 +6,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gabp_proto::GabpCodec;
-use gabp_relay::{OnSlow, RouteConfig, Upstream};
-use gabp_sim::{Client, ModSimConfig};
+use gabp_relay::OnSlow;
+use gabp_sim::Client;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
 
 use crate::harness::{
-    big_mod, deaf_subscriber, drain_until_closed, emit, error_code, exported, files_containing,
-    hello_wire, listed, loopback, quiet_mod, raw, recorded_frames, relay_config, request_wire,
+    big_mod, deaf_subscriber, drain_until_closed, emit, hello_wire, listed, raw, request_wire,
     runtime_busy, wait_until, Harness,
 };
 
