@@ -319,6 +319,17 @@ async fn two_mcp_clients_and_a_bridge_share_one_game_and_are_recorded() {
         assert!(recorded.contains(who), "{who} not in the recording");
     }
     assert!(!recorded.contains(&s.token), "the token was recorded");
+    // Each MCP client's `mark` is in the recording, and no mark reached the mod.
+    for who in ["assistant-a", "assistant-b"] {
+        let label = format!("episode-start-{who}");
+        assert!(recorded.contains(&label), "{label} not in the recording");
+    }
+    assert!(
+        !recorded
+            .lines()
+            .any(|l| l.contains("relay/mark") && l.contains("\"relay->mod\"")),
+        "a mark reached the mod"
+    );
 }
 
 /// The HTTP endpoint refuses requests without the route's bearer token.

@@ -15,6 +15,7 @@ pub mod link;
 pub mod names;
 pub mod server;
 pub mod stdio;
+mod tools;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -21,14 +21,16 @@ use tokio::sync::OnceCell;
 use super::events::Query;
 use super::link::{CallError, Link, Target};
 use super::names;
+use super::tools::own_tools;
 
 /// The relay's own tools (a mod tool mapping to one of these gets a suffix).
-pub const OWN_TOOLS: [&str; 5] = [
+pub const OWN_TOOLS: [&str; 6] = [
     "events_poll",
     "attention_get",
     "attention_ack",
     "relay_status",
     "sessions_list",
+    "mark",
 ];
 
 /// Most events one `events_poll` returns.
@@ -104,54 +106,6 @@ fn error_result(e: &CallError) -> CallToolResult {
 
 fn internal(msg: impl Into<String>) -> McpError {
     McpError::internal_error(msg.into(), None)
-}
-
-fn own_tools() -> Vec<Value> {
-    vec![
-        json!({
-            "name": "events_poll",
-            "title": "Poll game events",
-            "description": "New events on the game's channels since a cursor. Pass back the returned `cursor` and `session` to continue; per channel, seq is contiguous (a `missed` entry says what the buffer no longer held). Waits up to waitMs for the first event.",
-            "inputSchema": {
-                "type": "object",
-                "properties": {
-                    "channels": { "type": "array", "items": { "type": "string" }, "description": "Channels to read (default: all)" },
-                    "cursor": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0 }, "description": "Next seq wanted per channel, from the previous answer" },
-                    "session": { "type": "string", "description": "The session the cursor belongs to, from the previous answer" },
-                    "max": { "type": "integer", "minimum": 1, "maximum": POLL_MAX, "default": 100 },
-                    "waitMs": { "type": "integer", "minimum": 0, "maximum": 30000, "default": 0 }
-                }
-            }
-        }),
-        json!({
-            "name": "attention_get",
-            "title": "Current attention item",
-            "description": "The game's current open attention item (GABP attention/current), if any.",
-            "inputSchema": { "type": "object", "properties": {} }
-        }),
-        json!({
-            "name": "attention_ack",
-            "title": "Acknowledge attention",
-            "description": "Acknowledges an attention item by id (GABP attention/ack).",
-            "inputSchema": {
-                "type": "object",
-                "properties": { "attentionId": { "type": "string" } },
-                "required": ["attentionId"]
-            }
-        }),
-        json!({
-            "name": "relay_status",
-            "title": "Relay status",
-            "description": "The relay route's status: the mod session, channels with event counts, every bridge's queue and drops, recording health.",
-            "inputSchema": { "type": "object", "properties": {} }
-        }),
-        json!({
-            "name": "sessions_list",
-            "title": "Recorded sessions",
-            "description": "Sessions recorded in the data dir (when the front was given --data-dir), else the route's current session.",
-            "inputSchema": { "type": "object", "properties": {} }
-        }),
-    ]
 }
 
 impl Front {
@@ -404,6 +358,11 @@ impl ServerHandler for Front {
                 Err(e) => error_result(&e),
             },
             "sessions_list" => self.sessions(&link).await,
+            // The relay answers and records `relay/mark`; it never reaches the mod.
+            "mark" => match link.request("relay/mark", args.clone()).await {
+                Ok(v) => json_result(v),
+                Err(e) => error_result(&e),
+            },
             name => {
                 let mut original = self.tools.lock().get(name).cloned();
                 if original.is_none() {

@@ -88,7 +88,7 @@ async def scenario(session, notices, name):
     out["protocol"] = init.protocol_version
     tools = {t.name: t for t in (await session.list_tools()).tools}
     out["tools"] = sorted(tools)
-    for want in ["sim_echo", "sim_fail", "sim_emit", "events_poll", "attention_get", "attention_ack", "relay_status", "sessions_list"]:
+    for want in ["sim_echo", "sim_fail", "sim_emit", "events_poll", "attention_get", "attention_ack", "relay_status", "sessions_list", "mark"]:
         check(want in tools, f"tool {want} missing from {sorted(tools)}")
     check(tools["sim_echo"].input_schema.get("type") == "object", "input schema not passed through")
 
@@ -120,6 +120,12 @@ async def scenario(session, notices, name):
     r = await session.call_tool("attention_ack", {"attentionId": "attn_1"})
     check(not r.is_error, f"attention_ack failed: {r}")
     out["ack"] = payload(r)
+
+    r = await session.call_tool("mark", {"label": f"episode-start-{name}", "data": {"episode": 1}})
+    check(not r.is_error, f"mark failed: {r}")
+    check(payload(r).get("marked") is True, f"mark answered {payload(r)}")
+    r = await session.call_tool("mark", {"data": 1})
+    check(r.is_error, "a mark without a label did not come back as isError")
 
     status = payload(await session.call_tool("relay_status", {}))
     out["bridgesSeen"] = len(status["bridges"])
