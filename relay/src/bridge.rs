@@ -1,5 +1,5 @@
 //! The bridge front: every bridge connection of a route, whatever backend stands behind it
-//! (the live mod or a recording, see [`crate::upstream`]).
+//! (the live mod or a recording, see `crate::upstream`).
 //!
 //! Bridges are untrusted. Every frame is validated strictly; a bad body gets an error reply
 //! and reading continues, broken framing closes the connection. Nothing is forwarded, and
@@ -8,13 +8,13 @@
 //! its reading, forwarded request bytes have a budget, and a socket that takes nothing for the
 //! write deadline gets the bridge cut (reset, state freed at once).
 //!
-//! - [`accept`]: the accept loop (descriptor exhaustion).
-//! - [`gate`]: the bridge cap (welcomed bridges only) and the bound on connections before
+//! - `accept`: the accept loop (descriptor exhaustion).
+//! - `gate`: the bridge cap (welcomed bridges only) and the bound on connections before
 //!   hello (the oldest is closed to make room).
-//! - [`reader`]: reading a bridge, answering what the relay answers, handing the rest to the
+//! - `reader`: reading a bridge, answering what the relay answers, handing the rest to the
 //!   backend.
-//! - [`hello`]: the handshake.
-//! - [`writer`]: the writer task, and the backend's direct write when it is idle.
+//! - `hello`: the handshake.
+//! - `writer`: the writer task, and the backend's direct write when it is idle.
 
 mod accept;
 mod gate;

@@ -4,12 +4,13 @@
 //! [`RouteConfig`]s (each an [`Upstream`] and a slow-bridge policy, [`OnSlow`]);
 //! [`generate_token`] makes bridge tokens; [`private_file_modes`] sets the umask a recording
 //! needs. The modules still `pub` below serve the command line, the benches and the
-//! integration tests; `socket` and `http` are internal (`pub(crate)`).
+//! integration tests; the modules named without a link are internal (`pub(crate)`).
 //!
 //! Modules, in the direction data flows:
+//! - [`cli`]: the command line (`gabp-relay`'s parsing, dispatch and one module per command).
 //! - [`config`]: routes and policies, from flags or TOML.
-//! - [`auth`]: tokens, constant-time checks, failed-hello throttling.
-//! - [`upstream`]: the mod connection (connect, hello, read, route, reconnect).
+//! - `auth`: tokens, constant-time checks, failed-hello throttling.
+//! - `upstream`: the backends behind the bridge front (the live mod; a recorded session).
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
 //! - `socket`: each bridge's socket, the frames on their way into it, and the slot that
@@ -17,16 +18,17 @@
 //! - [`bridge`]: a bridge connection (strict reading, handshake, forwarding, writers).
 //! - [`pending`]: forwarded requests awaiting the mod's answer.
 //! - [`route`]: one route's shared state and status.
-//! - [`recorder`]: the recorder thread in front of `gabp-storage`.
+//! - `recorder`: the recorder thread in front of `gabp-storage`.
 //! - [`metrics`]: metric names, bounded labels and per-route handles.
 //! - `http`: the metrics port (`/metrics`, `/healthz`, `/readyz`).
-//! - [`server`]: starting and stopping a relay.
+//! - `server`: starting and stopping a relay.
 //! - [`replay`], [`export`], [`stats`]: reading recordings back.
-//! - [`transport`]: the stdio upstream (a mod started as a child process).
-//! - [`discovery`]: the bridge discovery file.
-//! - [`display`]: untrusted names made safe for tables.
-//! - [`wrap`]: running the relay invisibly between a launcher and a game.
-//! - [`demo`]: the built-in demo (simulated mod, relay, bridges in one process).
+//! - `transport`: the stdio upstream (a mod started as a child process).
+//! - `discovery`: the bridge discovery file.
+//! - `display`: untrusted names made safe for tables.
+//! - `wrap`: running the relay invisibly between a launcher and a game.
+//! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
+//! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub(crate) mod auth;
 pub mod bridge;

@@ -4,7 +4,7 @@
 //! one atomic add. Label values come only from bounded sets: the route names of the config,
 //! known GABP methods plus methods the mod has answered successfully (capped), and the mod's
 //! channel names, sanitised and capped; anything else is counted under `other`, so no peer can
-//! grow `/metrics` by sending new names. The port that serves them is [`crate::http`].
+//! grow `/metrics` by sending new names. The port that serves them is `crate::http`.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! `gabp-relay replay`: serve a recorded session as a GABP mod, behind the relay's one bridge
 //! front.
 //!
-//! The recording is a backend like the live mod ([`crate::upstream::Recorded`]), so bridges of
+//! The recording is a backend like the live mod (`crate::upstream::Recorded`), so bridges of
 //! a replay get everything bridges of `serve` get: token checks and failed-hello throttling,
 //! strict parsing, pre-hello limits, caps, outboxes, the write deadline, metrics and
 //! `relay/status`. Bridges get the recorded welcome, then, from their first `events/subscribe`,

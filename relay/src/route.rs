@@ -1,6 +1,6 @@
 //! A route's shared state: the current session, the hub, pending requests, bridges.
 //!
-//! The route's backend (the live mod or a recording, see [`crate::upstream`]) publishes the
+//! The route's backend (the live mod or a recording, see `crate::upstream`) publishes the
 //! session through a `watch` channel; bridge tasks read it to forward requests and wait on it
 //! during `session/hello`.
 //! Everything here is shared behind short, synchronous locks that are never held across an
@@ -177,7 +177,7 @@ impl Route {
     }
 
     /// Records a frame in the current session without ever waiting (see
-    /// [`Recorder::send_detached`]).
+    /// `Recorder::send_detached`).
     pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
             let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), true, body);

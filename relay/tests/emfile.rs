@@ -225,7 +225,7 @@ async fn descriptors_run_out(policy: &str) {
         .expect("check");
     let report: serde_json::Value = serde_json::from_slice(&check.stdout).expect("json");
     assert!(check.status.success(), "{report}");
-    let lost = report["sessions"][0]["lost_frames"].as_u64().expect("lost");
+    let lost = report["sessions"][0]["lostFrames"].as_u64().expect("lost");
     let gaps = report["sessions"][0]["gaps"].as_u64().expect("gaps");
     let exp = Command::new(BIN)
         .args(["export", "latest", "--data-dir", d])

@@ -12,8 +12,8 @@
 //! for the mod (trusted, quirky): `"result": null` / `"error": null` count as absent, extra fields
 //! are allowed, and only what routing needs must be well formed.
 //!
-//! This module owns the view's types and the parse entry point; [`fields`] reads top-level
-//! members, [`tape`] walks simd-json's tape, and [`view`] applies the envelope rules.
+//! This module owns the view's types and the parse entry point; `fields` reads top-level
+//! members, `tape` walks simd-json's tape, and `view` applies the envelope rules.
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -2,7 +2,7 @@
 //!
 //! One process serves one or many routes (one mod upstream, one downstream listener and its
 //! token each). A config file describes several; command-line flags describe one and override
-//! the file's settings ([`file`] layers them: flags over file over defaults). Parse errors name
+//! the file's settings ([`file`](mod@file) layers them: flags over file over defaults). Parse errors name
 //! the file, the line and the field; [`units`] reads durations and sizes.
 
 pub mod file;

@@ -212,7 +212,7 @@ async fn slow_disk(policy: &str) {
     .await;
     let check: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(out.status.code(), Some(0), "{check}");
-    let lost = check["sessions"][0]["lost_frames"].as_u64().expect("lost");
+    let lost = check["sessions"][0]["lostFrames"].as_u64().expect("lost");
     let gaps = check["sessions"][0]["gaps"].as_u64().expect("gaps");
     let seqs = recorded_seqs(&data).await;
     let total: u64 = seqs.values().map(|v| v.len() as u64).sum();

@@ -264,7 +264,7 @@ pub async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
     for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
         let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
         if v["dir"] == "mod->relay" {
-            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["mod_seq"].as_u64()) {
+            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["modSeq"].as_u64()) {
                 assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
                 seqs.entry(ch.to_string()).or_default().push(seq);
             }

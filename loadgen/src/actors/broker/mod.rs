@@ -1,6 +1,6 @@
 //! Peers measured by the same harness: a Redis pub/sub server and a NATS server, each as a
 //! process of its own, a publisher thread sending the simulated mod's event bodies on the same
-//! schedule (and pace) as the mod, and subscribers that count into the same [`Tally`] as the
+//! schedule (and pace) as the mod, and subscribers that count into the same `Tally` as the
 //! relay's bridges. So "the relay delivers N events/s, Redis M" is measured with one client
 //! code path, on the same machine, in one run.
 //!
