@@ -447,18 +447,26 @@ async fn deaf_bridge_is_cut(addr: &Addr, honest: &mut Client) {
     deaf.write_all(&wire("session/hello", hello))
         .await
         .expect("hello");
-    deaf.write_all(&wire("events/subscribe", json!({"channels": CHANNELS})))
-        .await
-        .expect("subscribe");
+    // The welcome is read byte by byte (nothing beyond it is taken off the socket): once it
+    // is here the relay has listed the bridge, so its leaving the list later is the cut.
+    let welcome = read_one_frame(&mut deaf).await;
+    assert!(welcome.contains("\"result\""), "welcomed: {welcome}");
     let deaf_listed = |st: &Value| {
         st["bridges"]
             .as_array()
             .is_some_and(|b| b.iter().any(|b| b["bridgeVersion"] == "deaf"))
     };
+    let st = honest
+        .call("relay/status", json!({}))
+        .await
+        .expect("status");
+    assert!(deaf_listed(&st), "the welcomed deaf bridge is listed: {st}");
+    deaf.write_all(&wire("events/subscribe", json!({"channels": CHANNELS})))
+        .await
+        .expect("subscribe");
     // Generous: the cut itself comes 300 ms after the socket buffers fill, but a loaded
     // machine may take long to fill them.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen_deaf = false;
     loop {
         assert!(
             Instant::now() < deadline,
@@ -468,8 +476,7 @@ async fn deaf_bridge_is_cut(addr: &Addr, honest: &mut Client) {
             .call("relay/status", json!({}))
             .await
             .expect("status");
-        seen_deaf |= deaf_listed(&st);
-        if seen_deaf && !deaf_listed(&st) {
+        if !deaf_listed(&st) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -516,4 +523,27 @@ async fn a_replay_bridge_that_never_reads_is_cut_under_every_policy() {
         );
         cancel.cancel();
     }
+}
+
+/// Reads exactly one `Content-Length` frame off `s`, one byte at a time for the header so
+/// nothing after the frame is consumed; returns its body as text.
+async fn read_one_frame(s: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.expect("frame header");
+        head.push(byte[0]);
+        assert!(head.len() < 1024, "a header of sane size");
+    }
+    let head = String::from_utf8(head).expect("ascii header");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length:"))
+        .expect("Content-Length")
+        .trim()
+        .parse()
+        .expect("a length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.expect("frame body");
+    String::from_utf8(body).expect("utf-8 body")
 }

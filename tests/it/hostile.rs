@@ -216,7 +216,10 @@ async fn bridge_cap_and_subscription_cap() {
         .await
         .expect("tcp accept still happens");
     let msg = third
-        .request("session/hello", json!({"token": h.token}))
+        .request(
+            "session/hello",
+            json!({"token": h.token, "bridgeVersion": "third/1", "platform": "linux", "launchId": "l"}),
+        )
         .await
         .expect("refusal");
     assert_eq!(error_code(&msg), -32002);
