@@ -164,16 +164,19 @@ async fn slow_disk(policy: &str) {
     assert_eq!(
         honest.seen(),
         EVENTS,
-        "the honest bridge lost events silently: {} received, {} announced dropped; the mod \
-         accepted {} connections",
+        "the honest bridge lost events silently: {} received, {} announced dropped, {} before \
+         it subscribed; the mod accepted {} connections",
         honest.received.load(Ordering::Relaxed),
         honest.announced_dropped.load(Ordering::Relaxed),
+        honest.before_subscribing.load(Ordering::Relaxed),
         rig.sim.accepted()
     );
     eprintln!(
-        "{policy}: the honest bridge received {} events ({} announced dropped)",
+        "{policy}: the honest bridge received {} events ({} announced dropped, {} before it \
+         subscribed)",
         honest.received.load(Ordering::Relaxed),
-        honest.announced_dropped.load(Ordering::Relaxed)
+        honest.announced_dropped.load(Ordering::Relaxed),
+        honest.before_subscribing.load(Ordering::Relaxed)
     );
     let errors = metric(&rig.metrics, "gabp_record_errors_total").await;
     let lost_metric = metric(&rig.metrics, "gabp_record_lost_frames_total").await;

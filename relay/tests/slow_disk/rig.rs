@@ -75,14 +75,21 @@ pub async fn run(args: &[&str]) -> std::process::Output {
 pub struct Reader {
     pub received: Arc<AtomicU64>,
     pub announced_dropped: Arc<AtomicU64>,
+    /// Events published before this bridge subscribed: the relay numbers each channel from 0,
+    /// so the first seq seen on a channel (event or drop notice) counts those it never got.
+    pub before_subscribing: Arc<AtomicU64>,
     pub disordered: Arc<AtomicBool>,
     pub task: tokio::task::JoinHandle<()>,
 }
 
 impl Reader {
-    /// Events accounted for: received or announced dropped.
+    /// Events accounted for: received, announced dropped, or published before it subscribed
+    /// (with subscribe-all the mod streams from the session's start, and a bridge gets what is
+    /// published after its subscription).
     pub fn seen(&self) -> u64 {
-        self.received.load(Ordering::Relaxed) + self.announced_dropped.load(Ordering::Relaxed)
+        self.received.load(Ordering::Relaxed)
+            + self.announced_dropped.load(Ordering::Relaxed)
+            + self.before_subscribing.load(Ordering::Relaxed)
     }
 }
 
@@ -95,16 +102,29 @@ pub async fn reader(addr: &gabp_sim::Addr) -> Reader {
         .expect("subscribe");
     let received = Arc::new(AtomicU64::new(0));
     let announced_dropped = Arc::new(AtomicU64::new(0));
+    let before_subscribing = Arc::new(AtomicU64::new(0));
     let disordered = Arc::new(AtomicBool::new(false));
-    let (r, a, d) = (
+    let (r, a, b, d) = (
         received.clone(),
         announced_dropped.clone(),
+        before_subscribing.clone(),
         disordered.clone(),
     );
     let task = tokio::spawn(async move {
         let mut last: BTreeMap<String, u64> = BTreeMap::new();
+        let mut first_seen = std::collections::BTreeSet::new();
+        let mut first = |ch: &str, seq: Option<u64>| {
+            if let Some(seq) = seq {
+                if first_seen.insert(ch.to_string()) {
+                    b.fetch_add(seq, Ordering::Relaxed);
+                }
+            }
+        };
         while let Ok(e) = c.next_event().await {
             if e["channel"] == "relay/dropped" {
+                if let Some(ch) = e["payload"]["channel"].as_str() {
+                    first(ch, e["payload"]["fromSeq"].as_u64());
+                }
                 a.fetch_add(
                     e["payload"]["count"].as_u64().unwrap_or(0),
                     Ordering::Relaxed,
@@ -119,6 +139,7 @@ pub async fn reader(addr: &gabp_sim::Addr) -> Reader {
                 continue;
             }
             if let (Some(ch), Some(seq)) = (e["channel"].as_str(), e["seq"].as_u64()) {
+                first(ch, Some(seq));
                 if last.insert(ch.to_string(), seq).is_some_and(|p| p >= seq) {
                     d.store(true, Ordering::Relaxed);
                 }
@@ -129,6 +150,7 @@ pub async fn reader(addr: &gabp_sim::Addr) -> Reader {
     Reader {
         received,
         announced_dropped,
+        before_subscribing,
         disordered,
         task,
     }
