@@ -79,6 +79,24 @@ pub fn request(id: &str, method: &str, params: Value) -> Bytes {
     Bytes::from(to_ascii_json(&v))
 }
 
+/// The strings of a JSON array, in order, with anything else in it skipped; empty for a value
+/// that is not an array. Peers send channel lists this way (`events/subscribe` params, the
+/// welcome's `capabilities.events`).
+pub fn string_list(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The channels a mod advertised in its welcome (`capabilities.events`).
+pub fn advertised_channels(welcome: &Value) -> Vec<String> {
+    string_list(&welcome["capabilities"]["events"])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +115,9 @@ mod tests {
             assert!(body.is_ascii());
             p.parse(&body, Mode::Strict).expect("valid envelope");
         }
+        let w = serde_json::json!({"capabilities": {"events": ["a", 1, "b", null]}});
+        assert_eq!(advertised_channels(&w), ["a", "b"]);
+        assert!(string_list(&serde_json::json!({"a": 1})).is_empty());
         let r = result_response(&id, serde_json::json!("😀"));
         let v: Value = serde_json::from_slice(&r).expect("json");
         assert_eq!(v["result"], "😀");

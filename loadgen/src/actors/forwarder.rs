@@ -66,12 +66,7 @@ pub async fn serve(
     let (mut up, welcome) = Client::connect_hello(&upstream, &upstream_token)
         .await
         .map_err(|e| anyhow!("baseline cannot reach the mod: {e}"))?;
-    let channels: Vec<String> = welcome["capabilities"]["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.as_str().map(String::from))
-        .collect();
+    let channels = gabp_proto::message::advertised_channels(&welcome);
     let names: Vec<&str> = channels.iter().map(String::as_str).collect();
     up.subscribe(&names).await?;
     let (frames, _up_write, _) = up.into_parts();

@@ -224,14 +224,7 @@ impl Link {
 
     /// The channels the mod advertised in its welcome.
     pub fn channels(&self) -> Vec<String> {
-        self.welcome["capabilities"]["events"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|c| c.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
+        gabp_proto::message::advertised_channels(&self.welcome)
     }
 
     /// Whether the connection to the relay is gone.

@@ -220,14 +220,7 @@ impl Front {
 
     async fn poll(&self, link: &Link, args: &Value) -> CallToolResult {
         let q = Query {
-            channels: args["channels"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|c| c.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            channels: gabp_proto::message::string_list(&args["channels"]),
             cursor: args["cursor"]
                 .as_object()
                 .map(|o| {

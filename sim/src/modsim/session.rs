@@ -197,16 +197,7 @@ pub(super) fn handle(
     method: &str,
     params: &Value,
 ) -> Result<Value, (i64, String)> {
-    let channel_list = || -> Vec<String> {
-        params["channels"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|c| c.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let channel_list = || gabp_proto::message::string_list(&params["channels"]);
     match method {
         "tools/list" => Ok(json!({"tools": [
             {"name": "sim/echo", "title": "Echo", "description": "Returns its arguments", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
