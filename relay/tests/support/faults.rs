@@ -9,9 +9,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use tokio::process::{Child, ChildStdout};
 
-use super::{cpu_ticks, BIN};
+use super::{cpu_ticks, relay};
 
 /// Whether the tests run as root (CI): there, a fault they cannot inject is a failure, not a skip.
 pub fn is_root() -> bool {
@@ -67,15 +67,13 @@ where
     }
 }
 
-/// Runs the relay binary with `args` to its end (killed if it takes two minutes).
+/// Runs the relay binary with `args` to its end: [`super::output`] with room for a slow disk
+/// (killed if it takes two minutes).
 pub async fn run(args: &[&str]) -> std::process::Output {
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        Command::new(BIN).args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("finished")
-    .expect("ran")
+    tokio::time::timeout(Duration::from_secs(120), relay().args(args).output())
+        .await
+        .expect("finished")
+        .expect("ran")
 }
 
 /// What a `serve` printed at start: its listen address and its metrics address, if any.
