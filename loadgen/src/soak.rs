@@ -47,7 +47,7 @@ struct Tally {
     violations: AtomicU64,
 }
 
-const MOD_TOKEN: &str = "soak-mod-token";
+const MOD_TOKEN: &str = "soak-mod-token-0001";
 
 /// Runs the soak and returns its report; `ok` says whether every check held.
 pub async fn run(o: SoakOptions) -> Result<Value> {

@@ -19,6 +19,21 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
+/// The shortest token an operator may set (`--token`, `--upstream-token`, the config's tokens
+/// and token files). Generated tokens are 32 hex digits; a short one could be guessed even
+/// through the per-source throttle.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Refuses a token shorter than [`MIN_TOKEN_LEN`] characters; the reason never repeats it.
+pub fn check_token_length(token: &str) -> Result<(), String> {
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Err(format!(
+            "too short (at least {MIN_TOKEN_LEN} characters; `gabp-relay token` prints a fresh one)"
+        ));
+    }
+    Ok(())
+}
+
 /// A fresh 128-bit token as 32 lowercase hex digits.
 pub fn generate_token() -> String {
     let mut bytes = [0u8; 16];

@@ -11,40 +11,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use gabp_sim::{ModSim, ModSimConfig};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+mod support;
+
+use support::faults::{cpu_time, drain, is_root, open_fds, start_up};
+use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
+
 const NOFILE: usize = 64;
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
-
-/// The process's CPU time so far (user + system), from /proc/PID/stat.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    // Fields after the command name (which may hold spaces) start at the state, field 3.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
-    Duration::from_secs_f64(ticks as f64 / clock_ticks())
-}
-
-/// Clock ticks per second of /proc's times (USER_HZ).
-fn clock_ticks() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
 
 /// One GET /metrics; the response's status line, if it answered within `wait`.
 async fn get_metrics(addr: &str, wait: Duration) -> Option<String> {
@@ -77,7 +52,7 @@ async fn metrics_accept_errors_back_off_and_recover() {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             rate: Some(20.0),
             ..ModSimConfig::default()
         },
@@ -92,11 +67,11 @@ async fn metrics_accept_errors_back_off_and_recover() {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--no-record",
             "--frame-timeout",
@@ -110,23 +85,12 @@ async fn metrics_accept_errors_back_off_and_recover() {
         .spawn()
         .expect("spawn");
     let pid = child.id().expect("pid");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut addr, mut metrics) = (None, None);
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(20), out.next_line()).await
-    {
-        if let Some(m) = line.strip_prefix("metrics on http://") {
-            metrics = Some(m.trim_end_matches("/metrics").to_string());
-        }
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            addr = Some(a.split(' ').next().expect("addr").to_string());
-        }
-        if addr.is_some() && metrics.is_some() {
-            break;
-        }
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
-    let (addr, metrics) = (addr.expect("listen line"), metrics.expect("metrics line"));
+    let up = start_up(&mut child, true).await;
+    drain(up.lines);
+    let (addr, metrics) = (
+        up.listen.expect("listen line"),
+        up.metrics.expect("metrics line"),
+    );
     let first = get_metrics(&metrics, Duration::from_secs(5)).await;
     assert!(
         first.as_deref().is_some_and(|l| l.contains("200")),

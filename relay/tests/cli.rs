@@ -47,7 +47,7 @@ async fn serve_prints_a_token_records_and_stops_on_sigterm() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--data-dir",
@@ -137,17 +137,19 @@ async fn kill_9_mid_recording_leaves_a_clean_prefix() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--data-dir",
         data,
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
     ])
     .await;
     assert_eq!(s.token, None, "a given token is not printed");
-    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.subscribe(&["world/tick", "player/move"])
         .await
         .expect("subscribe");
@@ -328,5 +330,151 @@ async fn useless_bounds_and_malformed_tokens_are_usage_errors() {
         assert_eq!(out.status.code(), Some(2), "{token:?}");
         let err = one_line(&out);
         assert!(err.contains("--token") && !err.contains("s3"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn huge_bounds_and_short_tokens_are_usage_errors_said_without_the_token() {
+    let base = [
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-record",
+        "--no-bridge-file",
+    ];
+    for (extra, expect) in [
+        (&["--max-body", "1TiB"][..], "at most 64.0 MiB"),
+        (&["--max-body", "65MiB"], "at most 64.0 MiB"),
+        (&["--outbox-bytes", "100GiB"], "at most 1.0 GiB"),
+        (&["--outbox-frames", "2000000"], "from 1 to 1048576"),
+        (&["--max-bridges", "100000"], "from 1 to 65536"),
+        (&["--retain", "2PiB"], "at most 1.0 PiB"),
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let out = output(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = one_line(&out);
+        assert!(err.contains(expect), "{extra:?}: {err}");
+    }
+    // A short token, given as a flag or in the environment: refused, never repeated.
+    let short = "shortsecret0042";
+    for flag in ["--token", "--upstream-token"] {
+        let args: Vec<&str> = base.iter().copied().chain([flag, short]).collect();
+        let out = output(&args).await;
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = one_line(&out);
+        assert!(
+            err.contains(&format!("{flag} is too short (at least 16 characters")),
+            "{err}"
+        );
+        assert!(!err.contains(short), "the token was echoed: {err}");
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        relay().args(base).env("GABP_RELAY_TOKEN", short).output(),
+    )
+    .await
+    .expect("in time")
+    .expect("ran");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!one_line(&out).contains(short));
+    // Sixteen characters are enough.
+    let sim = start_mod(None);
+    let s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "sixteen-chars-ok",
+        "--no-record",
+    ])
+    .await;
+    assert!(s.token.is_none(), "a given token is not printed");
+    Client::connect_hello(&s.addr, "sixteen-chars-ok")
+        .await
+        .expect("hello with a 16-character token");
+    drop(s);
+    // A generated token is still 32 hex digits, printed.
+    let s = serve(&[
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-record",
+    ])
+    .await;
+    let generated = s.token.clone().expect("generated token printed");
+    assert_eq!(generated.len(), 32, "{generated}");
+    assert!(
+        generated.chars().all(|c| c.is_ascii_hexdigit()),
+        "{generated}"
+    );
+    drop(s);
+    sim.stop();
+}
+
+#[tokio::test]
+async fn config_files_have_the_same_bounds_and_token_lengths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let short_file = dir.path().join("short.token");
+    std::fs::write(&short_file, "shortsecret0042\n").expect("write");
+    let cases = [
+        (
+            "token = \"shortsecret0042\"\n".to_string(),
+            "line 6: route \"a\", field token: too short",
+        ),
+        (
+            "upstream_token = \"shortsecret0042\"\n".to_string(),
+            "line 6: route \"a\", field upstream_token: too short",
+        ),
+        (
+            format!("token_file = \"{}\"\n", short_file.display()),
+            "line 6: route \"a\", field token_file: too short",
+        ),
+        (
+            "outbox_bytes = \"100GiB\"\n".to_string(),
+            "line 6: route \"a\", field outbox_bytes: \"100GiB\" is too large (at most 1.0 GiB)",
+        ),
+        (
+            "max_body = \"1TiB\"\n".to_string(),
+            "line 6: route \"a\", field max_body",
+        ),
+        (
+            "max_bridges = 100000\n".to_string(),
+            "line 6: route \"a\", field max_bridges",
+        ),
+    ];
+    for (i, (extra, expect)) in cases.iter().enumerate() {
+        let path = config_file(dir.path(), &format!("c{i}.toml"), &route_toml(extra));
+        let out = output(&["serve", "--config", &path, "--no-bridge-file"]).await;
+        assert_eq!(out.status.code(), Some(2), "{extra}");
+        let err = one_line(&out);
+        assert!(err.contains(expect), "{extra}: {err}");
+        assert!(
+            !err.contains("shortsecret0042"),
+            "the token was echoed: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn serve_help_states_the_maxima() {
+    let out = output(&["serve", "--help"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "1KiB to 64MiB",
+        "1KiB to 1GiB",
+        "1 to 1048576",
+        "1 to 65536",
+        "at most 1PiB",
+        "at least 16 characters",
+    ] {
+        assert!(help.contains(needle), "{needle}: {help}");
     }
 }

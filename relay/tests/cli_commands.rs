@@ -43,16 +43,18 @@ async fn record_a_session() -> tempfile::TempDir {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
         "--data-dir",
         data.to_str().expect("utf-8"),
     ])
     .await;
-    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
     for _ in 0..20 {
         c.next_event().await.expect("event");
@@ -108,7 +110,7 @@ async fn status_shows_the_mod_session_and_bridges_via_the_discovery_file() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--route-name",
@@ -151,7 +153,7 @@ async fn status_shows_the_mod_session_and_bridges_via_the_discovery_file() {
         table.contains("LAG (batches)") && table.contains("QUEUE (events)"),
         "{table}"
     );
-    assert!(table.contains(" up "), "{table}");
+    assert!(table.contains(" connected "), "{table}");
     assert!(table.contains("gabp-sim/0.1"), "{table}");
     // A wrong token: exit 1, one line, the token never echoed.
     let out = output(&[
@@ -432,4 +434,83 @@ async fn replay_json_prints_its_start_up_line_as_one_document() {
         .expect("stopped")
         .expect("status");
     assert_eq!(st.code(), Some(0));
+}
+
+/// The `sessions --json` list of a data dir (read-only, so it works while a relay records).
+async fn session_ids(data: &str) -> Vec<String> {
+    let out = output(&["sessions", "--json", "--data-dir", data]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&out)["sessions"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn sessions_rm_reports_an_ambiguous_prefix_even_while_a_relay_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    let sim = start_mod(None);
+    let upstream = sim.addr().to_string();
+    let s = serve(&[
+        "--upstream",
+        &upstream,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--data-dir",
+        d,
+    ])
+    .await;
+    // Two sessions of one relay: the mod drops the relay, which reconnects.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while session_ids(d).await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no first session");
+    }
+    sim.kill_connections();
+    let ids = loop {
+        let ids = session_ids(d).await;
+        if ids.len() == 2 {
+            break ids;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second session: {ids:?}"
+        );
+    };
+    let common: String = ids[0]
+        .chars()
+        .zip(ids[1].chars())
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a)
+        .collect();
+    assert!(common.len() >= 4, "{ids:?}");
+    let out = output(&["sessions", "rm", &common, "--data-dir", d]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line(&out);
+    assert!(err.contains("matches 2 sessions"), "{err}");
+    assert!(err.contains(&ids[0]) && err.contains(&ids[1]), "{err}");
+    assert!(!err.contains("in use"), "the ambiguity comes first: {err}");
+    // A removal that names one session is refused for the running relay, by its pid.
+    let out = output(&["sessions", "rm", &ids[0], "--data-dir", d]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line(&out);
+    let pid = s.child.id().expect("running");
+    assert!(
+        err.contains(&format!("in use by another process (pid {pid}")),
+        "{err}"
+    );
+    assert_eq!(session_ids(d).await.len(), 2, "nothing was removed");
+    sim.stop();
 }

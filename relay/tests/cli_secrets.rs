@@ -16,7 +16,7 @@ async fn tokens_never_reach_logs_or_recordings() {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "modtok",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
@@ -61,7 +61,7 @@ async fn tokens_never_reach_logs_or_recordings() {
         logs.contains("security: rejected session/hello"),
         "failed hellos are logged"
     );
-    for secret in [bridge_token, "modtok", "b1d9e7secret0token0value0aa56"] {
+    for secret in [bridge_token, MOD_TOKEN, "b1d9e7secret0token0value0aa56"] {
         assert!(!logs.contains(secret), "a token reached the logs");
     }
     let export = output(&["export", "latest", "--data-dir", data]).await;
@@ -71,7 +71,7 @@ async fn tokens_never_reach_logs_or_recordings() {
         recorded.contains("[redacted]"),
         "hellos are recorded with the token redacted"
     );
-    for secret in [bridge_token, "modtok"] {
+    for secret in [bridge_token, MOD_TOKEN] {
         assert!(!recorded.contains(secret), "a token reached the recording");
     }
     sim.stop();
@@ -113,7 +113,11 @@ async fn config_secrets_are_refused_and_never_echoed() {
         }
     }
     // Writable by group or others: anyone could make it run their command.
-    let path = config_file(dir.path(), "open.toml", &route_toml("token = \"t0k\"\n"));
+    let path = config_file(
+        dir.path(),
+        "open.toml",
+        &route_toml(&format!("token = \"{BRIDGE_TOKEN}\"\n")),
+    );
     for mode in [0o620, 0o602] {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
         let out = output(&["serve", "--config", &path, "--no-bridge-file"]).await;
@@ -122,7 +126,11 @@ async fn config_secrets_are_refused_and_never_echoed() {
         assert!(err.contains("writable by group or others"), "{err}");
     }
     // Owned by another user (root's tests can arrange it; root-owned configs stay accepted).
-    let foreign = config_file(dir.path(), "foreign.toml", &route_toml("token = \"t0k\"\n"));
+    let foreign = config_file(
+        dir.path(),
+        "foreign.toml",
+        &route_toml(&format!("token = \"{BRIDGE_TOKEN}\"\n")),
+    );
     match std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)) {
         Ok(()) => {
             let out = output(&["serve", "--config", &foreign, "--no-bridge-file"]).await;
@@ -138,12 +146,12 @@ async fn config_secrets_are_refused_and_never_echoed() {
         dir.path(),
         "good.toml",
         &format!(
-            "[[route]]\nname = \"a\"\nupstream = \"{}\"\nupstream_token = \"modtok\"\nlisten = \"127.0.0.1:0\"\nrecord = false\ntoken = \"t0k\"\n",
+            "[[route]]\nname = \"a\"\nupstream = \"{}\"\nupstream_token = \"{MOD_TOKEN}\"\nlisten = \"127.0.0.1:0\"\nrecord = false\ntoken = \"{BRIDGE_TOKEN}\"\n",
             sim.addr()
         ),
     );
     let mut s = serve(&["--config", &good]).await;
-    let (_c, _) = Client::connect_hello(&s.addr, "t0k")
+    let (_c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello with the configured token");
     sigterm(&s.child);
@@ -167,7 +175,7 @@ async fn mod_chosen_names_are_escaped_and_cut_in_tables_exact_in_json() {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "modtok".into(),
+            token: MOD_TOKEN.into(),
             channels: channels.clone(),
             rate: Some(400.0),
             payload_bytes: 64,
@@ -182,16 +190,18 @@ async fn mod_chosen_names_are_escaped_and_cut_in_tables_exact_in_json() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
         "--data-dir",
         data,
     ])
     .await;
-    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     let names: Vec<&str> = channels.iter().map(String::as_str).collect();
     c.subscribe(&names).await.expect("subscribe");
     let mut seen = std::collections::HashSet::new();

@@ -14,10 +14,10 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
         let bridge_file = dir.path().join(format!("bridge-{stop}.json"));
         let mut child = relay()
             .args(["serve", "--upstream", &sim.addr().to_string()])
-            .args(["--upstream-token", "modtok", "--listen", "127.0.0.1:0"])
+            .args(["--upstream-token", MOD_TOKEN, "--listen", "127.0.0.1:0"])
             .args([
                 "--token",
-                "tok",
+                BRIDGE_TOKEN,
                 "--data-dir",
                 data,
                 "--shutdown-timeout",
@@ -40,7 +40,9 @@ async fn sighup_keeps_serving_and_every_stop_signal_ends_cleanly() {
             .expect("addr");
         line_with(&mut lines, "recording to").await;
         assert!(bridge_file.exists());
-        let (mut c, _) = Client::connect_hello(&addr, "tok").await.expect("hello");
+        let (mut c, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
+            .await
+            .expect("hello");
         c.subscribe(&["world/tick"]).await.expect("subscribe");
         c.next_event().await.expect("event");
         signal(&child, "HUP");
@@ -108,16 +110,18 @@ async fn replay_backs_off_when_out_of_descriptors() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
         "--data-dir",
         data,
     ])
     .await;
-    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
     for _ in 0..20 {
         c.next_event().await.expect("event");
@@ -137,7 +141,7 @@ async fn replay_backs_off_when_out_of_descriptors() {
             "--data-dir",
             data,
         ])
-        .args(["--listen", "127.0.0.1:0", "--token", "tok"])
+        .args(["--listen", "127.0.0.1:0", "--token", BRIDGE_TOKEN])
         .env_remove("GABP_RELAY_DATA_DIR")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -182,11 +186,13 @@ async fn replay_backs_off_when_out_of_descriptors() {
     );
     // Descriptors free again: new bridges are served.
     drop(held);
-    let (mut c, _) =
-        tokio::time::timeout(Duration::from_secs(10), Client::connect_hello(&addr, "tok"))
-            .await
-            .expect("served again in time")
-            .expect("hello after descriptors came back");
+    let (mut c, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        Client::connect_hello(&addr, BRIDGE_TOKEN),
+    )
+    .await
+    .expect("served again in time")
+    .expect("hello after descriptors came back");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
     signal(&child, "TERM");
     let status = tokio::time::timeout(Duration::from_secs(10), child.wait())

@@ -121,11 +121,11 @@ async fn stdio_upstream_unix_listener_discovery_file_and_metrics() {
             "--upstream",
             "stdio",
             "--upstream-token",
-            "st",
+            MOD_TOKEN,
             "--listen",
             &listen,
             "--token",
-            "tok",
+            BRIDGE_TOKEN,
             "--metrics",
             "127.0.0.1:0",
         ])
@@ -136,7 +136,7 @@ async fn stdio_upstream_unix_listener_discovery_file_and_metrics() {
             bridge_file.to_str().expect("utf8"),
         ])
         .args([
-            "--", BIN, "mod-sim", "--stdio", "--token", "st", "--rate", "500",
+            "--", BIN, "mod-sim", "--stdio", "--token", MOD_TOKEN, "--rate", "500",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -163,14 +163,14 @@ async fn stdio_upstream_unix_listener_discovery_file_and_metrics() {
     );
     let discovered: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&bridge_file).expect("read")).expect("json");
-    assert_eq!(discovered["token"], "tok");
+    assert_eq!(discovered["token"], BRIDGE_TOKEN);
     assert_eq!(discovered["transport"]["type"], "unix");
     let addr: Addr = discovered["transport"]["address"]
         .as_str()
         .expect("address")
         .parse()
         .expect("addr");
-    let (mut c, _) = Client::connect_hello(&addr, "tok")
+    let (mut c, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
         .await
         .expect("hello over the unix socket");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
@@ -302,7 +302,7 @@ async fn discovery_file_of_a_dead_relay_is_replaced_a_live_one_never() {
         "127.0.0.1:0",
         "--no-record",
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
         "--bridge-file",
         bf,
     ];
@@ -320,7 +320,7 @@ async fn discovery_file_of_a_dead_relay_is_replaced_a_live_one_never() {
     let err = one_line(&out);
     assert!(err.contains(&format!("pid {pid}")), "{err}");
     assert_eq!(holder(&bridge_file)["metadata"]["pid"], pid, "untouched");
-    assert_eq!(holder(&bridge_file)["token"], "tok");
+    assert_eq!(holder(&bridge_file)["token"], BRIDGE_TOKEN);
     sigterm(&first.child);
     let status = tokio::time::timeout(Duration::from_secs(15), first.child.wait())
         .await

@@ -24,11 +24,11 @@ fn example_config_parses_into_routes() {
     let text = text
         .replace(
             "upstream_token_file = \"/etc/gabp-relay/colony.mod-token\"",
-            "upstream_token = \"m\"",
+            "upstream_token = \"mod-token-for-tests\"",
         )
         .replace(
             "token_file = \"/etc/gabp-relay/colony.token\"",
-            "token = \"t\"",
+            "token = \"bridge-token-for-tests\"",
         );
     let resolved = gabp_relay::config::FileConfig::parse(&text, "relay.toml")
         .expect("parses")

@@ -7,17 +7,19 @@
 //! Mounting needs root, which CI and the development machines have. Without it the tests fail
 //! as root (something is wrong) and print a loud SKIPPED otherwise.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use gabp_sim::{ModSim, ModSimConfig};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+mod support;
+
+use support::faults::{is_root, metric, recorded_seqs, run, start_up, stderr_text, until_async};
+use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
+
 const EVENTS: u64 = 30_000;
 
 struct Mount(PathBuf);
@@ -29,11 +31,6 @@ impl Drop for Mount {
             .arg(&self.0)
             .status();
     }
-}
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 fn tmpfs(dir: &Path, size: &str) -> Option<Mount> {
@@ -54,43 +51,6 @@ fn tmpfs(dir: &Path, size: &str) -> Option<Mount> {
         eprintln!("SKIPPED: cannot mount a tmpfs (not root): disk-full tests NOT RUN");
     }
     ok.then(|| Mount(dir.to_path_buf()))
-}
-
-async fn metric(addr: &str, name: &str) -> f64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.expect("response");
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls `f` until it holds, within `secs`.
-async fn until<F, Fut>(secs: u64, what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn run(args: &[&str]) -> std::process::Output {
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        Command::new(BIN).args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("finished")
-    .expect("ran")
 }
 
 /// Writes zeros into `path` until the file system is full.
@@ -120,7 +80,7 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             rate: Some(rate),
             payload_bytes: 512,
             max_events: Some(EVENTS),
@@ -134,11 +94,11 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--metrics",
             "127.0.0.1:0",
@@ -153,27 +113,8 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut metrics = None;
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await
-    {
-        if let Some(m) = line.strip_prefix("metrics on http://") {
-            metrics = Some(m.trim_end_matches("/metrics").to_string());
-        }
-        if line.starts_with("recording") {
-            break;
-        }
-    }
-    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let stderr = tokio::spawn(async move {
-        let mut all = String::new();
-        while let Ok(Some(l)) = err.next_line().await {
-            all += &l;
-            all.push('\n');
-        }
-        all
-    });
+    let metrics = start_up(&mut child, false).await.metrics;
+    let stderr = stderr_text(&mut child);
     Some(Setup {
         _dir: dir,
         _mount: mount,
@@ -193,12 +134,12 @@ impl Setup {
 
     /// Fills the disk once some frames are recorded; returns once the recorder has failed.
     async fn fill_disk(&self) {
-        until(30, "frames recorded", || async {
+        until_async(30, "frames recorded", || async {
             self.recorded().await > 2000.0
         })
         .await;
         fill(&self.mnt.join("ballast"));
-        until(30, "the recorder fails", || async {
+        until_async(30, "the recorder fails", || async {
             metric(&self.metrics, "gabp_record_errors_total").await > 0.0
         })
         .await;
@@ -216,7 +157,7 @@ impl Setup {
     /// Waits until the mod is held: what it sent stops growing, short of everything.
     async fn assert_mod_held(&self) {
         let mut last = (self.sim.emitted(), Instant::now());
-        until(30, "the mod is held", || {
+        until_async(30, "the mod is held", || {
             let now = self.sim.emitted();
             if now != last.0 {
                 last = (now, Instant::now());
@@ -256,33 +197,6 @@ impl Setup {
     }
 }
 
-/// The mod's seqs per channel in the recording, from `export`.
-async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
-    let out = run(&[
-        "export",
-        "latest",
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ])
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
-        if v["dir"] == "mod->relay" {
-            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["modSeq"].as_u64()) {
-                assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
-                seqs.entry(ch.to_string()).or_default().push(seq);
-            }
-        }
-    }
-    seqs
-}
-
 async fn check_json(data: &Path) -> (Option<i32>, serde_json::Value) {
     let out = run(&[
         "sessions",
@@ -306,11 +220,11 @@ async fn full_disk_under_stall_holds_the_mod_and_loses_nothing() {
     s.fill_disk().await;
     s.assert_mod_held().await;
     s.free_disk();
-    until(60, "the mod finishes once the disk is back", || async {
+    until_async(60, "the mod finishes once the disk is back", || async {
         s.sim.emitted() == EVENTS
     })
     .await;
-    until(30, "the recorder is healthy again", || async {
+    until_async(30, "the recorder is healthy again", || async {
         metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
     })
     .await;
@@ -336,16 +250,16 @@ async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
         return;
     };
     s.fill_disk().await;
-    until(30, "frames are lost", || async {
+    until_async(30, "frames are lost", || async {
         metric(&s.metrics, "gabp_record_lost_frames_total").await > 0.0
     })
     .await;
     s.free_disk();
-    until(60, "the mod finishes", || async {
+    until_async(60, "the mod finishes", || async {
         s.sim.emitted() == EVENTS
     })
     .await;
-    until(30, "the recorder is healthy again", || async {
+    until_async(30, "the recorder is healthy again", || async {
         metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
     })
     .await;

@@ -8,7 +8,6 @@
 //! The relay runs under `prlimit --nofile`; idle TCP connections (which it accepts and keeps
 //! until `--frame-timeout`) take up every remaining descriptor until recording needs a new file.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -16,18 +15,13 @@ use gabp_sim::{ModSim, ModSimConfig};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+mod support;
+
+use support::faults::{is_root, open_fds, recorded_seqs, run, start_up};
+use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
+
 const EVENTS: u64 = 40_000;
 const NOFILE: usize = 96;
-
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
-}
 
 #[tokio::test]
 async fn descriptors_running_out_then_coming_back_loses_nothing() {
@@ -58,7 +52,7 @@ async fn descriptors_run_out(policy: &str) {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             rate: Some(8000.0),
             payload_bytes: 4096,
             max_events: Some(EVENTS),
@@ -75,11 +69,11 @@ async fn descriptors_run_out(policy: &str) {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--frame-timeout",
             "120s",
@@ -94,19 +88,9 @@ async fn descriptors_run_out(policy: &str) {
         .spawn()
         .expect("spawn");
     let pid = child.id().expect("pid");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut addr = None;
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(20), out.next_line()).await
-    {
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            addr = Some(a.split(' ').next().expect("addr").to_string());
-        }
-        if line.starts_with("recording") {
-            break;
-        }
-    }
-    let addr = addr.expect("listen line");
+    // Its stdout stays open (`_stdout`) for the whole test.
+    let up = start_up(&mut child, false).await;
+    let (addr, _stdout) = (up.listen.expect("listen line"), up.lines);
     let (log_tx, mut log_rx) = tokio::sync::mpsc::channel::<String>(100_000);
     let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
     tokio::spawn(async move {
@@ -192,11 +176,7 @@ async fn descriptors_run_out(policy: &str) {
     let d = data.to_str().expect("utf8");
     let t = Instant::now();
     loop {
-        let o = Command::new(BIN)
-            .args(["sessions", "--json", "--data-dir", d])
-            .output()
-            .await
-            .expect("sessions");
+        let o = run(&["sessions", "--json", "--data-dir", d]).await;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
         let s = &v["sessions"][0];
         let accounted = s["events"].as_u64().unwrap_or(0) + s["lostFrames"].as_u64().unwrap_or(0);
@@ -218,31 +198,12 @@ async fn descriptors_run_out(policy: &str) {
         .expect("exits")
         .expect("status");
     assert_eq!(status.code(), Some(0), "{log}");
-    let check = Command::new(BIN)
-        .args(["sessions", "check", "--json", "--data-dir", d])
-        .output()
-        .await
-        .expect("check");
+    let check = run(&["sessions", "check", "--json", "--data-dir", d]).await;
     let report: serde_json::Value = serde_json::from_slice(&check.stdout).expect("json");
     assert!(check.status.success(), "{report}");
     let lost = report["sessions"][0]["lostFrames"].as_u64().expect("lost");
     let gaps = report["sessions"][0]["gaps"].as_u64().expect("gaps");
-    let exp = Command::new(BIN)
-        .args(["export", "latest", "--data-dir", d])
-        .output()
-        .await
-        .expect("export");
-    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for line in exp.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
-        if let (Some(ch), Some(s), "mod->relay") = (
-            v["channel"].as_str(),
-            v["modSeq"].as_u64(),
-            v["dir"].as_str().unwrap_or(""),
-        ) {
-            seqs.entry(ch.to_string()).or_default().push(s);
-        }
-    }
+    let seqs = recorded_seqs(&data).await;
     let total = seqs.values().map(Vec::len).sum::<usize>() as u64;
     if policy == "stall" {
         assert_eq!((lost, gaps), (0, 0), "{report}");

@@ -78,7 +78,7 @@ async fn idle_connections_cannot_lock_bridges_out_of_serve() {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        support::MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--token",

@@ -7,11 +7,14 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use gabp_sim::{ModSim, ModSimConfig};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+mod support;
+
+use support::faults::{drain, start_up};
+use support::{free_addr, BIN, BRIDGE_TOKEN, MOD_TOKEN};
 
 /// One request on its own connection: (status, body).
 async fn get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
@@ -50,12 +53,6 @@ async fn until_status(addr: &str, path: &str, want: u16, secs: u64) -> String {
     }
 }
 
-/// A free loopback port (bound, then released for the mod to take later).
-fn free_addr() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
-}
-
 struct Relay {
     child: Child,
     metrics: String,
@@ -69,11 +66,11 @@ async fn start_relay(upstream: std::net::SocketAddr) -> Relay {
         .arg(upstream.to_string())
         .args([
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--metrics",
             "127.0.0.1:0",
@@ -85,20 +82,10 @@ async fn start_relay(upstream: std::net::SocketAddr) -> Relay {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut metrics = None;
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(20), lines.next_line()).await
-    {
-        if let Some(m) = line.strip_prefix("metrics on http://") {
-            metrics = Some(m.trim_end_matches("/metrics").to_string());
-        }
-        if line.starts_with("recording") {
-            break;
-        }
-    }
+    let up = start_up(&mut child, false).await;
     // Keep draining stdout so the relay never blocks on it.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    drain(up.lines);
+    let metrics = up.metrics;
     Relay {
         child,
         metrics: metrics.expect("metrics line"),
@@ -121,7 +108,7 @@ async fn readyz_follows_the_mod_and_healthz_the_process() {
     let sim = ModSim::start(
         &gabp_rt::net::Addr::Tcp(mod_addr),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             ..ModSimConfig::default()
         },
     )

@@ -105,7 +105,7 @@ async fn two_stdio_routes_keep_their_own_mods() {
         dir.path(),
         "b.sh",
         &format!(
-            "echo x >> {}\nexec {BIN} mod-sim --stdio --token modtok --rate 50",
+            "echo x >> {}\nexec {BIN} mod-sim --stdio --token {MOD_TOKEN} --rate 50",
             b_starts.display()
         ),
     );
@@ -114,7 +114,7 @@ async fn two_stdio_routes_keep_their_own_mods() {
         &config,
         format!(
             "[[route]]\nname = \"a\"\nupstream_command = [\"{a}\"]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n\
-             [[route]]\nname = \"b\"\nupstream_command = [\"{b}\"]\nupstream_token = \"modtok\"\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
+             [[route]]\nname = \"b\"\nupstream_command = [\"{b}\"]\nupstream_token = \"{MOD_TOKEN}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
         ),
     )
     .expect("config");

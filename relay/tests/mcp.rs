@@ -13,6 +13,8 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+/// The simulated mod's token (the relay refuses tokens shorter than 16 characters).
+const MOD_TOKEN: &str = "mod-token-for-tests";
 
 /// The virtualenv's python with `mcp` importable; creates the venv and installs `mcp` if needed.
 fn python() -> PathBuf {
@@ -73,7 +75,7 @@ async fn serve(sim: &ModSim, dir: &Path) -> Serve {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "modtok",
+            MOD_TOKEN,
         ])
         .args(["--listen", "127.0.0.1:0", "--token", &token])
         .arg("--data-dir")
@@ -117,7 +119,7 @@ async fn serve(sim: &ModSim, dir: &Path) -> Serve {
 
 fn sim(autostart: bool, rate: Option<f64>) -> ModSim {
     let cfg = ModSimConfig {
-        token: "modtok".into(),
+        token: MOD_TOKEN.into(),
         autostart,
         rate,
         payload_bytes: 256,

@@ -14,6 +14,8 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+/// The simulated mod's token (the relay refuses tokens shorter than 16 characters).
+const MOD_TOKEN: &str = "mod-token-for-tests";
 
 struct Serve {
     _child: Child,
@@ -28,7 +30,7 @@ struct Serve {
 
 fn sim() -> ModSim {
     let cfg = ModSimConfig {
-        token: "modtok".into(),
+        token: MOD_TOKEN.into(),
         ..ModSimConfig::default()
     };
     ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
@@ -44,7 +46,7 @@ async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "modtok",
+            MOD_TOKEN,
         ])
         .args(["--listen", "127.0.0.1:0", "--token", &token, "--no-record"])
         .arg("--bridge-file")

@@ -18,10 +18,13 @@ use std::time::{Duration, Instant};
 
 use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+mod support;
+
+use support::faults::{drain, start_up};
+use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
+
 const ROUNDS: usize = 16;
 const SUBSCRIBERS: usize = 3;
 /// Subscribes each bridge keeps in flight.
@@ -31,7 +34,9 @@ const CHANNELS: usize = 4000;
 
 /// Counts `relay/session` "started" notices, and events, on a bridge of its own.
 async fn watch_starts(addr: &Addr) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
-    let (mut c, _) = Client::connect_hello(addr, "t").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     // Notices go to bridges with a subscription.
     c.subscribe(&["c/watch"]).await.expect("subscribe");
     let starts = Arc::new(AtomicU64::new(0));
@@ -56,7 +61,7 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             channels,
             // Spread over every advertised channel, only subscribed ones are sent: a few
             // events a second on each.
@@ -72,11 +77,11 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--no-record",
             "--no-subscribe-all",
@@ -86,18 +91,9 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut addr = None;
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(20), out.next_line()).await
-    {
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            addr = Some(a.split(' ').next().expect("addr").to_string());
-            break;
-        }
-    }
-    let addr: Addr = addr.expect("listen line").parse().expect("addr");
-    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let up = start_up(&mut child, false).await;
+    let addr: Addr = up.listen.expect("listen line").parse().expect("addr");
+    drain(up.lines);
     let (starts, watched) = watch_starts(&addr).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while watched.load(Ordering::SeqCst) == 0 {
@@ -111,7 +107,12 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
     for round in 0..ROUNDS {
         let mut bridges = Vec::new();
         for _ in 0..SUBSCRIBERS {
-            bridges.push(Client::connect_hello(&addr, "t").await.expect("hello").0);
+            bridges.push(
+                Client::connect_hello(&addr, BRIDGE_TOKEN)
+                    .await
+                    .expect("hello")
+                    .0,
+            );
         }
         let accepted = sim.accepted();
         let started = starts.load(Ordering::SeqCst);

@@ -41,7 +41,7 @@ async fn sessions_rm_while_recording_names_the_relay() {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: "mod-token-for-tests".into(),
             max_events: Some(100),
             ..ModSimConfig::default()
         },
@@ -88,7 +88,7 @@ async fn data_dir_and_files_are_private_and_unsafe_dirs_are_refused() {
                     "--listen",
                     "127.0.0.1:0",
                     "--token",
-                    "t",
+                    "bridge-token-for-tests",
                     "--no-bridge-file",
                 ])
                 .args(extra)

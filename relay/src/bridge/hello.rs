@@ -1,6 +1,11 @@
 //! The relay's own handshake: a bridge's `session/hello` is checked (token in constant time,
 //! failures throttled per source), then answered with the session's welcome plus the relay's
 //! extension (and the backend's, e.g. `replay`).
+//!
+//! While no mod is connected a hello waits (bounded by `hello_wait`) and then fails, unless it
+//! says `relay.withoutMod: true` (`gabp-relay status`, which asks only the relay): that bridge is
+//! welcomed at once with a relay-only welcome whose extension says `modConnected: false`;
+//! its requests to the mod then fail like any bridge's while the mod is down.
 
 use bytes::Bytes;
 use gabp_proto::{message, ErrorCode};
@@ -58,22 +63,33 @@ impl BridgeReader {
                 )
                 .await;
         }
-        let mut rx = route.session.subscribe();
-        let session = tokio::time::timeout(route.cfg.hello_wait, rx.wait_for(|s| s.is_some()))
-            .await
-            .ok()
-            .and_then(|r| r.ok())
-            .and_then(|s| s.clone());
-        let Some(session) = session else {
-            return self
-                .reply_error(
-                    Some(id),
-                    ErrorCode::ModUnavailable,
-                    "the mod is not connected; try again later",
-                )
-                .await;
+        let session = match route.current() {
+            Some(s) => Some(s),
+            // A relay-only bridge is not kept waiting for a mod it does not talk to.
+            None if p["relay"]["withoutMod"] == true => None,
+            None => {
+                let mut rx = route.session.subscribe();
+                let session =
+                    tokio::time::timeout(route.cfg.hello_wait, rx.wait_for(|s| s.is_some()))
+                        .await
+                        .ok()
+                        .and_then(|r| r.ok())
+                        .and_then(|s| s.clone());
+                if session.is_none() {
+                    return self
+                        .reply_error(
+                            Some(id),
+                            ErrorCode::ModUnavailable,
+                            "the mod is not connected; try again later",
+                        )
+                        .await;
+                }
+                session
+            }
         };
-        let mut welcome = session.welcome.clone();
+        let mut welcome = session
+            .as_ref()
+            .map_or_else(|| json!({}), |s| s.welcome.clone());
         if !welcome.is_object() {
             welcome = json!({});
         }
@@ -87,7 +103,8 @@ impl BridgeReader {
             "name": "gabp-relay",
             "version": VERSION,
             "route": route.cfg.name,
-            "sessionId": session.id.to_string(),
+            "sessionId": session.as_ref().map(|s| s.id.to_string()),
+            "modConnected": session.is_some(),
             "backpressure": {
                 "policy": route.cfg.on_slow.as_str(),
                 "outboxFrames": route.cfg.outbox_frames,
@@ -120,7 +137,7 @@ impl BridgeReader {
             policy: route.cfg.on_slow.as_str().into(),
         };
         *self.bridge.info.lock() = Some(info.clone());
-        if let Some(rec) = &route.recorder {
+        if let (Some(rec), Some(session)) = (&route.recorder, &session) {
             rec.send(RecMsg::Bridge {
                 session: session.id,
                 info: Box::new(info),

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use crate::config::file::Layer;
-use crate::config::{units, FileConfig};
-use crate::{discovery, Relay, RelayConfig};
+use crate::config::{limits, units, FileConfig};
+use crate::{auth, discovery, Relay, RelayConfig};
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
@@ -25,20 +25,20 @@ pub struct PolicyFlags {
     #[arg(long, value_parser = timeout)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout: Option<String>,
-    /// Per-bridge outbox bound in events, at least 1 [default: 16384].
-    #[arg(long, value_parser = count)]
+    /// Per-bridge outbox bound in events, 1 to 1048576 [default: 16384].
+    #[arg(long, value_parser = outbox_frames)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_frames: Option<usize>,
-    /// Per-bridge outbox bound in bytes, e.g. 16MiB; at least 1KiB [default: 16MiB].
-    #[arg(long, value_parser = size)]
+    /// Per-bridge outbox bound in bytes, e.g. 16MiB; 1KiB to 1GiB [default: 16MiB].
+    #[arg(long, value_parser = outbox_bytes)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_bytes: Option<String>,
-    /// Largest accepted frame body, e.g. 1MiB; at least 1KiB [default: 1MiB].
-    #[arg(long, value_parser = size)]
+    /// Largest accepted frame body, e.g. 1MiB; 1KiB to 64MiB [default: 1MiB].
+    #[arg(long, value_parser = max_body)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_body: Option<String>,
-    /// Bridges connected at once, at least 1 [default: 256].
-    #[arg(long, value_parser = count)]
+    /// Bridges connected at once, 1 to 65536 [default: 256].
+    #[arg(long, value_parser = max_bridges)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_bridges: Option<usize>,
     /// How long a connection may take to say hello, or a frame to arrive whole [default: 10s].
@@ -94,7 +94,7 @@ pub struct GlobalFlags {
     #[arg(long, value_parser = ["stall", "continue"])]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on_record_error: Option<String>,
-    /// Keep recordings by age and/or size, e.g. 7d, 10GiB or 7d,10GiB [default: keep all].
+    /// Keep recordings by age and/or size (at most 1PiB), e.g. 7d, 10GiB or 7d,10GiB [default: keep all].
     #[arg(long, value_parser = retention)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retain: Option<String>,
@@ -123,10 +123,10 @@ pub struct ServeArgs {
     /// Serve MCP's Streamable HTTP transport at http://ADDR/mcp for the first route (bearer token).
     #[arg(long, value_name = "ADDR")]
     pub mcp_listen: Option<std::net::SocketAddr>,
-    /// Token bridges must present [default: generated and printed].
+    /// Token bridges must present, at least 16 characters [default: generated and printed].
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Token the relay presents to the mod.
+    /// Token the relay presents to the mod, at least 16 characters [default: none].
     #[arg(long, env = "GABP_UPSTREAM_TOKEN", hide_env_values = true)]
     pub upstream_token: Option<String>,
     /// Route name used in recordings, metrics and the discovery file.
@@ -167,12 +167,27 @@ fn duration(s: &str) -> Result<String, String> {
     units::parse_duration(s).map(|_| s.to_string())
 }
 
-fn size(s: &str) -> Result<String, String> {
-    units::parse_size_at_least(s, 1024).map(|_| s.to_string())
+fn outbox_bytes(s: &str) -> Result<String, String> {
+    units::parse_size_in(s, limits::MIN_SIZE, limits::OUTBOX_BYTES).map(|_| s.to_string())
 }
 
-fn count(s: &str) -> Result<usize, String> {
-    units::parse_count_at_least(s, 1)
+fn max_body(s: &str) -> Result<String, String> {
+    units::parse_size_in(s, limits::MIN_SIZE, limits::MAX_BODY).map(|_| s.to_string())
+}
+
+fn outbox_frames(s: &str) -> Result<usize, String> {
+    units::parse_count_in(s, 1, limits::OUTBOX_FRAMES)
+}
+
+fn max_bridges(s: &str) -> Result<usize, String> {
+    units::parse_count_in(s, 1, limits::MAX_BRIDGES)
+}
+
+/// A token given on the command line: well-formed and long enough, said without its value.
+fn flag_token<'t>(flag: &str, t: &'t str) -> Result<&'t str> {
+    check_token(t).map_err(|e| usage(e.to_string().replace("--token", flag)))?;
+    auth::check_token_length(t).map_err(|m| usage(format!("{flag} is {m}")))?;
+    Ok(t)
 }
 
 fn retention(s: &str) -> Result<String, String> {
@@ -210,10 +225,13 @@ impl ServeArgs {
             .map_err(|e| usage(format!("--listen: {e}")))?;
         t.insert("listen".into(), listen.clone().into());
         if let Some(tok) = &self.token {
-            t.insert("token".into(), check_token(tok)?.into());
+            t.insert("token".into(), flag_token("--token", tok)?.into());
         }
         if let Some(tok) = self.upstream_token.as_ref().filter(|t| !t.is_empty()) {
-            t.insert("upstream_token".into(), tok.clone().into());
+            t.insert(
+                "upstream_token".into(),
+                flag_token("--upstream-token", tok)?.into(),
+            );
         }
         Ok(Some(t))
     }

@@ -65,6 +65,22 @@ pub fn resolve(store: &Store, query: &str) -> Result<SessionMeta> {
     }
 }
 
+/// Opens the data dir for `rm` or `--retain`. While a relay records, what `rm` was asked is
+/// still checked first, read-only: an ambiguous or unknown session says so (with the
+/// candidates), as it would without a relay; only a removal that could be done is refused for
+/// the lock.
+fn open_for_change(a: &SessionsArgs) -> Result<Store> {
+    match Store::open_for_change(&a.dir.data_dir) {
+        Err(locked @ StoreError::Locked { .. }) => {
+            if let Some(SessionsCmd::Rm { session }) = &a.cmd {
+                resolve(&Store::open_for_reading(&a.dir.data_dir)?, session)?;
+            }
+            Err(locked.into())
+        }
+        r => Ok(r?),
+    }
+}
+
 /// The JSON form of one catalog entry.
 fn meta_json(m: &SessionMeta) -> serde_json::Value {
     json!({
@@ -79,7 +95,7 @@ fn meta_json(m: &SessionMeta) -> serde_json::Value {
 pub fn run(a: SessionsArgs) -> Result<()> {
     let changes = matches!(a.cmd, Some(SessionsCmd::Rm { .. })) || a.retain.is_some();
     let store = if changes {
-        Store::open_for_change(&a.dir.data_dir)?
+        open_for_change(&a)?
     } else {
         Store::open_for_reading(&a.dir.data_dir)?
     };

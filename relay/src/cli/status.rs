@@ -33,7 +33,7 @@ pub struct StatusArgs {
     /// The bridge token for --address.
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// How long to wait for each relay's answer (a hello waits while the mod is away).
+    /// How long to wait for each relay's answer.
     #[arg(long, value_parser = crate::config::parse_timeout, default_value = "15s")]
     pub wait: Duration,
     #[command(flatten)]
@@ -136,7 +136,8 @@ async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
             )
         })??;
     c.set_wait(wait);
-    let hello = json!({"token": t.token, "bridgeVersion": format!("gabp-relay-status/{}", env!("CARGO_PKG_VERSION")), "platform": std::env::consts::OS, "launchId": launch});
+    // `withoutMod`: welcomed at once even while the mod is down, which status reports.
+    let hello = json!({"token": t.token, "bridgeVersion": format!("gabp-relay-status/{}", env!("CARGO_PKG_VERSION")), "platform": std::env::consts::OS, "launchId": launch, "relay": {"withoutMod": true}});
     c.call("session/hello", hello).await?;
     let status = c.call("relay/status", json!({})).await?;
     let _ = c.close().await;
@@ -180,7 +181,7 @@ fn render(docs: &[Value]) -> Result<()> {
     let s = |v: &Value| v.as_str().map_or("-".to_string(), display::name);
     let n = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
     outln!(
-        "{:<16} {:<22} {:<7} {:<36} {:>7} {:>13} {:>8}  RECORDER",
+        "{:<16} {:<22} {:<12} {:<36} {:>7} {:>13} {:>8}  RECORDER",
         "ROUTE",
         "LISTEN",
         "MOD",
@@ -209,13 +210,13 @@ fn render(docs: &[Value]) -> Result<()> {
             _ => "ok",
         };
         outln!(
-            "{:<16} {:<22} {:<7} {:<36} {:>7} {:>13} {:>8}  {}",
+            "{:<16} {:<22} {:<12} {:<36} {:>7} {:>13} {:>8}  {}",
             s(&st["route"]),
             s(&d["address"]),
             if d["modConnected"] == true {
-                "up"
+                "connected"
             } else {
-                "down"
+                "disconnected"
             },
             s(&st["session"]["id"]),
             st["bridges"].as_array().map_or(0, Vec::len),

@@ -13,7 +13,8 @@ use serde::Deserialize;
 
 use super::trust::{check_trusted, io_text, read_token_file};
 use super::units::{self, num_or_text};
-use super::{OnRecordError, OnSlow, RelayConfig, Retention, RouteConfig, Upstream};
+use super::{limits, OnRecordError, OnSlow, RelayConfig, Retention, RouteConfig, Upstream};
+use crate::auth;
 use gabp_rt::Addr;
 
 /// The TOML form of a config file (and of the flags layered over it).
@@ -159,6 +160,18 @@ fn line_of(text: &str, key: &str, from: usize) -> Option<usize> {
         .map(|(i, _)| i + 1)
 }
 
+/// The 1-based line of the file's `index`-th `[[route]]` header (0 is the first), if any.
+fn route_header(text: &str, index: usize) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
+            l.starts_with("[[route]]")
+        })
+        .nth(index)
+        .map(|(i, _)| i + 1)
+}
+
 impl FileConfig {
     /// Reads, checks (owner and mode) and parses a config file.
     pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
@@ -244,16 +257,26 @@ impl FileConfig {
         Ok(merged)
     }
 
-    /// An error about `field` (of `route`, when given), pointing at its line when the file has it.
-    fn field_error(&self, file: &str, route: Option<&str>, field: &str, m: String) -> ConfigError {
-        let from = route
-            .and_then(|r| line_of(&self.text, &format!("name = {r:?}"), 1).or(Some(1)))
-            .unwrap_or(1);
-        let at = line_of(&self.text, field, from)
+    /// An error about `field` (of the `index`-th route, named `name`, when given), pointing at
+    /// its line when the file has it: a route's field is looked for from its own `[[route]]`
+    /// header on, so two routes of the same name are told apart.
+    fn field_error(
+        &self,
+        file: &str,
+        route: Option<(usize, &str)>,
+        field: &str,
+        m: String,
+    ) -> ConfigError {
+        let from = route.map_or(1, |(i, _)| route_header(&self.text, i).unwrap_or(1));
+        // A route given by flags has no line; a top-level field is found before any route.
+        let at = route
+            .is_none_or(|(i, _)| route_header(&self.text, i).is_some())
+            .then(|| line_of(&self.text, field, from))
+            .flatten()
             .map(|l| format!("line {l}: "))
             .unwrap_or_default();
         let what = match route {
-            Some(r) => format!("route {r:?}, field {field}"),
+            Some((_, r)) => format!("route {r:?}, field {field}"),
             None => format!("field {field}"),
         };
         ConfigError {
@@ -314,25 +337,28 @@ impl FileConfig {
     /// The routes, resolved (token files read, addresses parsed, bounds checked).
     pub fn routes(&self, file: &str) -> Result<Vec<RouteConfig>, ConfigError> {
         let mut out = Vec::new();
-        for r in &self.routes {
-            out.push(self.route(r, file)?);
+        for (i, r) in self.routes.iter().enumerate() {
+            out.push(self.route(i, r, file)?);
         }
-        let mut names = std::collections::HashSet::new();
-        for r in &out {
-            if !names.insert(r.name.clone()) {
+        let mut names = std::collections::HashMap::new();
+        for (i, r) in out.iter().enumerate() {
+            if let Some(first) = names.insert(r.name.clone(), i) {
+                // Reported at the second route, saying where the first one is.
+                let earlier = route_header(&self.text, first)
+                    .map_or(String::new(), |l| format!(" (the first is at line {l})"));
                 return Err(self.field_error(
                     file,
-                    Some(&r.name),
+                    Some((i, &r.name)),
                     "name",
-                    "route names must be unique".into(),
+                    format!("route names must be unique{earlier}"),
                 ));
             }
         }
         Ok(out)
     }
 
-    fn route(&self, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
-        let err = |field: &str, m: String| self.field_error(file, Some(&r.name), field, m);
+    fn route(&self, index: usize, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
+        let err = |field: &str, m: String| self.field_error(file, Some((index, &r.name)), field, m);
         let upstream = match (&r.upstream, &r.upstream_command) {
             (Some(a), None) => Upstream::Addr(a.parse().map_err(|m| err("upstream", m))?),
             (None, Some(cmd)) if !cmd.is_empty() => Upstream::Stdio(cmd.clone()),
@@ -351,8 +377,15 @@ impl FileConfig {
                     "must not be empty (leave it out to have one generated)".into(),
                 ))
             }
-            (Some(t), None) => (t.clone(), false),
-            (None, Some(p)) => (read_token_file(p).map_err(|m| err("token_file", m))?, false),
+            (Some(t), None) => {
+                auth::check_token_length(t).map_err(|m| err("token", m))?;
+                (t.clone(), false)
+            }
+            (None, Some(p)) => {
+                let t = read_token_file(p).map_err(|m| err("token_file", m))?;
+                auth::check_token_length(&t).map_err(|m| err("token_file", m))?;
+                (t, false)
+            }
             (None, None) => (crate::auth::generate_token(), true),
             _ => {
                 return Err(err(
@@ -363,18 +396,30 @@ impl FileConfig {
         };
         let mut rc = RouteConfig::new(&r.name, upstream, listen, token);
         rc.token_generated = generated;
+        // An empty upstream token means the mod asks for none.
         rc.upstream_token = match (&r.upstream_token, &r.upstream_token_file) {
-            (Some(t), _) => t.clone(),
-            (None, Some(p)) => read_token_file(p).map_err(|m| err("upstream_token_file", m))?,
+            (Some(t), _) if t.is_empty() => String::new(),
+            (Some(t), _) => {
+                auth::check_token_length(t).map_err(|m| err("upstream_token", m))?;
+                t.clone()
+            }
+            (None, Some(p)) => {
+                let t = read_token_file(p).map_err(|m| err("upstream_token_file", m))?;
+                auth::check_token_length(&t).map_err(|m| err("upstream_token_file", m))?;
+                t
+            }
             (None, None) => String::new(),
         };
-        let count = |v: Option<usize>, field: &str| match v {
-            Some(0) => Err(err(field, "expected a whole number of at least 1".into())),
+        let count = |v: Option<usize>, field: &str, max: usize| match v {
+            Some(n) if n == 0 || n > max => Err(err(
+                field,
+                format!("expected a whole number from 1 to {max}"),
+            )),
             v => Ok(v),
         };
-        let size = |v: &Option<String>, field: &str| {
+        let size = |v: &Option<String>, field: &str, max: usize| {
             v.as_deref()
-                .map(|s| units::parse_size_at_least(s, 1024))
+                .map(|s| units::parse_size_in(s, limits::MIN_SIZE, max))
                 .transpose()
                 .map_err(|m| err(field, m))
         };
@@ -385,10 +430,13 @@ impl FileConfig {
                 .map_err(|m| err(field, m))
         };
         rc.on_slow = r.on_slow.unwrap_or(rc.on_slow);
-        rc.outbox_frames = count(r.outbox_frames, "outbox_frames")?.unwrap_or(rc.outbox_frames);
-        rc.outbox_bytes = size(&r.outbox_bytes, "outbox_bytes")?.unwrap_or(rc.outbox_bytes);
-        rc.max_body = size(&r.max_body, "max_body")?.unwrap_or(rc.max_body);
-        rc.max_bridges = count(r.max_bridges, "max_bridges")?.unwrap_or(rc.max_bridges);
+        rc.outbox_frames = count(r.outbox_frames, "outbox_frames", limits::OUTBOX_FRAMES)?
+            .unwrap_or(rc.outbox_frames);
+        rc.outbox_bytes =
+            size(&r.outbox_bytes, "outbox_bytes", limits::OUTBOX_BYTES)?.unwrap_or(rc.outbox_bytes);
+        rc.max_body = size(&r.max_body, "max_body", limits::MAX_BODY)?.unwrap_or(rc.max_body);
+        rc.max_bridges =
+            count(r.max_bridges, "max_bridges", limits::MAX_BRIDGES)?.unwrap_or(rc.max_bridges);
         rc.request_timeout =
             timeout(&r.request_timeout, "request_timeout")?.unwrap_or(rc.request_timeout);
         rc.frame_timeout = timeout(&r.frame_timeout, "frame_timeout")?.unwrap_or(rc.frame_timeout);
@@ -460,6 +508,35 @@ mod tests {
         assert!(
             e.to_string().contains("line 4: route \"a\", field listen"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_route_is_reported_at_the_second_one() {
+        let route = |name: &str, listen: &str| {
+            format!(
+                "[[route]]\nname = \"{name}\"\nupstream = \"127.0.0.1:1\"\nlisten = \"{listen}\"\n"
+            )
+        };
+        let text = format!(
+            "{}\n{}\n{}",
+            route("a", "127.0.0.1:0"),
+            route("b", "127.0.0.1:0"),
+            route("a", "nonsense")
+        );
+        let cfg = FileConfig::parse(&text, "r.toml").expect("parses");
+        // A field of the second "a" is found in that route, not in the first.
+        let e = cfg.routes("r.toml").expect_err("bad address");
+        assert!(
+            e.to_string().contains("line 14: route \"a\", field listen"),
+            "{e}"
+        );
+        let text = text.replace("nonsense", "127.0.0.1:0");
+        let cfg = FileConfig::parse(&text, "r.toml").expect("parses");
+        let e = cfg.routes("r.toml").expect_err("duplicate");
+        assert_eq!(
+            e.to_string(),
+            "r.toml: line 12: route \"a\", field name: route names must be unique (the first is at line 1)"
         );
     }
 

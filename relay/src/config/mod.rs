@@ -19,6 +19,24 @@ use gabp_rt::Addr;
 use gabp_storage::{Compression, Durability};
 use serde::Deserialize;
 
+/// The largest bounds an operator may set, flags and config file alike: what a production relay
+/// on one machine would ever need. Anything bigger is a typo (`1TiB` for `1MiB`) that would let
+/// one bridge or one frame take the machine's memory.
+pub mod limits {
+    /// `max_body`: 64 MiB (the default is 1 MiB).
+    pub const MAX_BODY: usize = 64 << 20;
+    /// `outbox_bytes`, per bridge: 1 GiB (the default is 16 MiB).
+    pub const OUTBOX_BYTES: usize = 1 << 30;
+    /// `outbox_frames`, per bridge: 1,048,576 events (the default is 16,384).
+    pub const OUTBOX_FRAMES: usize = 1 << 20;
+    /// `max_bridges`, per route: 65,536 (the default is 256).
+    pub const MAX_BRIDGES: usize = 1 << 16;
+    /// The size part of `retain`: 1 PiB.
+    pub const RETAIN_BYTES: u64 = 1 << 50;
+    /// The smallest `max_body` and `outbox_bytes`: 1 KiB.
+    pub const MIN_SIZE: usize = 1024;
+}
+
 /// What happens when a bridge's outbox is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -192,6 +210,12 @@ impl std::str::FromStr for Retention {
             if let Ok(d) = parse_duration(part) {
                 r.max_age = Some(d);
             } else if let Ok(b) = parse_size(part) {
+                if b > limits::RETAIN_BYTES {
+                    return Err(format!(
+                        "retention size {part:?} is too large (at most {})",
+                        crate::display::bytes(limits::RETAIN_BYTES)
+                    ));
+                }
                 r.max_bytes = Some(b);
             } else {
                 return Err(format!(
@@ -268,5 +292,9 @@ mod tests {
         assert_eq!(r.max_age, Some(Duration::from_secs(7 * 86400)));
         assert_eq!(r.max_bytes, Some(10 << 30));
         assert!("7 parsecs".parse::<Retention>().is_err());
+        assert!("2PiB"
+            .parse::<Retention>()
+            .expect_err("too large")
+            .contains("at most 1.0 PiB"));
     }
 }

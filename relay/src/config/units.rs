@@ -82,24 +82,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| invalid())
 }
 
-/// A size of at least `min` bytes, as a `usize`.
-pub fn parse_size_at_least(s: &str, min: usize) -> Result<usize, String> {
+/// A size from `min` to `max` bytes, as a `usize`.
+pub fn parse_size_in(s: &str, min: usize, max: usize) -> Result<usize, String> {
     let n = parse_size(s)?;
+    let show = |b: usize| crate::display::bytes(b as u64);
     match usize::try_from(n) {
-        Ok(n) if n >= min => Ok(n),
-        Ok(_) => Err(format!(
-            "{s:?} is too small (at least {})",
-            crate::display::bytes(min as u64)
-        )),
-        Err(_) => Err(format!("{s:?} is too large")),
+        Ok(n) if n < min => Err(format!("{s:?} is too small (at least {})", show(min))),
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(format!("{s:?} is too large (at most {})", show(max))),
     }
 }
 
-/// A whole number of at least `min` (a bound of 0 would make the relay useless, not safe).
-pub fn parse_count_at_least(s: &str, min: usize) -> Result<usize, String> {
+/// A whole number from `min` to `max` (a bound of 0 would make the relay useless, not safe;
+/// a huge one is a typo that would let one client take the machine's memory).
+pub fn parse_count_in(s: &str, min: usize, max: usize) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
-        Ok(n) if n >= min => Ok(n),
-        _ => Err(format!("expected a whole number of at least {min}")),
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected a whole number from {min} to {max}")),
     }
 }
 
@@ -156,8 +155,16 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64 KiB"), Ok(64 << 10));
         assert!(parse_size("lots").is_err());
-        assert!(parse_size_at_least("512", 1024)
+        assert!(parse_size_in("512", 1024, 4096)
             .expect_err("small")
             .contains("at least 1.0 KiB"));
+        assert!(parse_size_in("1TiB", 1024, 64 << 20)
+            .expect_err("large")
+            .contains("at most 64.0 MiB"));
+        assert!(parse_size_in("99999999999999999999", 1024, 64 << 20).is_err());
+        assert_eq!(parse_size_in("64MiB", 1024, 64 << 20), Ok(64 << 20));
+        assert_eq!(parse_count_in("65536", 1, 65536), Ok(65536));
+        assert!(parse_count_in("65537", 1, 65536).is_err());
+        assert!(parse_count_in("0", 1, 65536).is_err());
     }
 }

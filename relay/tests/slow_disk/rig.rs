@@ -17,7 +17,15 @@ pub use tokio::process::{Child, Command};
 
 use crate::slowfs;
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+// The shared test helpers, reached from this nested test crate by path.
+#[path = "../support/mod.rs"]
+mod support;
+
+pub use support::faults::{
+    is_root, metric, recorded_seqs, run, start_up, stderr_text, until_async as until,
+};
+pub use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
+
 /// Event body size: large, so the recorder's 256 MiB byte budget is the queue bound reached.
 pub const PAYLOAD: usize = 4096;
 /// Events the mod sends in all: about 1.25 times the queue's byte budget.
@@ -27,48 +35,6 @@ pub const QUEUE_BUDGET: f64 = 256.0 * 1024.0 * 1024.0;
 /// The slow disk: 2 MiB/s and 40 ms per fsync.
 pub const SLOW_BW: u64 = 2 << 20;
 pub const SLOW_FSYNC: Duration = Duration::from_millis(40);
-
-pub fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
-pub async fn metric(addr: &str, name: &str) -> f64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("metrics");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.expect("response");
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Polls `f` until it holds, within `secs`.
-pub async fn until<F, Fut>(secs: u64, what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub async fn run(args: &[&str]) -> std::process::Output {
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        Command::new(BIN).args(args).kill_on_drop(true).output(),
-    )
-    .await
-    .expect("finished")
-    .expect("ran")
-}
 
 /// A bridge that reads every event, checking each channel's seqs only grow, and counting the
 /// events the relay announced it dropped for it (`relay/dropped`), if it fell behind.
@@ -94,7 +60,9 @@ impl Reader {
 }
 
 pub async fn reader(addr: &gabp_sim::Addr) -> Reader {
-    let (mut c, _) = Client::connect_hello(addr, "t").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     // While the mod is held no event may come for a while: that is not the end.
     c.set_wait(Duration::from_secs(600));
     c.subscribe(&["world/tick", "player/move", "chat/message"])
@@ -192,7 +160,7 @@ pub async fn start(policy: &str) -> Option<Rig> {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: MOD_TOKEN.into(),
             rate: Some(12_000.0),
             payload_bytes: PAYLOAD,
             max_events: Some(EVENTS),
@@ -206,11 +174,11 @@ pub async fn start(policy: &str) -> Option<Rig> {
             "--upstream",
             &sim.addr().to_string(),
             "--upstream-token",
-            "m",
+            MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            BRIDGE_TOKEN,
             "--no-bridge-file",
             "--metrics",
             "127.0.0.1:0",
@@ -224,30 +192,9 @@ pub async fn start(policy: &str) -> Option<Rig> {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut metrics, mut listen) = (None, None);
-    while let Ok(Ok(Some(line))) =
-        tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await
-    {
-        if let Some(m) = line.strip_prefix("metrics on http://") {
-            metrics = Some(m.trim_end_matches("/metrics").to_string());
-        }
-        if let Some(a) = line.split(" listening on ").nth(1) {
-            listen = Some(a.split(' ').next().expect("addr").to_string());
-        }
-        if line.starts_with("recording") {
-            break;
-        }
-    }
-    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let stderr = tokio::spawn(async move {
-        let mut all = String::new();
-        while let Ok(Some(l)) = err.next_line().await {
-            all += &l;
-            all.push('\n');
-        }
-        all
-    });
+    let up = start_up(&mut child, false).await;
+    let (metrics, listen) = (up.metrics, up.listen);
+    let stderr = stderr_text(&mut child);
     let (Some(metrics), Some(listen)) = (metrics, listen) else {
         let _ = child.start_kill();
         let _ = child.wait().await;
@@ -266,33 +213,6 @@ pub async fn start(policy: &str) -> Option<Rig> {
         listen: listen.parse().expect("listen addr"),
         stderr,
     })
-}
-
-/// The mod's seqs per channel in the recording, from `export`.
-pub async fn recorded_seqs(data: &Path) -> BTreeMap<String, Vec<u64>> {
-    let out = run(&[
-        "export",
-        "latest",
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ])
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut seqs: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for line in out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let v: serde_json::Value = serde_json::from_slice(line).expect("jsonl");
-        if v["dir"] == "mod->relay" {
-            if let (Some(ch), Some(seq)) = (v["channel"].as_str(), v["modSeq"].as_u64()) {
-                assert_eq!(v["msg"]["seq"].as_u64(), Some(seq));
-                seqs.entry(ch.to_string()).or_default().push(seq);
-            }
-        }
-    }
-    seqs
 }
 
 /// Bytes one event takes in the recorder's budget (its body, which the mod pads to PAYLOAD).

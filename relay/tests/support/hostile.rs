@@ -17,9 +17,9 @@ pub use tokio::net::TcpListener;
 pub use tokio::process::{Child, Command};
 pub use tokio_util::codec::FramedRead;
 
-pub use super::{until, BIN};
+pub use super::{until, BIN, MOD_TOKEN};
 
-pub const TOKEN: &str = "bridge-token";
+pub const TOKEN: &str = "hostile-bridge-token";
 
 /// A running `serve` whose stderr (the log) is collected line by line.
 pub struct Relay {

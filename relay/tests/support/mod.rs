@@ -11,10 +11,17 @@ pub use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
 pub use tokio::io::{AsyncBufReadExt, BufReader};
 pub use tokio::process::{Child, Command};
 
+pub mod faults;
 pub mod hostile;
 pub mod storage;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+
+/// The token the simulated mods expect from the relay (`--upstream-token`; the relay refuses
+/// tokens shorter than 16 characters).
+pub const MOD_TOKEN: &str = "mod-token-for-tests";
+/// A bridge token fixed by the test (`--token`).
+pub const BRIDGE_TOKEN: &str = "bridge-token-for-tests";
 
 pub fn relay() -> Command {
     let mut c = Command::new(BIN);
@@ -95,7 +102,7 @@ pub fn sigterm(child: &Child) {
 
 pub fn start_mod(rate: Option<f64>) -> ModSim {
     let cfg = ModSimConfig {
-        token: "modtok".into(),
+        token: MOD_TOKEN.into(),
         rate,
         payload_bytes: 256,
         ..ModSimConfig::default()
@@ -194,4 +201,10 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     let rest = &stat[stat.rfind(')').expect("comm") + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
     f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// A free loopback address (bound, then released for a mod to take later).
+pub fn free_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
 }

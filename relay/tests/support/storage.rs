@@ -35,11 +35,11 @@ pub async fn serve(upstream: &str, data: &Path, extra: &[&str]) -> Child {
             "--upstream",
             upstream,
             "--upstream-token",
-            "m",
+            super::MOD_TOKEN,
             "--listen",
             "127.0.0.1:0",
             "--token",
-            "t",
+            super::BRIDGE_TOKEN,
             "--no-bridge-file",
         ])
         .args(extra)
@@ -123,7 +123,7 @@ pub async fn recorded(left: Left) -> (tempfile::TempDir, PathBuf) {
     let sim = ModSim::start(
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
-            token: "m".into(),
+            token: super::MOD_TOKEN.into(),
             rate: None,
             payload_bytes: 512,
             max_events: Some(EVENTS),
@@ -241,7 +241,7 @@ pub async fn assert_refused_and_untouched(data: &Path, serve_refuses: bool) {
                     "--listen",
                     "127.0.0.1:0",
                     "--token",
-                    "t",
+                    super::BRIDGE_TOKEN,
                     "--no-bridge-file",
                     "--data-dir",
                     d,
