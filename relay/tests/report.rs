@@ -9,35 +9,10 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
+use gabp_report::browser::{artifact_dir, for_test};
+
 use gabp_report::{browser, check};
 use support::*;
-
-/// The browser, or `None` (after printing SKIPPED) where a non-root run may go without it.
-fn chromium() -> Option<PathBuf> {
-    match browser::find() {
-        Some(p) => Some(p),
-        None if browser::is_root() => {
-            panic!("chromium is missing: run scripts/setup (apt-get install chromium)")
-        }
-        None => {
-            eprintln!("SKIPPED: chromium is not installed (scripts/setup installs it)");
-            None
-        }
-    }
-}
-
-/// Where artifacts (screenshots) are kept: beside the test binaries in the target dir.
-fn artifacts() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/release/deps/report-… → target/report-artifacts
-    let dir = exe
-        .ancestors()
-        .nth(3)
-        .expect("inside a target dir")
-        .join("report-artifacts");
-    std::fs::create_dir_all(&dir).expect("artifact dir");
-    dir
-}
 
 /// Records a session with events, calls (one failing) and marks; returns the data dir.
 async fn record(dir: &Path) -> PathBuf {
@@ -97,7 +72,7 @@ async fn record(dir: &Path) -> PathBuf {
 
 #[tokio::test]
 async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
-    let Some(chromium) = chromium() else { return };
+    let Some(chromium) = for_test() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let data = record(dir.path()).await;
     let page = dir.path().join("report.html");
@@ -113,13 +88,8 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
     assert_eq!(out.status.code(), Some(0), "{}", one_line(&out));
     let html = std::fs::read_to_string(&page).expect("page written");
     // Offline by construction: nothing on the page points anywhere.
-    for needle in ["http://", "https://", "src=", "@import", "url("] {
-        let outside = html
-            .match_indices(needle)
-            .filter(|(at, _)| !html[..*at].ends_with("xmlns=\""))
-            .count();
-        assert_eq!(outside, 0, "the page references {needle}");
-    }
+    let outside = check::external_references(&html);
+    assert!(outside.is_empty(), "self-contained: {outside:?}");
     for what in [
         "world/tick",
         "tools/call",
@@ -134,7 +104,7 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
     let ids: Vec<_> = charts.iter().map(|c| c.chart.as_str()).collect();
     assert_eq!(ids, ["events", "latency", "calls"]);
     eprintln!("rendered: {charts:?}");
-    let png = artifacts().join("session-report.png");
+    let png = artifact_dir().join("session-report.png");
     let _ = std::fs::remove_file(&png);
     browser::screenshot(&chromium, &page, &png, (1100, 2400)).expect("screenshot");
     eprintln!("screenshot: {}", png.display());
@@ -142,7 +112,7 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
 
 #[tokio::test]
 async fn a_page_with_a_broken_chart_fails_the_browser_check() {
-    let Some(chromium) = chromium() else { return };
+    let Some(chromium) = for_test() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
     let data = record(dir.path()).await;
     let page = dir.path().join("report.html");

@@ -122,3 +122,31 @@ pub fn screenshot(
     }
     Ok(())
 }
+
+/// The browser for a test: `None` (after printing SKIPPED) where it is missing and the test
+/// runs unprivileged; as root (where `scripts/setup` installs it) a missing browser fails.
+pub fn for_test() -> Option<PathBuf> {
+    match find() {
+        Some(p) => Some(p),
+        None if is_root() => {
+            panic!("chromium is missing: run scripts/setup (apt-get install chromium)")
+        }
+        None => {
+            eprintln!("SKIPPED: chromium is not installed (scripts/setup installs it)");
+            None
+        }
+    }
+}
+
+/// Where a test keeps its artifacts (screenshots): `report-artifacts` in the target dir the
+/// running test binary lives in (`target/release/deps/…`).
+pub fn artifact_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe
+        .ancestors()
+        .nth(3)
+        .map_or_else(std::env::temp_dir, Path::to_path_buf)
+        .join("report-artifacts");
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}

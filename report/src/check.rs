@@ -63,6 +63,24 @@ pub fn check_dom(dom: &str) -> Result<Vec<Rendered>, String> {
     Ok(charts)
 }
 
+/// What in a page's source could load something from elsewhere (a URL other than the SVG
+/// namespace, a `src=`, an `@import`, a `url(`); a self-contained page has none.
+pub fn external_references(html: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for needle in ["http://", "https://", "src=", "@import", "url(", "//cdn"] {
+        for (at, _) in html.match_indices(needle) {
+            if !html[..at].ends_with("xmlns=\"") {
+                let end = (at + 60).min(html.len());
+                let end = (end..=html.len())
+                    .find(|&i| html.is_char_boundary(i))
+                    .unwrap_or(html.len());
+                found.push(html[at..end].to_string());
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +108,16 @@ mod tests {
         assert!(check_dom(&dumped("ok", &figure("a", 40), 2)).is_err());
         // The script never ran (a page loaded with scripts off, or not at all).
         assert!(check_dom("<html><body data-charts=\"0\"></body></html>").is_err());
+    }
+
+    #[test]
+    fn only_the_svg_namespace_may_name_a_url() {
+        let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>";
+        assert!(external_references(svg).is_empty());
+        assert_eq!(external_references("<img src=\"x.png\">").len(), 1);
+        assert_eq!(
+            external_references("<link href=\"https://cdn.x/y.css\">").len(),
+            2
+        );
     }
 }

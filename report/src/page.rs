@@ -39,7 +39,7 @@ pub struct Page {
     charts: usize,
 }
 
-const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1000px}\
+const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1150px}\
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
 table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
