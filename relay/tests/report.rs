@@ -70,12 +70,10 @@ async fn record(dir: &Path) -> PathBuf {
     data
 }
 
-#[tokio::test]
-async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
-    let Some(chromium) = for_test() else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = record(dir.path()).await;
-    let page = dir.path().join("report.html");
+/// Records a session and writes its report with the binary; returns the page's path.
+async fn recorded_report(dir: &Path) -> PathBuf {
+    let data = record(dir).await;
+    let page = dir.join("report.html");
     let out = output(&[
         "report",
         "latest",
@@ -86,6 +84,14 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
     ])
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", one_line(&out));
+    page
+}
+
+#[tokio::test]
+async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
+    let Some(chromium) = for_test() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = recorded_report(dir.path()).await;
     let html = std::fs::read_to_string(&page).expect("page written");
     // Offline by construction: nothing on the page points anywhere.
     let outside = check::external_references(&html);
@@ -114,18 +120,7 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
 async fn a_page_with_a_broken_chart_fails_the_browser_check() {
     let Some(chromium) = for_test() else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = record(dir.path()).await;
-    let page = dir.path().join("report.html");
-    let out = output(&[
-        "report",
-        "latest",
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-        "-o",
-        page.to_str().expect("utf-8"),
-    ])
-    .await;
-    assert_eq!(out.status.code(), Some(0), "{}", one_line(&out));
+    let page = recorded_report(dir.path()).await;
     let html = std::fs::read_to_string(&page).expect("page written");
     // Break the latency chart: its figure keeps its place, its drawing is gone.
     let at = html.find("data-chart=\"latency\"").expect("latency chart");

@@ -6,6 +6,7 @@
 //! plotters' SVG backend escapes every text it writes (`<`, `>`, `&`, quotes; the tests here
 //! hold it to that), and control characters are replaced here first (XML forbids most).
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// Width and height of every chart, in CSS pixels.
@@ -96,6 +97,40 @@ fn nice_top(max: f64) -> f64 {
     }
 }
 
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws each series as a coloured line (with a dot at each point when `dots`) and the legend.
+fn draw_lines<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    series: &[Series],
+    legend_at: SeriesLabelPosition,
+    dots: bool,
+) -> Result<(), ChartError> {
+    for (i, s) in series.iter().enumerate() {
+        let c = colour(i);
+        chart
+            .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(label(&s.name, 32))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+        if dots {
+            chart
+                .draw_series(s.points.iter().map(|&p| Circle::new(p, 2, c.filled())))
+                .map_err(err)?;
+        }
+    }
+    if !series.is_empty() {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .position(legend_at)
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
 /// Lines over time: `series` against x (seconds, say), with `marks` as labelled vertical lines.
 pub fn lines(
     x_desc: &str,
@@ -137,25 +172,7 @@ pub fn lines(
                 )))
                 .map_err(err)?;
         }
-        for (i, s) in series.iter().enumerate() {
-            let c = colour(i);
-            chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-                .map_err(err)?
-                .label(label(&s.name, 32))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                });
-        }
-        if !series.is_empty() {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(RGBColor(200, 200, 200))
-                .position(SeriesLabelPosition::UpperRight)
-                .draw()
-                .map_err(err)?;
-        }
+        draw_lines(&mut chart, series, SeriesLabelPosition::UpperRight, false)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
@@ -203,29 +220,14 @@ pub fn percentiles(y_desc: &str, series: &[Series]) -> Result<String, ChartError
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
-        for (i, s) in series.iter().enumerate() {
-            let c = colour(i);
-            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(q, v)| (quantile_x(q), v)).collect();
-            chart
-                .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
-                .map_err(err)?
-                .label(label(&s.name, 32))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2))
-                });
-            chart
-                .draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))
-                .map_err(err)?;
-        }
-        if !series.is_empty() {
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(RGBColor(200, 200, 200))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(err)?;
-        }
+        let stretched: Vec<Series> = series
+            .iter()
+            .map(|s| Series {
+                name: s.name.clone(),
+                points: s.points.iter().map(|&(q, v)| (quantile_x(q), v)).collect(),
+            })
+            .collect();
+        draw_lines(&mut chart, &stretched, SeriesLabelPosition::UpperLeft, true)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
