@@ -32,6 +32,8 @@ pub(crate) enum Cmd {
     Bridges(BridgesArgs),
     /// Drive tools/call at a fixed rate or concurrency against a relay or mod.
     Call(CallArgs),
+    /// The change of every figure between two --json results (A then B).
+    Compare(CompareArgs),
     /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
     /// ordering and the recording afterwards.
     Soak(SoakArgs),
@@ -178,6 +180,20 @@ pub(crate) struct RunArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also write the run as a self-contained HTML page with charts.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) report: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CompareArgs {
+    /// The first --json result.
+    pub(crate) a: PathBuf,
+    /// The second --json result.
+    pub(crate) b: PathBuf,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -242,6 +258,9 @@ pub(crate) struct CallArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also write the run as a self-contained HTML page with charts.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) report: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

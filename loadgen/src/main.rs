@@ -7,8 +7,10 @@
 mod actors;
 mod args;
 mod chaos;
+mod compare;
 mod procstat;
 mod report;
+mod report_html;
 mod run;
 mod scenario;
 mod soak;
@@ -67,7 +69,8 @@ fn main() {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("gabp-loadgen: {}", format!("{e:#}").replace('\n', " "));
-                    1
+                    // An unreadable input to `compare` is a usage error.
+                    if e.downcast_ref::<compare::Unreadable>().is_some() { 2 } else { 1 }
                 }
             },
             code = stop => {
@@ -220,6 +223,30 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             } else {
                 println!("{} calls in {:.1}s = {:.0}/s, {} errors, {} unanswered; latency µs p50 {:.1} p90 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}", r.calls, secs, r.calls as f64 / secs, r.errors, r.unanswered, p.p50, p.p90, p.p99, p.p999, p.max);
             }
+            if let Some(path) = &a.report {
+                let figures = [
+                    ("tool", a.tool.clone()),
+                    ("mode", doc["mode"].as_str().unwrap_or("").to_string()),
+                    ("window", format!("{secs:.1} s")),
+                    ("calls", r.calls.to_string()),
+                    ("calls/s", format!("{:.0}", r.calls as f64 / secs)),
+                    ("errors", r.errors.to_string()),
+                    ("unanswered", r.unanswered.to_string()),
+                    (
+                        "p50 / p90 / p99 / p99.9 / max µs",
+                        format!(
+                            "{:.1} / {:.1} / {:.1} / {:.1} / {:.1}",
+                            p.p50, p.p90, p.p99, p.p999, p.max
+                        ),
+                    ),
+                ];
+                let html = report_html::call_page(
+                    "gabp-loadgen call",
+                    &figures,
+                    report::curve(&r.latency),
+                )?;
+                report_html::write(path, &html)?;
+            }
             if r.calls == 0 {
                 bail!("no call was answered");
             }
@@ -281,6 +308,21 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Compare(a) => {
+            let (va, vb) = (compare::read(&a.a)?, compare::read(&a.b)?);
+            let changes = compare::compare(&va, &vb);
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"a": a.a, "b": a.b, "figures": changes})
+                    )?
+                );
+            } else {
+                print!("{}", compare::table(&changes));
+            }
+            Ok(())
+        }
         Cmd::Forwarder(a) => {
             let listen: Addr = a.listen.parse().map_err(|e: String| anyhow!(e))?;
             let upstream: Addr = a.upstream.parse().map_err(|e: String| anyhow!(e))?;
@@ -336,6 +378,40 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
             "{}",
             report::table(relay.as_ref(), baseline.as_ref(), &peers)
         );
+    }
+    if let Some(path) = &a.report {
+        let scenario = [
+            ("scenario", sc.name.clone()),
+            (
+                "bridges",
+                format!("{} (+{} stalled)", sc.bridges, sc.stalled),
+            ),
+            ("event payload", format!("{} B", sc.payload_bytes)),
+            (
+                "rate",
+                if sc.rate > 0.0 {
+                    format!("{}/s", sc.rate)
+                } else {
+                    "max".into()
+                },
+            ),
+            ("record", sc.record.to_string()),
+            (
+                "measured",
+                format!("{:.1} s after {:.1} s warm-up", sc.duration_s, sc.warmup_s),
+            ),
+            ("machine", {
+                let m = procstat::machine();
+                format!("{} cores, {}", m["cores"], m["cpu"].as_str().unwrap_or(""))
+            }),
+        ];
+        let ms: Vec<&report::Measurement> = relay
+            .iter()
+            .chain(baseline.iter())
+            .chain(peers.iter())
+            .collect();
+        let html = report_html::run_page(&format!("gabp-loadgen {}", sc.name), &scenario, &ms)?;
+        report_html::write(path, &html)?;
     }
     let failed: Vec<&String> = relay
         .iter()

@@ -43,6 +43,30 @@ impl Percentiles {
     }
 }
 
+/// One look at a target during the window, for the report's charts over time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    /// Seconds since the window opened.
+    pub t_s: f64,
+    /// Events delivered so far in the window (all readers).
+    pub delivered: u64,
+    /// The target's CPU seconds so far (`None`: not sampled).
+    pub cpu_s: Option<f64>,
+    /// The target's resident memory, bytes.
+    pub rss: Option<u64>,
+}
+
+/// Latency at [`gabp_report::chart::CURVE_QUANTILES`], (quantile, µs); empty without samples.
+pub fn curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    if h.is_empty() {
+        return Vec::new();
+    }
+    gabp_report::chart::CURVE_QUANTILES
+        .iter()
+        .map(|&q| (q, h.value_at_quantile(q) as f64 / 1e3))
+        .collect()
+}
+
 /// What one target did in the measurement window.
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
@@ -88,6 +112,15 @@ pub struct Measurement {
     /// CPU, memory and published figures are unknown and shown as `-`, not 0.
     #[serde(skip)]
     pub unsampled: bool,
+    /// Samples over the window (for `--report`).
+    #[serde(skip)]
+    pub timeline: Vec<Sample>,
+    /// Event latency curve, (quantile, µs) (for `--report`).
+    #[serde(skip)]
+    pub latency_curve: Vec<(f64, f64)>,
+    /// tools/call latency curve, (quantile, µs) (for `--report`).
+    #[serde(skip)]
+    pub call_curve: Vec<(f64, f64)>,
 }
 
 impl Measurement {
@@ -114,6 +147,9 @@ impl Measurement {
             fds: 0,
             errors: Vec::new(),
             unsampled: false,
+            timeline: Vec::new(),
+            latency_curve: Vec::new(),
+            call_curve: Vec::new(),
         }
     }
 
@@ -144,6 +180,7 @@ impl Measurement {
     /// Sets event latency and the per-second rates.
     pub fn set_latency(&mut self, h: &Histogram<u64>) {
         self.latency_us = Percentiles::of(h);
+        self.latency_curve = curve(h);
         self.published_eps = self.published as f64 / self.duration_s;
         self.delivered_eps = self.delivered as f64 / self.duration_s;
     }
@@ -154,6 +191,7 @@ impl Measurement {
         self.call_errors = r.errors;
         self.calls_unanswered = r.unanswered;
         self.call_latency_us = Percentiles::of(&r.latency);
+        self.call_curve = curve(&r.latency);
     }
 }
 

@@ -14,7 +14,7 @@ use crate::actors::broker::{self, Broker, PublishConfig, Publisher};
 use crate::actors::tally::Tally;
 use crate::actors::{bridge, caller, Window};
 use crate::procstat;
-use crate::report::Measurement;
+use crate::report::{Measurement, Sample};
 use crate::scenario::Scenario;
 use crate::target::{RelayCommand, Target};
 
@@ -171,9 +171,21 @@ async fn measure_with(
     let emitted_before = source.emitted();
     window.set(true);
     let opened = Instant::now();
+    // A look at the target every quarter second, for `--report`'s charts over time.
+    let look = |t: Instant| {
+        let p = pid.and_then(procstat::sample);
+        Sample {
+            t_s: t.elapsed().as_secs_f64(),
+            delivered: window.delivered(),
+            cpu_s: p.as_ref().map(|p| p.cpu_s - before.cpu_s),
+            rss: p.map(|p| p.rss),
+        }
+    };
+    let mut timeline = vec![look(opened)];
     while opened.elapsed() < sc.duration() {
         let left = sc.duration().saturating_sub(opened.elapsed());
-        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+        tokio::time::sleep(left.min(Duration::from_millis(250))).await;
+        timeline.push(look(opened));
         progress(&format!(
             "{name}: measuring {:.1}/{:.1}s",
             opened.elapsed().as_secs_f64().min(sc.duration_s),
@@ -208,6 +220,7 @@ async fn measure_with(
     m.fds = after.fds;
     m.unsampled = unsampled;
     m.errors = errors;
+    m.timeline = timeline;
     progress(&format!("{name}: stopping"));
     target.stop(Duration::from_secs(10)).await;
     Ok(m)

@@ -22,7 +22,7 @@
 //! - [`metrics`]: metric names, bounded labels and per-route handles.
 //! - `http`: the metrics port (`/metrics`, `/healthz`, `/readyz`).
 //! - `server`: starting and stopping a relay.
-//! - [`replay`], [`export`], [`stats`]: reading recordings back.
+//! - [`replay`], [`export`], [`stats`], [`report`]: reading recordings back.
 //! - `transport`: the stdio upstream (a mod started as a child process).
 //! - `discovery`: the bridge discovery file.
 //! - `display`: untrusted names made safe for tables.
@@ -46,6 +46,7 @@ pub mod outbox;
 pub mod pending;
 pub(crate) mod recorder;
 pub mod replay;
+pub mod report;
 pub mod route;
 pub(crate) mod server;
 pub(crate) mod socket;

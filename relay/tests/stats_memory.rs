@@ -3,7 +3,7 @@
 //!   written once under keys of their own), and `gabp-relay stats` streams with a few hundred
 //!   bytes per channel (a full histogram per channel cost ~350 KB each before: 10,000 channels
 //!   took 3.45 GB);
-//! - a session twice as long: `sessions check`, `stats` and `export` peak at the same resident
+//! - a session twice as long: `sessions check`, `stats`, `export` and `report` peak at the same resident
 //!   memory (check kept a map of every event before: 690 MB at 9 M frames);
 //! - 10,000 sessions: `sessions` lists them from the catalog alone, quickly.
 //!
@@ -322,16 +322,24 @@ fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let ids = write_fixture("long", &data);
-    for cmd in ["sessions check", "stats --json", "export"] {
+    let page = dir.path().join("report.html");
+    for cmd in ["sessions check", "stats --json", "export", "report"] {
         let mut peaks = Vec::new();
         for (id, frames) in [(ids[0], LONG), (ids[1], 2 * LONG)] {
             let id = id.to_string();
             let mut args: Vec<&str> = cmd.split(' ').collect();
             args.insert(if cmd == "sessions check" { 2 } else { 1 }, &id);
+            if cmd == "report" {
+                args.extend(["-o", page.to_str().expect("utf-8")]);
+            }
             let run = relay(&args, &data);
             // Each command read the whole session.
             match args[0] {
                 "export" => assert_eq!(run.lines().count() as u64, frames),
+                "report" => {
+                    let html = std::fs::read_to_string(&page).expect("page");
+                    assert!(html.contains(&format!("<dt>frames</dt><dd>{frames}</dd>")));
+                }
                 "stats" => {
                     #[derive(serde::Deserialize)]
                     struct Stats {

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 #[derive(Debug, Default)]
 pub struct Window {
     open: AtomicBool,
+    /// Events counted in the window so far, all readers (added in batches, for reports).
+    delivered: std::sync::atomic::AtomicU64,
 }
 
 impl Window {
@@ -26,6 +28,16 @@ impl Window {
     /// Whether it is open.
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
+    }
+
+    /// Adds events a reader counted in the window.
+    pub fn add_delivered(&self, n: u64) {
+        self.delivered.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Events counted in the window so far (each reader adds its own every few events).
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Tally {
     last: Vec<(Vec<u8>, u64)>,
     pace: Option<PaceSlot>,
     unpaced: u64,
+    /// Window events not yet added to the window's running count.
+    unshared: u64,
 }
 
 /// Events counted before telling the pace (one atomic add per batch, not per event).
@@ -53,6 +55,7 @@ impl Tally {
             last: Vec::new(),
             pace,
             unpaced: 0,
+            unshared: 0,
         }
     }
 
@@ -89,6 +92,7 @@ impl Tally {
         self.set_last(channel, seq);
         if open {
             self.result.events += 1;
+            self.unshared += 1;
             if let Some(t) = find_u64(body, b"\"t\":") {
                 let _ = self
                     .result
@@ -109,6 +113,10 @@ impl Tally {
             p.received(self.unpaced);
         }
         self.unpaced = 0;
+        if self.unshared > 0 {
+            self.window
+                .add_delivered(std::mem::take(&mut self.unshared));
+        }
     }
 
     /// The connection closed before the run stopped.

@@ -8,7 +8,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
-use super::{demo, export, mod_sim, repair, replay, serve, sessions, stats, status, wrap};
+use super::{demo, export, mod_sim, repair, replay, report, serve, sessions, stats, status, wrap};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,6 +35,8 @@ enum Cmd {
     Stats(stats::StatsArgs),
     /// Write a recorded session as JSON lines.
     Export(export::ExportArgs),
+    /// Write a recorded session as one self-contained HTML report with charts.
+    Report(report::ReportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(replay::ReplayArgs),
     /// Repair a damaged data dir, after copying it aside to DIR.bak-<time>.
@@ -105,6 +107,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Sessions(a) => sessions::run(a)?,
         Cmd::Stats(a) => stats::run(a)?,
         Cmd::Export(a) => export::run(a)?,
+        Cmd::Report(a) => report::run(a)?,
         Cmd::Replay(a) => replay::run(a).await?,
         Cmd::Repair(a) => repair::run(a)?,
         Cmd::Wrap(a) => return wrap::run(*a).await,

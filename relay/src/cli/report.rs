@@ -1,0 +1,35 @@
+//! `gabp-relay report`: a recorded session as one self-contained HTML page.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gabp_storage::Store;
+
+use super::DataDir;
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Session id, unique id prefix, or `latest`.
+    pub session: String,
+    #[command(flatten)]
+    pub dir: DataDir,
+    /// Where to write the page.
+    #[arg(short, long, default_value = "report.html")]
+    pub output: PathBuf,
+}
+
+pub fn run(a: ReportArgs) -> Result<()> {
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    let meta = super::sessions::resolve(&store, &a.session)?;
+    let n = crate::report::write(&store, &meta, &a.output)
+        .with_context(|| format!("writing the report to {}", a.output.display()))?;
+    let _ = writeln!(
+        std::io::stderr(),
+        "wrote {} ({n} bytes) for session {}",
+        a.output.display(),
+        meta.id
+    );
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! `gabp-relay report` checked in a real browser: a session recorded through the real binary in
+//! front of the simulated mod (events, tool calls with an error, marks), its report written by
+//! the binary, then loaded headless and offline in Debian's Chromium; every chart must have
+//! rendered (the page's own check and the DOM dump agree), and a screenshot PNG is kept under
+//! the target dir. A page with one chart broken must fail the same check. Without Chromium the
+//! tests fail as root (set-up installs it) and print SKIPPED otherwise.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use gabp_report::browser::{artifact_dir, for_test};
+
+use gabp_report::{browser, check};
+use support::*;
+
+/// Records a session with events, calls (one failing) and marks; returns the data dir.
+async fn record(dir: &Path) -> PathBuf {
+    let sim = start_mod(Some(2000.0));
+    let data = dir.join("data");
+    let s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        "modtok",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "tok",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+    ])
+    .await;
+    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    c.subscribe(&["world/tick", "player/move"])
+        .await
+        .expect("subscribe");
+    c.call("relay/mark", serde_json::json!({"label": "episode-start"}))
+        .await
+        .expect("mark");
+    for i in 0..40 {
+        for _ in 0..10 {
+            c.next_event().await.expect("event");
+        }
+        c.call(
+            "tools/call",
+            serde_json::json!({"name": "sim/echo", "arguments": {"i": i}}),
+        )
+        .await
+        .expect("call");
+    }
+    let failed = c
+        .call(
+            "tools/call",
+            serde_json::json!({"name": "sim/fail", "arguments": {}}),
+        )
+        .await;
+    assert!(failed.is_err(), "sim/fail fails");
+    c.call("relay/mark", serde_json::json!({"label": "episode-end"}))
+        .await
+        .expect("mark");
+    sigterm(&s.child);
+    let mut child = s.child;
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("stopped")
+        .expect("status");
+    assert!(st.success());
+    sim.stop();
+    data
+}
+
+/// Records a session and writes its report with the binary; returns the page's path.
+async fn recorded_report(dir: &Path) -> PathBuf {
+    let data = record(dir).await;
+    let page = dir.join("report.html");
+    let out = output(&[
+        "report",
+        "latest",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+        "-o",
+        page.to_str().expect("utf-8"),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", one_line(&out));
+    page
+}
+
+#[tokio::test]
+async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
+    let Some(chromium) = for_test() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = recorded_report(dir.path()).await;
+    let html = std::fs::read_to_string(&page).expect("page written");
+    // Offline by construction: nothing on the page points anywhere.
+    let outside = check::external_references(&html);
+    assert!(outside.is_empty(), "self-contained: {outside:?}");
+    for what in [
+        "world/tick",
+        "tools/call",
+        "episode-start",
+        "episode-end",
+        "error",
+    ] {
+        assert!(html.contains(what), "the page shows {what}");
+    }
+    let dom = browser::dump_dom(&chromium, &page).expect("the browser loads the page");
+    let charts = check::check_dom(&dom).unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<_> = charts.iter().map(|c| c.chart.as_str()).collect();
+    assert_eq!(ids, ["events", "latency", "calls"]);
+    eprintln!("rendered: {charts:?}");
+    let png = artifact_dir().join("session-report.png");
+    let _ = std::fs::remove_file(&png);
+    browser::screenshot(&chromium, &page, &png, (1100, 2400)).expect("screenshot");
+    eprintln!("screenshot: {}", png.display());
+}
+
+#[tokio::test]
+async fn a_page_with_a_broken_chart_fails_the_browser_check() {
+    let Some(chromium) = for_test() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = recorded_report(dir.path()).await;
+    let html = std::fs::read_to_string(&page).expect("page written");
+    // Break the latency chart: its figure keeps its place, its drawing is gone.
+    let at = html.find("data-chart=\"latency\"").expect("latency chart");
+    let start = html[at..].find("<svg").expect("svg") + at;
+    let end = html[start..].find("</svg>").expect("svg end") + start + "</svg>".len();
+    let broken = format!("{}<svg></svg>{}", &html[..start], &html[end..]);
+    let bad = dir.path().join("broken.html");
+    std::fs::write(&bad, broken).expect("write");
+    let dom = browser::dump_dom(&chromium, &bad).expect("the browser loads the page");
+    let err = check::check_dom(&dom).expect_err("a broken chart fails");
+    assert!(err.contains("latency"), "{err}");
+    // And the intact page still passes in the same browser (the check can pass, too).
+    let dom = browser::dump_dom(&chromium, &page).expect("the browser loads the page");
+    check::check_dom(&dom).expect("the intact page passes");
+}

@@ -1,0 +1,181 @@
+//! The HTML page: a title, a summary, tables and charts in one self-contained file. A
+//! Content-Security-Policy forbids every fetch (no CDN, fonts or images from anywhere), so
+//! the page works offline by construction. Every string put on the page is escaped, and the
+//! SVG of each chart is inlined as produced by [`crate::chart`].
+//!
+//! A tiny inline script checks, once the page is laid out, that every chart has an `<svg>`
+//! with at least [`MIN_ELEMENTS`] elements and a visible size, and that no script error
+//! occurred and nothing tried to load from elsewhere; it writes the outcome on `<body data-check="ok">` (or `fail: …`) and each
+//! chart's element count on its figure (`data-elements`), for [`crate::check`] to read.
+
+use std::fmt::Write;
+
+/// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
+pub const MIN_ELEMENTS: usize = 10;
+
+/// Escapes text for HTML and SVG content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            // Control characters have no business in a page (and some are invalid in XML).
+            c if c.is_control() && c != '\n' && c != '\t' => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// A page under construction.
+#[derive(Debug, Default)]
+pub struct Page {
+    title: String,
+    body: String,
+    charts: usize,
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1150px}\
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
+table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}\
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
+figure{margin:8px 0}figcaption{font-size:13px;color:#555}p.note{color:#555;font-size:13px}\
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px}dt{color:#555}dd{margin:0}";
+
+const SCRIPT: &str = r#"(function(){
+var errors=[];
+window.addEventListener('error',function(e){errors.push(String(e.message));check();});
+document.addEventListener('securitypolicyviolation',function(e){errors.push('blocked '+e.blockedURI);check();});
+function check(){
+ var bad=[],figs=document.querySelectorAll('figure.chart');
+ for(var i=0;i<figs.length;i++){
+  var f=figs[i],s=f.querySelector('svg'),n=s?s.querySelectorAll('*').length:0,r=s?s.getBoundingClientRect():null;
+  f.setAttribute('data-elements',String(n));
+  if(!s||n<MIN||!r||r.width<10||r.height<10)bad.push(f.getAttribute('data-chart'));
+ }
+ var want=Number(document.body.getAttribute('data-charts'));
+ if(figs.length!==want)bad.push('expected '+want+' charts, found '+figs.length);
+ document.body.setAttribute('data-check',(bad.length||errors.length)?'fail: '+bad.concat(errors).join(', '):'ok');
+}
+check();
+})();"#;
+
+impl Page {
+    /// A page titled `title`.
+    pub fn new(title: &str) -> Page {
+        let mut p = Page {
+            title: title.to_string(),
+            ..Page::default()
+        };
+        let _ = writeln!(p.body, "<h1>{}</h1>", escape(title));
+        p
+    }
+
+    /// A section heading.
+    pub fn heading(&mut self, text: &str) -> &mut Self {
+        let _ = writeln!(self.body, "<h2>{}</h2>", escape(text));
+        self
+    }
+
+    /// A short paragraph.
+    pub fn note(&mut self, text: &str) -> &mut Self {
+        let _ = writeln!(self.body, "<p class=\"note\">{}</p>", escape(text));
+        self
+    }
+
+    /// Name/value pairs.
+    pub fn summary(&mut self, pairs: &[(&str, String)]) -> &mut Self {
+        self.body.push_str("<dl class=\"summary\">\n");
+        for (k, v) in pairs {
+            let _ = writeln!(self.body, "<dt>{}</dt><dd>{}</dd>", escape(k), escape(v));
+        }
+        self.body.push_str("</dl>\n");
+        self
+    }
+
+    /// A table; a column whose header ends in `#` is numeric (right-aligned, `#` not shown).
+    pub fn table(&mut self, headers: &[&str], rows: &[Vec<String>]) -> &mut Self {
+        let numeric: Vec<bool> = headers.iter().map(|h| h.ends_with('#')).collect();
+        self.body.push_str("<table>\n<tr>");
+        for (h, &n) in headers.iter().zip(&numeric) {
+            let cls = if n { " class=\"n\"" } else { "" };
+            let _ = write!(
+                self.body,
+                "<th{cls}>{}</th>",
+                escape(h.trim_end_matches('#'))
+            );
+        }
+        self.body.push_str("</tr>\n");
+        for row in rows {
+            self.body.push_str("<tr>");
+            for (i, cell) in row.iter().enumerate() {
+                let cls = if numeric.get(i).copied().unwrap_or(false) {
+                    " class=\"n\""
+                } else {
+                    ""
+                };
+                let _ = write!(self.body, "<td{cls}>{}</td>", escape(cell));
+            }
+            self.body.push_str("</tr>\n");
+        }
+        self.body.push_str("</table>\n");
+        self
+    }
+
+    /// A chart: `svg` as drawn by [`crate::chart`] (trusted markup: its labels are escaped
+    /// there), `id` a short stable name the checks report, `caption` shown under it.
+    pub fn chart(&mut self, id: &str, caption: &str, svg: &str) -> &mut Self {
+        self.charts += 1;
+        let _ = writeln!(
+            self.body,
+            "<figure class=\"chart\" data-chart=\"{}\">\n{}\n<figcaption>{}</figcaption></figure>",
+            escape(id),
+            svg.trim(),
+            escape(caption)
+        );
+        self
+    }
+
+    /// The finished page.
+    pub fn finish(&self) -> String {
+        format!(
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n\
+             <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'\">\n\
+             <meta name=\"viewport\" content=\"width=device-width\">\n\
+             <title>{}</title>\n<style>{STYLE}</style></head>\n\
+             <body data-charts=\"{}\" data-check=\"pending\">\n{}\
+             <script>{}</script>\n</body></html>\n",
+            escape(&self.title),
+            self.charts,
+            self.body,
+            SCRIPT.replace("MIN", &MIN_ELEMENTS.to_string()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_string_is_escaped() {
+        let evil = "<script>alert(1)</script>";
+        let mut p = Page::new(evil);
+        p.heading(evil)
+            .note(evil)
+            .summary(&[(evil, evil.to_string())])
+            .table(&[evil], &[vec![evil.to_string()]])
+            .chart(evil, evil, "<svg></svg>");
+        let html = p.finish();
+        // The one script on the page is the checker.
+        assert_eq!(html.matches("<script>").count(), 1);
+        assert!(!html.contains("alert(1)</script>"));
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("data-charts=\"1\""));
+        assert_eq!(escape("a\u{1}b'\""), "a\u{fffd}b&#39;&quot;");
+    }
+}
