@@ -22,16 +22,18 @@ async fn record(dir: &Path) -> PathBuf {
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
-        "modtok",
+        MOD_TOKEN,
         "--listen",
         "127.0.0.1:0",
         "--token",
-        "tok",
+        BRIDGE_TOKEN,
         "--data-dir",
         data.to_str().expect("utf-8"),
     ])
     .await;
-    let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.subscribe(&["world/tick", "player/move"])
         .await
         .expect("subscribe");
