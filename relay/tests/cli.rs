@@ -4,6 +4,17 @@
 mod support;
 use support::*;
 
+/// A `serve` with no mod behind it and nothing recorded, for flags that must be refused.
+const SERVE_NO_MOD: [&str; 7] = [
+    "serve",
+    "--upstream",
+    "127.0.0.1:1",
+    "--listen",
+    "127.0.0.1:0",
+    "--no-record",
+    "--no-bridge-file",
+];
+
 #[tokio::test]
 async fn usage_errors_exit_2_with_one_line() {
     for args in [
@@ -305,14 +316,7 @@ async fn errors_are_one_line_said_once_and_usage_is_exit_2() {
 
 #[tokio::test]
 async fn useless_bounds_and_malformed_tokens_are_usage_errors() {
-    let base = [
-        "serve",
-        "--upstream",
-        "127.0.0.1:1",
-        "--listen",
-        "127.0.0.1:0",
-        "--no-record",
-    ];
+    let base = SERVE_NO_MOD;
     for extra in [
         &["--max-body", "0"][..],
         &["--max-body", "1023"],
@@ -335,15 +339,7 @@ async fn useless_bounds_and_malformed_tokens_are_usage_errors() {
 
 #[tokio::test]
 async fn huge_bounds_and_short_tokens_are_usage_errors_said_without_the_token() {
-    let base = [
-        "serve",
-        "--upstream",
-        "127.0.0.1:1",
-        "--listen",
-        "127.0.0.1:0",
-        "--no-record",
-        "--no-bridge-file",
-    ];
+    let base = SERVE_NO_MOD;
     for (extra, expect) in [
         (&["--max-body", "1TiB"][..], "at most 64.0 MiB"),
         (&["--max-body", "65MiB"], "at most 64.0 MiB"),
@@ -477,4 +473,26 @@ async fn serve_help_states_the_maxima() {
     ] {
         assert!(help.contains(needle), "{needle}: {help}");
     }
+}
+
+#[tokio::test]
+async fn a_duplicate_route_name_is_reported_at_the_second_route() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Lines 1-5 the first route "a", 6 blank, 7-11 route "b", 12 blank, 13-17 "a" again.
+    let text = format!(
+        "{}\n{}\n{}",
+        route_toml(""),
+        route_toml("").replace("\"a\"", "\"b\""),
+        route_toml("")
+    );
+    let path = config_file(dir.path(), "dup.toml", &text);
+    let out = output(&["serve", "--config", &path, "--no-bridge-file"]).await;
+    assert_eq!(out.status.code(), Some(2));
+    let err = one_line(&out);
+    assert!(
+        err.ends_with(
+            "dup.toml: line 14: route \"a\", field name: route names must be unique (the first is at line 1)\n"
+        ),
+        "{err}"
+    );
 }

@@ -50,6 +50,10 @@ pub struct FileConfig {
     /// The file's text, to point errors found after parsing at their line.
     #[serde(skip)]
     text: String,
+    /// How many of `routes` the file itself wrote (the rest came from the command line, whose
+    /// command checked them: `serve` its flags, `wrap` the launcher's token it must accept).
+    #[serde(skip)]
+    from_file: usize,
 }
 
 /// One `[[route]]` table.
@@ -218,6 +222,7 @@ impl FileConfig {
             }
         })?;
         parsed.text = text.to_string();
+        parsed.from_file = parsed.routes.len();
         Ok(parsed)
     }
 
@@ -241,6 +246,7 @@ impl FileConfig {
             Some(toml::Value::Array(a)) => a,
             _ => Vec::new(),
         };
+        let from_file = routes.len();
         routes.extend(layer.route.map(toml::Value::Table));
         for r in &mut routes {
             if let toml::Value::Table(t) = r {
@@ -254,6 +260,7 @@ impl FileConfig {
                 message: suggest(e.message()),
             })?;
         merged.text = text.map(|(t, _)| t.to_string()).unwrap_or_default();
+        merged.from_file = from_file;
         Ok(merged)
     }
 
@@ -359,6 +366,15 @@ impl FileConfig {
 
     fn route(&self, index: usize, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
         let err = |field: &str, m: String| self.field_error(file, Some((index, &r.name)), field, m);
+        // Tokens the file wrote must be long enough; the command line's were checked by its
+        // command.
+        let long_enough = |t: &str| {
+            if index < self.from_file {
+                auth::check_token_length(t)
+            } else {
+                Ok(())
+            }
+        };
         let upstream = match (&r.upstream, &r.upstream_command) {
             (Some(a), None) => Upstream::Addr(a.parse().map_err(|m| err("upstream", m))?),
             (None, Some(cmd)) if !cmd.is_empty() => Upstream::Stdio(cmd.clone()),
@@ -378,12 +394,12 @@ impl FileConfig {
                 ))
             }
             (Some(t), None) => {
-                auth::check_token_length(t).map_err(|m| err("token", m))?;
+                long_enough(t).map_err(|m| err("token", m))?;
                 (t.clone(), false)
             }
             (None, Some(p)) => {
                 let t = read_token_file(p).map_err(|m| err("token_file", m))?;
-                auth::check_token_length(&t).map_err(|m| err("token_file", m))?;
+                long_enough(&t).map_err(|m| err("token_file", m))?;
                 (t, false)
             }
             (None, None) => (crate::auth::generate_token(), true),
@@ -400,12 +416,12 @@ impl FileConfig {
         rc.upstream_token = match (&r.upstream_token, &r.upstream_token_file) {
             (Some(t), _) if t.is_empty() => String::new(),
             (Some(t), _) => {
-                auth::check_token_length(t).map_err(|m| err("upstream_token", m))?;
+                long_enough(t).map_err(|m| err("upstream_token", m))?;
                 t.clone()
             }
             (None, Some(p)) => {
                 let t = read_token_file(p).map_err(|m| err("upstream_token_file", m))?;
-                auth::check_token_length(&t).map_err(|m| err("upstream_token_file", m))?;
+                long_enough(&t).map_err(|m| err("upstream_token_file", m))?;
                 t
             }
             (None, None) => String::new(),

@@ -29,7 +29,7 @@ async fn slow_disk(policy: &str) {
     let mut watchers = Vec::new();
     for _ in 0..3 {
         watchers.push(
-            Client::connect_hello(&rig.listen, "t")
+            Client::connect_hello(&rig.listen, BRIDGE_TOKEN)
                 .await
                 .expect("hello")
                 .0,
@@ -103,7 +103,7 @@ async fn slow_disk(policy: &str) {
     let listen = rig.listen.clone();
     let late = tokio::spawn(async move {
         let t = Instant::now();
-        let c = Client::connect_hello(&listen, "t").await.map(|(c, _)| c);
+        let c = Client::connect_hello(&listen, BRIDGE_TOKEN).await.map(|(c, _)| c);
         (c, t.elapsed())
     });
     // The recorder holds the route, never a bridge's output: every event the relay has read
