@@ -19,19 +19,21 @@ use parking_lot::Mutex;
 use serde_json::{json, Value};
 use subtle::ConstantTimeEq;
 
-/// The shortest token an operator may set (`--token`, `--upstream-token`, the config's tokens
-/// and token files). Generated tokens are 32 hex digits; a short one could be guessed even
-/// through the per-source throttle.
+/// The shortest bridge token the relay takes without a warning (`--token`, the config's
+/// `token` and `token_file`). Generated tokens are 32 hex digits; a short one could be guessed
+/// even through the per-source throttle. Shorter ones still work (launchers and existing
+/// scripts choose their own), but the operator is told once at start-up.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-/// Refuses a token shorter than [`MIN_TOKEN_LEN`] characters; the reason never repeats it.
-pub fn check_token_length(token: &str) -> Result<(), String> {
+/// Warns (never failing, never repeating the token) when a bridge token set by the operator is
+/// shorter than [`MIN_TOKEN_LEN`] characters; `what` names where it was set.
+pub fn warn_if_short(token: &str, what: &str) {
     if token.chars().count() < MIN_TOKEN_LEN {
-        return Err(format!(
-            "too short (at least {MIN_TOKEN_LEN} characters; `gabp-relay token` prints a fresh one)"
-        ));
+        tracing::warn!(
+            "{what} is shorter than {MIN_TOKEN_LEN} characters: a bridge could guess it \
+             (`gabp-relay token` prints a fresh one)"
+        );
     }
-    Ok(())
 }
 
 /// A fresh 128-bit token as 32 lowercase hex digits.

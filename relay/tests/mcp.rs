@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
-/// The simulated mod's token (the relay refuses tokens shorter than 16 characters).
+/// The simulated mod's token (16+ characters: the relay warns about shorter bridge tokens).
 const MOD_TOKEN: &str = "mod-token-for-tests";
 
 /// The virtualenv's python with `mcp` importable; creates the venv and installs `mcp` if needed.

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
-/// The simulated mod's token (the relay refuses tokens shorter than 16 characters).
+/// The simulated mod's token (16+ characters: the relay warns about shorter bridge tokens).
 const MOD_TOKEN: &str = "mod-token-for-tests";
 
 struct Serve {

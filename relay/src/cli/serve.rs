@@ -123,10 +123,10 @@ pub struct ServeArgs {
     /// Serve MCP's Streamable HTTP transport at http://ADDR/mcp for the first route (bearer token).
     #[arg(long, value_name = "ADDR")]
     pub mcp_listen: Option<std::net::SocketAddr>,
-    /// Token bridges must present, at least 16 characters [default: generated and printed].
+    /// Token bridges must present; shorter than 16 characters gets a warning [default: generated and printed].
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Token the relay presents to the mod, at least 16 characters [default: none].
+    /// Token the relay presents to the mod (the mod's own) [default: none].
     #[arg(long, env = "GABP_UPSTREAM_TOKEN", hide_env_values = true)]
     pub upstream_token: Option<String>,
     /// Route name used in recordings, metrics and the discovery file.
@@ -183,10 +183,13 @@ fn max_bridges(s: &str) -> Result<usize, String> {
     units::parse_count_in(s, 1, limits::MAX_BRIDGES)
 }
 
-/// A token given on the command line: well-formed and long enough, said without its value.
+/// A token given on the command line: well-formed, said without its value. A short bridge
+/// token gets a warning (the mod's token is the mod's choice).
 fn flag_token<'t>(flag: &str, t: &'t str) -> Result<&'t str> {
     check_token(t).map_err(|e| usage(e.to_string().replace("--token", flag)))?;
-    auth::check_token_length(t).map_err(|m| usage(format!("{flag} is {m}")))?;
+    if flag == "--token" {
+        auth::warn_if_short(t, flag);
+    }
     Ok(t)
 }
 

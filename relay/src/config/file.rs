@@ -366,13 +366,13 @@ impl FileConfig {
 
     fn route(&self, index: usize, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
         let err = |field: &str, m: String| self.field_error(file, Some((index, &r.name)), field, m);
-        // Tokens the file wrote must be long enough; the command line's were checked by its
-        // command.
-        let long_enough = |t: &str| {
+        // Bridge tokens the file wrote get a warning when short (the command line's are seen by
+        // its command); the mod's token is the mod's choice.
+        let warn_if_short = |t: &str, field: &str| {
             if index < self.from_file {
-                auth::check_token_length(t)
-            } else {
-                Ok(())
+                let at = err(field, String::new());
+                let at = format!("{}: {}", at.file, at.message.trim_end_matches(": "));
+                auth::warn_if_short(t, &at);
             }
         };
         let upstream = match (&r.upstream, &r.upstream_command) {
@@ -394,12 +394,12 @@ impl FileConfig {
                 ))
             }
             (Some(t), None) => {
-                long_enough(t).map_err(|m| err("token", m))?;
+                warn_if_short(t, "token");
                 (t.clone(), false)
             }
             (None, Some(p)) => {
                 let t = read_token_file(p).map_err(|m| err("token_file", m))?;
-                long_enough(&t).map_err(|m| err("token_file", m))?;
+                warn_if_short(&t, "token_file");
                 (t, false)
             }
             (None, None) => (crate::auth::generate_token(), true),
@@ -415,15 +415,8 @@ impl FileConfig {
         // An empty upstream token means the mod asks for none.
         rc.upstream_token = match (&r.upstream_token, &r.upstream_token_file) {
             (Some(t), _) if t.is_empty() => String::new(),
-            (Some(t), _) => {
-                long_enough(t).map_err(|m| err("upstream_token", m))?;
-                t.clone()
-            }
-            (None, Some(p)) => {
-                let t = read_token_file(p).map_err(|m| err("upstream_token_file", m))?;
-                long_enough(&t).map_err(|m| err("upstream_token_file", m))?;
-                t
-            }
+            (Some(t), _) => t.clone(),
+            (None, Some(p)) => read_token_file(p).map_err(|m| err("upstream_token_file", m))?,
             (None, None) => String::new(),
         };
         let count = |v: Option<usize>, field: &str, max: usize| match v {

@@ -103,7 +103,9 @@ async fn slow_disk(policy: &str) {
     let listen = rig.listen.clone();
     let late = tokio::spawn(async move {
         let t = Instant::now();
-        let c = Client::connect_hello(&listen, BRIDGE_TOKEN).await.map(|(c, _)| c);
+        let c = Client::connect_hello(&listen, BRIDGE_TOKEN)
+            .await
+            .map(|(c, _)| c);
         (c, t.elapsed())
     });
     // The recorder holds the route, never a bridge's output: every event the relay has read
