@@ -7,10 +7,8 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 
-/// Records one session with `serve --tag …`: a bridge marks `ep-start`, calls `sim/echo`,
-/// marks `ep-end`, and the relay stops (SIGTERM) so the data dir is free.
-async fn record(data: &str, route: &str, tags: &[&str]) {
-    let sim = start_mod(None);
+/// `serve` in front of a fresh simulated mod, recording `route` into `data` with `tags`.
+async fn serve_tagged(sim: &ModSim, data: &str, route: &str, tags: &[&str]) -> Serve {
     let up = sim.addr().to_string();
     let mut args = vec![
         "--upstream",
@@ -29,7 +27,14 @@ async fn record(data: &str, route: &str, tags: &[&str]) {
     for t in tags {
         args.extend(["--tag", t]);
     }
-    let mut s = serve(&args).await;
+    serve(&args).await
+}
+
+/// Records one session with `serve --tag …`: a bridge marks `ep-start`, calls `sim/echo`,
+/// marks `ep-end`, and the relay stops (SIGTERM) so the data dir is free.
+async fn record(data: &str, route: &str, tags: &[&str]) {
+    let sim = start_mod(None);
+    let mut s = serve_tagged(&sim, data, route, tags).await;
     let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
     c.call(
         "relay/mark",
@@ -294,22 +299,7 @@ async fn tagging_a_data_dir_a_relay_holds_is_refused_in_one_line() {
     let data = dir.path().join("data");
     let data = data.to_str().expect("utf-8");
     let sim = start_mod(None);
-    let up = sim.addr().to_string();
-    let s = serve(&[
-        "--upstream",
-        &up,
-        "--upstream-token",
-        "modtok",
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        "tok",
-        "--data-dir",
-        data,
-        "--tag",
-        "exp=live",
-    ])
-    .await;
+    let s = serve_tagged(&sim, data, "default", &["exp=live"]).await;
     let (mut c, _) = Client::connect_hello(&s.addr, "tok").await.expect("hello");
     c.call("relay/status", json!({})).await.expect("status");
     // The session's record reaches the catalog with the recorder's next commit.
