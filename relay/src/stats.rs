@@ -153,6 +153,8 @@ pub struct SessionStats {
     pub bytes: u64,
     /// Unroutable mod frames.
     pub anomalies: u64,
+    /// The session's tags.
+    pub tags: BTreeMap<String, String>,
     /// Per channel.
     pub channels: Vec<ChannelStats>,
     /// Per method.
@@ -256,6 +258,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
         frames: meta.frames,
         bytes: meta.bytes,
         anomalies: meta.anomalies,
+        tags: meta.tags.clone(),
         channels: chans
             .into_iter()
             .map(|(id, c)| ChannelStats {
@@ -313,6 +316,14 @@ pub fn render(s: &SessionStats) -> String {
         bytes(s.bytes),
         s.anomalies
     );
+    if !s.tags.is_empty() {
+        let tags: Vec<String> = s
+            .tags
+            .iter()
+            .map(|(k, v)| format!("{k}={}", name(v)))
+            .collect();
+        let _ = writeln!(o, "tags {}", tags.join(" "));
+    }
     if !s.channels.is_empty() {
         let _ = writeln!(
             o,

@@ -7,7 +7,10 @@
 //! the start and end, a bridge only when it attaches or changes; the welcome and channel names
 //! are written once under `details` keys and filled into [`SessionMeta`] by
 //! [`crate::Store::session`]. Entries of older data dirs (one JSON [`SessionMeta`], sometimes
-//! with the welcome and channels inline) read the same.
+//! with the welcome and channels inline) read the same. Tags ([`check_tag`]) live in the session
+//! record; a record written before tags existed reads as a session without tags.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -102,6 +105,9 @@ pub struct SessionMeta {
     pub welcome: Option<serde_json::Value>,
     /// Version of the relay that recorded it.
     pub relay_version: String,
+    /// Labels (`experiment=ppo-42`) from `serve --tag`, the route config or `sessions tag`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
     /// Bridges that attached.
     pub bridges: Vec<BridgeInfo>,
     /// Channel names; a frame's channel id indexes this list (stored under keys of their own).
@@ -187,6 +193,8 @@ struct Record {
     app_name: Option<String>,
     app_version: Option<String>,
     relay_version: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    tags: BTreeMap<String, String>,
 }
 
 /// Encodes the session record of `m`.
@@ -201,8 +209,57 @@ pub(crate) fn encode_record(m: &SessionMeta) -> Vec<u8> {
         app_name: m.app_name.clone(),
         app_version: m.app_version.clone(),
         relay_version: m.relay_version.clone(),
+        tags: m.tags.clone(),
     };
     serde_json::to_vec(&r).expect("a session record serializes")
+}
+
+/// Longest tag key, in bytes.
+pub const MAX_TAG_KEY: usize = 64;
+/// Longest tag value, in bytes.
+pub const MAX_TAG_VALUE: usize = 256;
+/// Most tags one session may carry.
+pub const MAX_TAGS: usize = 32;
+
+/// Checks one tag: a key of 1 to [`MAX_TAG_KEY`] bytes of letters, digits and `_ - . /`
+/// (it becomes a column value and a filter, so nothing that needs quoting), and a value of at
+/// most [`MAX_TAG_VALUE`] bytes without control characters. The error is one line.
+pub fn check_tag(key: &str, value: &str) -> Result<(), String> {
+    if key.is_empty() || key.len() > MAX_TAG_KEY {
+        return Err(format!(
+            "tag key {key:?}: expected 1 to {MAX_TAG_KEY} bytes"
+        ));
+    }
+    if !key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+    {
+        return Err(format!(
+            "tag key {:?}: only letters, digits and _ - . / are allowed",
+            key.escape_debug().to_string()
+        ));
+    }
+    if value.len() > MAX_TAG_VALUE {
+        return Err(format!(
+            "tag {key}: the value is longer than {MAX_TAG_VALUE} bytes"
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!("tag {key}: the value contains control characters"));
+    }
+    Ok(())
+}
+
+/// Parses and checks `key=value`.
+pub fn parse_tag(s: &str) -> Result<(String, String), String> {
+    let Some((k, v)) = s.split_once('=') else {
+        return Err(format!(
+            "invalid tag {:?}: expected key=value",
+            s.escape_debug().to_string()
+        ));
+    };
+    check_tag(k, v)?;
+    Ok((k.to_string(), v.to_string()))
 }
 
 /// A session's counters: fixed size, rewritten by every group commit that changes them.
@@ -344,6 +401,7 @@ impl Parts {
             m.app_name = r.app_name;
             m.app_version = r.app_version;
             m.relay_version = r.relay_version;
+            m.tags = r.tags;
         }
         if let Some(c) = self.counters {
             c.apply(&mut m);
@@ -375,5 +433,50 @@ mod tests {
         assert_eq!(&v[..9], &[1, 0, 0, 0, 0, 0, 0, 0, 1]);
         assert_eq!(Counters::decode(&v), Some(c));
         assert_eq!(Counters::decode(&v[..56]), None);
+    }
+
+    #[test]
+    fn a_record_without_tags_reads_as_no_tags_and_tags_round_trip() {
+        let old = br#"{"route":"r","state":"ended","end_reason":"clean","started_ns":5,"ended_ns":9,"agent_id":null,"app_name":"g","app_version":null,"relay_version":"0.1.0"}"#;
+        let mut parts = Parts::default();
+        parts
+            .add(CatalogPart::Session, old)
+            .expect("an old record reads");
+        let m = parts.into_meta(SessionId::nil()).expect("meta");
+        assert!(m.tags.is_empty());
+        assert_eq!(m.route, "r");
+        let mut m = m;
+        m.tags.insert("seed".into(), "7".into());
+        let v = encode_record(&m);
+        let mut parts = Parts::default();
+        parts.add(CatalogPart::Session, &v).expect("reads");
+        assert_eq!(parts.into_meta(m.id).expect("meta").tags, m.tags);
+        // Without tags the stored record has no tags key: older relays read it unchanged.
+        m.tags.clear();
+        assert!(!String::from_utf8_lossy(&encode_record(&m)).contains("tags"));
+    }
+
+    #[test]
+    fn tags_are_checked() {
+        assert_eq!(
+            parse_tag("experiment=ppo-42"),
+            Ok(("experiment".into(), "ppo-42".into()))
+        );
+        assert_eq!(parse_tag("note=a=b"), Ok(("note".into(), "a=b".into())));
+        assert!(parse_tag("k=").is_ok(), "an empty value is allowed");
+        for bad in [
+            "novalue",
+            "=v",
+            "a b=c",
+            "k\u{7}=v",
+            "k=line\nbreak",
+            "k=tab\there",
+        ] {
+            let e = parse_tag(bad).expect_err(bad);
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+        assert!(parse_tag(&format!("{}=v", "k".repeat(MAX_TAG_KEY + 1))).is_err());
+        assert!(parse_tag(&format!("k={}", "v".repeat(MAX_TAG_VALUE + 1))).is_err());
+        assert!(parse_tag(&format!("k={}", "v".repeat(MAX_TAG_VALUE))).is_ok());
     }
 }

@@ -31,7 +31,7 @@ pub mod sessions;
 pub mod store;
 pub mod writer;
 
-pub use catalog::{BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
+pub use catalog::{check_tag, parse_tag, BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
 pub use chunk::{Direction, FrameRecord};
 pub use error::StoreError;
 pub use store::{Compression, Durability, Store, StoreOptions};

@@ -1,6 +1,6 @@
 //! The session catalog in the store: listing sessions, looking one up, the details written
-//! once (welcome, channel names, gaps), writing an entry outside a group commit, and marking
-//! the sessions of a dead relay as crashed.
+//! once (welcome, channel names, gaps), writing an entry outside a group commit, changing a
+//! session's tags, and marking the sessions of a dead relay as crashed.
 //!
 //! Listing is one scan of the `catalog` column family: a few small keys per session (see
 //! [`crate::keys`]), never a frame, so it stays fast with thousands of sessions.
@@ -187,6 +187,30 @@ impl Store {
         wo.set_sync(self.opts.durability == Durability::Batch);
         self.db.write_opt(batch, &wo)?;
         Ok(())
+    }
+
+    /// Replaces a session's tags (only its session record is rewritten). Call on a store
+    /// opened with [`Store::open_for_change`], so no relay is writing the record meanwhile.
+    pub fn set_tags(
+        &self,
+        id: SessionId,
+        tags: std::collections::BTreeMap<String, String>,
+    ) -> Result<SessionMeta, StoreError> {
+        let mut m = self
+            .read_catalog(Some(id))?
+            .pop()
+            .ok_or_else(|| StoreError::NoSuchSession(id.to_string()))?;
+        m.tags = tags;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(
+            self.cf(CF_CATALOG),
+            keys::session_key(id),
+            encode_record(&m),
+        );
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(self.opts.durability == Durability::Batch);
+        self.db.write_opt(batch, &wo)?;
+        Ok(m)
     }
 
     /// Marks sessions left `recording` by a dead relay as ended by crash. Called on every

@@ -1,23 +1,26 @@
-//! `gabp-relay export`: a recorded session as JSON lines, to stdout or a file.
+//! `gabp-relay export`: recorded sessions as JSON lines, to stdout or a file.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::parse_duration;
-use crate::export::{export, export_to_file, ExportFilter};
+use crate::export::{self, ExportFilter};
 use anyhow::{Context, Result};
 use clap::Args;
 use gabp_storage::Store;
 
+use super::select::{select, Filters};
 use super::{usage, DataDir};
 
 #[derive(Args, Debug)]
 pub struct ExportArgs {
-    /// Session id, unique id prefix, or `latest`.
-    pub session: String,
+    /// Session ids, unique id prefixes, or `latest` (or select with --all and the filters).
+    pub sessions: Vec<String>,
     #[command(flatten)]
     pub dir: DataDir,
+    #[command(flatten)]
+    pub filters: Filters,
     /// Only events on this channel (repeatable).
     #[arg(long)]
     pub channel: Vec<String>,
@@ -27,6 +30,12 @@ pub struct ExportArgs {
     /// Only frames before this offset (e.g. 1m).
     #[arg(long, value_parser = parse_duration)]
     pub to: Option<Duration>,
+    /// Start at the first mark with this label (inclusive).
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    pub from_mark: Option<String>,
+    /// End at the next mark with this label (inclusive).
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    pub to_mark: Option<String>,
     /// Write here instead of stdout.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
@@ -47,36 +56,50 @@ pub fn run(a: ExportArgs) -> Result<()> {
         }
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
-    let meta = super::sessions::resolve(&store, &a.session)?;
+    let metas = select(&store, &a.sessions, &a.filters, false)?;
+    // One session named by id keeps the single-session report; a selection reports each.
+    let single = a.sessions.len() == 1 && !a.filters.any();
     let filter = ExportFilter {
         channels: a.channel,
         from: a.from,
         to: a.to,
+        from_mark: a.from_mark,
+        to_mark: a.to_mark,
     };
-    match &a.output {
-        Some(path) => {
-            let n = export_to_file(&store, &meta, &filter, path)
-                .with_context(|| format!("exporting to {}", path.display()))?;
-            if a.json {
-                super::print_json(&serde_json::json!({
-                    "session": meta.id.to_string(), "frames": n, "output": path.display().to_string(),
-                }))?;
-            } else {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "exported {n} frames of session {}",
-                    meta.id
-                );
-            }
+    let Some(path) = &a.output else {
+        export::export_sessions(
+            &store,
+            &metas,
+            &filter,
+            &mut std::io::BufWriter::new(std::io::stdout().lock()),
+        )?;
+        return Ok(());
+    };
+    let counts = export::export_to_file(&store, &metas, &filter, path)
+        .with_context(|| format!("exporting to {}", path.display()))?;
+    let written: Vec<(String, u64)> = metas.iter().map(|m| m.id.to_string()).zip(counts).collect();
+    let frames: u64 = written.iter().map(|(_, n)| n).sum();
+    if a.json {
+        let mut doc = serde_json::json!({
+            "frames": frames, "output": path.display().to_string(),
+            "sessions": written.iter().map(|(s, n)| serde_json::json!({"session": s, "frames": n})).collect::<Vec<_>>(),
+        });
+        if single {
+            doc["session"] = written[0].0.clone().into();
         }
-        None => {
-            export(
-                &store,
-                &meta,
-                &filter,
-                &mut std::io::BufWriter::new(std::io::stdout().lock()),
-            )?;
-        }
+        super::print_json(&doc)?;
+    } else if single {
+        let _ = writeln!(
+            std::io::stderr(),
+            "exported {frames} frames of session {}",
+            written[0].0
+        );
+    } else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "exported {frames} frames of {} sessions",
+            written.len()
+        );
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ pub(crate) mod mod_sim;
 pub(crate) mod repair;
 pub(crate) mod replay;
 pub(crate) mod report;
+pub(crate) mod select;
 pub(crate) mod serve;
 pub(crate) mod sessions;
 pub(crate) mod stats;

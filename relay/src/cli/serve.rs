@@ -65,6 +65,14 @@ pub struct PolicyFlags {
         serialize_with = "negated"
     )]
     pub no_record: bool,
+    /// Label every session recorded with KEY=VALUE (repeatable; over the route's `tags`).
+    #[arg(long = "tag", value_name = "KEY=VALUE", value_parser = tag)]
+    #[serde(
+        rename = "tags",
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "tag_table"
+    )]
+    pub tag: Vec<String>,
 }
 
 /// Relay-wide settings, from flags: each becomes the top-level config key of the same name.
@@ -191,6 +199,15 @@ fn flag_token<'t>(flag: &str, t: &'t str) -> Result<&'t str> {
         auth::warn_if_short(t, flag);
     }
     Ok(t)
+}
+
+fn tag(s: &str) -> Result<String, String> {
+    gabp_storage::parse_tag(s).map(|_| s.to_string())
+}
+
+/// `--tag k=v …` as the config's `tags = { k = "v" }` table.
+fn tag_table<S: serde::Serializer>(tags: &[String], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(tags.iter().filter_map(|t| t.split_once('=')))
 }
 
 fn retention(s: &str) -> Result<String, String> {

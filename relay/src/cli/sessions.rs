@@ -1,6 +1,8 @@
-//! `gabp-relay sessions [ls|rm|check]`: list, remove or check recorded sessions.
+//! `gabp-relay sessions [ls|rm|check|tag]`: list (with the selection filters of
+//! [`super::select`]), remove, check or tag recorded sessions.
 //!
-//! Only `rm` and `--retain` open the data dir for change; everything else reads it read-only.
+//! Only `rm`, `tag` and `--retain` open the data dir for change; everything else reads it
+//! read-only.
 
 use std::io::Write;
 
@@ -25,6 +27,8 @@ pub struct SessionsArgs {
     /// With no subcommand: apply this retention before listing (e.g. 7d, 10GiB or 7d,10GiB).
     #[arg(long)]
     pub retain: Option<Retention>,
+    #[command(flatten)]
+    pub filters: super::select::Filters,
 }
 
 #[derive(Subcommand, Debug)]
@@ -40,6 +44,17 @@ pub enum SessionsCmd {
     Check {
         /// Session id, prefix or `latest` (all sessions when absent).
         session: Option<String>,
+    },
+    /// Set or remove a session's tags (while no relay has the data dir open).
+    Tag {
+        /// Session id, unique id prefix, or `latest`.
+        session: String,
+        /// Tags to set, KEY=VALUE.
+        #[arg(value_name = "KEY=VALUE", value_parser = gabp_storage::parse_tag)]
+        set: Vec<(String, String)>,
+        /// Remove this tag (repeatable).
+        #[arg(long, value_name = "KEY")]
+        remove: Vec<String>,
     },
 }
 
@@ -89,11 +104,40 @@ fn meta_json(m: &SessionMeta) -> serde_json::Value {
         "endedNs": m.ended_ns, "durationS": m.duration_ns() as f64 / 1e9,
         "frames": m.frames, "bytes": m.bytes, "events": m.events, "bridges": m.bridges.len(), "end": m.end_label(),
         "anomalies": m.anomalies, "recordErrors": m.record_errors, "lostFrames": m.lost_frames,
+        "tags": m.tags,
     })
 }
 
+/// Tags as `k=v k=v` for the table (`-` when none).
+fn tags_text(m: &SessionMeta) -> String {
+    if m.tags.is_empty() {
+        return "-".into();
+    }
+    let all: Vec<String> = m
+        .tags
+        .iter()
+        .map(|(k, v)| format!("{k}={}", display::name(v)))
+        .collect();
+    all.join(" ")
+}
+
 pub fn run(a: SessionsArgs) -> Result<()> {
-    let changes = matches!(a.cmd, Some(SessionsCmd::Rm { .. })) || a.retain.is_some();
+    let changes = matches!(
+        a.cmd,
+        Some(SessionsCmd::Rm { .. } | SessionsCmd::Tag { .. })
+    ) || a.retain.is_some();
+    if let Some(SessionsCmd::Tag { set, remove, .. }) = &a.cmd {
+        if set.is_empty() && remove.is_empty() {
+            return Err(super::usage(
+                "sessions tag: give KEY=VALUE tags to set and/or --remove KEY",
+            ));
+        }
+        if let Some((k, _)) = set.iter().find(|(k, _)| remove.contains(k)) {
+            return Err(super::usage(format!(
+                "sessions tag: {k} is both set and removed"
+            )));
+        }
+    }
     let store = if changes {
         open_for_change(&a)?
     } else {
@@ -108,24 +152,33 @@ pub fn run(a: SessionsArgs) -> Result<()> {
                     r.max_bytes,
                 )?;
             }
-            let list = store.sessions()?;
+            let now = gabp_rt::clock::now_ns();
+            let list: Vec<SessionMeta> = store
+                .sessions()?
+                .into_iter()
+                .filter(|m| a.filters.matches(m, now))
+                .collect();
+            if list.is_empty() && a.filters.any() {
+                bail!("no session matches the selection");
+            }
             if a.json {
                 let v: Vec<_> = list.iter().map(meta_json).collect();
                 return super::print_json(&json!({ "sessions": v }));
             }
             outln!(
-                "{:<36}  {:<12} {:<14} {:<20} {:>12} {:>10} {:>10}  END",
+                "{:<36}  {:<12} {:<14} {:<20} {:>12} {:>10} {:>10}  {:<14}  TAGS",
                 "SESSION",
                 "ROUTE",
                 "APP",
                 "START (UTC)",
                 "DURATION (s)",
                 "FRAMES",
-                "SIZE"
+                "SIZE",
+                "END"
             );
             for m in &list {
                 outln!(
-                    "{:<36}  {:<12} {:<14} {:<20} {:>12.1} {:>10} {:>10}  {}",
+                    "{:<36}  {:<12} {:<14} {:<20} {:>12.1} {:>10} {:>10}  {:<14}  {}",
                     m.id,
                     display::name(&m.route),
                     m.app_name.as_deref().map_or("-".into(), display::name),
@@ -133,7 +186,8 @@ pub fn run(a: SessionsArgs) -> Result<()> {
                     m.duration_ns() as f64 / 1e9,
                     m.frames,
                     display::bytes(m.bytes),
-                    m.end_label()
+                    m.end_label(),
+                    tags_text(m)
                 );
             }
         }
@@ -144,6 +198,30 @@ pub fn run(a: SessionsArgs) -> Result<()> {
                 return super::print_json(&json!({ "removed": meta.id.to_string() }));
             }
             outln!("removed session {}", meta.id);
+        }
+        SessionsCmd::Tag {
+            session,
+            set,
+            remove,
+        } => {
+            let meta = resolve(&store, &session)?;
+            let mut tags = meta.tags.clone();
+            for k in &remove {
+                tags.remove(k);
+            }
+            tags.extend(set);
+            let most = gabp_storage::catalog::MAX_TAGS;
+            if tags.len() > most {
+                return Err(super::usage(format!(
+                    "a session carries at most {most} tags ({} asked)",
+                    tags.len()
+                )));
+            }
+            let m = store.set_tags(meta.id, tags)?;
+            if a.json {
+                return super::print_json(&json!({ "session": m.id.to_string(), "tags": m.tags }));
+            }
+            outln!("session {}  {}", m.id, tags_text(&m));
         }
         SessionsCmd::Check { session } => {
             let ids: Vec<_> = match session {

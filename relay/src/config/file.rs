@@ -101,6 +101,8 @@ pub struct FileRoute {
     pub max_bridges: Option<usize>,
     /// Record this route.
     pub record: Option<bool>,
+    /// Labels on every session of this route (`tags = { experiment = "ppo-42" }`).
+    pub tags: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A config error that names where it is.
@@ -250,7 +252,19 @@ impl FileConfig {
         routes.extend(layer.route.map(toml::Value::Table));
         for r in &mut routes {
             if let toml::Value::Table(t) = r {
-                t.extend(layer.policy.clone());
+                for (k, v) in layer.policy.clone() {
+                    // `--tag` adds to the route's own tags instead of replacing them.
+                    match (t.get_mut(&k), v) {
+                        (Some(toml::Value::Table(have)), toml::Value::Table(add))
+                            if k == "tags" =>
+                        {
+                            have.extend(add)
+                        }
+                        (_, v) => {
+                            t.insert(k, v);
+                        }
+                    }
+                }
             }
         }
         table.insert("route".into(), toml::Value::Array(routes));
@@ -456,6 +470,16 @@ impl FileConfig {
         }
         rc.subscribe_all = r.subscribe_all.unwrap_or(rc.subscribe_all);
         rc.record = r.record.unwrap_or(rc.record);
+        if let Some(tags) = &r.tags {
+            for (k, v) in tags {
+                gabp_storage::check_tag(k, v).map_err(|m| err("tags", m))?;
+            }
+            if tags.len() > gabp_storage::catalog::MAX_TAGS {
+                let most = gabp_storage::catalog::MAX_TAGS;
+                return Err(err("tags", format!("at most {most} tags per session")));
+            }
+            rc.tags = tags.clone();
+        }
         Ok(rc)
     }
 }
@@ -571,6 +595,32 @@ mod tests {
         );
         assert_eq!(cfg.routes[0].outbox_bytes, 16 << 20, "flag over file");
         assert_eq!(cfg.routes[0].max_body, 4096, "file over default");
+        let tagged = text.replace("max_body = 4096", "tags = { seed = \"7\", run = \"a\" }");
+        let mut layer = Layer::default();
+        let mut add = toml::Table::new();
+        add.insert("run".into(), toml::Value::String("b".into()));
+        add.insert("gpu".into(), toml::Value::String("1".into()));
+        layer.policy.insert("tags".into(), toml::Value::Table(add));
+        let cfg = FileConfig::layered(Some((&tagged, "r.toml")), layer)
+            .expect("layers")
+            .relay_config("r.toml")
+            .expect("resolves");
+        let tags: Vec<_> = cfg.routes[0]
+            .tags
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        assert_eq!(
+            tags,
+            ["gpu=1", "run=b", "seed=7"],
+            "flag tags add to the file's"
+        );
+        let bad = text.replace("max_body = 4096", "tags = { \"a b\" = \"x\" }");
+        let e = FileConfig::parse(&bad, "r.toml")
+            .expect("parses")
+            .routes("r.toml")
+            .expect_err("bad key");
+        assert!(e.to_string().contains("field tags: tag key"), "{e}");
         let small = text.replace("max_body = 4096", "max_body = \"512\"");
         let e = FileConfig::parse(&small, "r.toml")
             .expect("parses")

@@ -157,6 +157,8 @@ pub struct RouteConfig {
     pub max_bridges: usize,
     /// Record this route.
     pub record: bool,
+    /// Tags on every session this route records.
+    pub tags: std::collections::BTreeMap<String, String>,
 }
 
 impl RouteConfig {
@@ -187,6 +189,7 @@ impl RouteConfig {
             max_subscriptions: 1024,
             max_bridges: 256,
             record: true,
+            tags: Default::default(),
         }
     }
 }

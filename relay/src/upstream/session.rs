@@ -221,6 +221,7 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
             app_version: welcome["app"]["version"].as_str().map(String::from),
             welcome: Some(welcome.clone()),
             relay_version: VERSION.into(),
+            tags: route.cfg.tags.clone(),
             ..SessionMeta::default()
         };
         let rec = |dir, body| RecMsg::Frame {

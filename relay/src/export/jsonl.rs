@@ -1,0 +1,106 @@
+//! The JSONL export: one frame per line, sessions one after another in one stream.
+//!
+//! Each line holds the session id, frame number, receive time, offset from the session start,
+//! direction, bridge connection, kind (request, response, event, mark, other), channel, mod and
+//! relay seq, a mark's label and data, the session's tags (when it has any), and the frame
+//! itself as JSON (`msg`), or as a string (`raw`) when it was not valid JSON when received.
+
+use std::io::Write;
+
+use gabp_storage::{SessionMeta, Store};
+use serde_json::{json, Value};
+
+use super::{for_each_row, write_atomically, ExportError, ExportFilter, Kind, Row};
+
+/// Writes one session's frames as JSONL; returns how many lines were written.
+pub fn export(
+    store: &Store,
+    meta: &SessionMeta,
+    filter: &ExportFilter,
+    out: &mut dyn Write,
+) -> Result<u64, ExportError> {
+    Ok(export_sessions(store, std::slice::from_ref(meta), filter, out)?[0])
+}
+
+/// Writes the sessions' frames as JSONL, one after another; returns the lines of each.
+pub fn export_sessions(
+    store: &Store,
+    metas: &[SessionMeta],
+    filter: &ExportFilter,
+    out: &mut dyn Write,
+) -> Result<Vec<u64>, ExportError> {
+    let mut counts = Vec::with_capacity(metas.len());
+    for meta in metas {
+        let meta = &*store.with_details(meta)?;
+        let session = meta.id.to_string();
+        let n = for_each_row(store, meta, filter, |row| {
+            line(meta, &session, row, &mut *out)
+        })?;
+        counts.push(n);
+    }
+    out.flush()?;
+    Ok(counts)
+}
+
+fn line(
+    meta: &SessionMeta,
+    session: &str,
+    row: &Row<'_>,
+    out: &mut dyn Write,
+) -> Result<(), ExportError> {
+    let rec = row.rec;
+    let mut head = json!({
+        "session": session,
+        "frame": row.frame,
+        "tNs": rec.time_ns,
+        "offsetMs": (rec.time_ns.saturating_sub(meta.started_ns)) as f64 / 1e6,
+        "dir": rec.dir.as_str(),
+        "conn": rec.conn,
+        "kind": row.kind.as_str(),
+        "channel": row.channel,
+        "modSeq": rec.mod_seq,
+        "relaySeq": rec.relay_seq,
+    });
+    if row.kind == Kind::Mark {
+        head["label"] = json!(row.label);
+        head["data"] = row
+            .data
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or(Value::Null);
+    }
+    if !meta.tags.is_empty() {
+        head["tags"] = json!(meta.tags);
+    }
+    let mut head = serde_json::to_vec(&head).expect("serializable");
+    head.pop(); // reopen the object to append the frame
+    out.write_all(&head)?;
+    if rec.json_ok && !rec.body.contains(&b'\n') && !rec.body.contains(&b'\r') {
+        out.write_all(b",\"msg\":")?;
+        out.write_all(&rec.body)?;
+    } else if let (true, Ok(v)) = (rec.json_ok, serde_json::from_slice::<Value>(&rec.body)) {
+        out.write_all(b",\"msg\":")?;
+        serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::other)?;
+    } else {
+        out.write_all(b",\"raw\":")?;
+        serde_json::to_writer(&mut *out, &String::from_utf8_lossy(&rec.body))
+            .map_err(std::io::Error::other)?;
+    }
+    out.write_all(b"}\n")?;
+    Ok(())
+}
+
+/// Exports into `path` atomically (see [`write_atomically`]); returns the lines per session.
+pub fn export_to_file(
+    store: &Store,
+    metas: &[SessionMeta],
+    filter: &ExportFilter,
+    path: &std::path::Path,
+) -> Result<Vec<u64>, ExportError> {
+    write_atomically(path, |f| {
+        let mut out = std::io::BufWriter::new(f);
+        let n = export_sessions(store, metas, filter, &mut out)?;
+        out.flush()?;
+        Ok(n)
+    })
+}

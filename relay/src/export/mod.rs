@@ -1,0 +1,305 @@
+//! `gabp-relay export`: recorded sessions as analysis data, streamed in constant memory.
+//!
+//! This module owns what a frame becomes in every format: [`Row`] (its number, times,
+//! direction, bridge, kind, method, id, channel, seqs, error code and payload), which frames
+//! are exported ([`ExportFilter`]: channels, offsets, or the span between two marks), and the
+//! atomic file write. The format is [`jsonl`] (one frame per line); the row is what a
+//! columnar format would write too.
+//!
+//! A mark is a bridge's `relay/mark {label, data?}` request: recorded as a frame like any
+//! other, exported with kind `mark`, its label and data.
+
+pub mod jsonl;
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use gabp_proto::{Mode, MsgType, Parser};
+use gabp_storage::{Direction, FrameRecord, SessionMeta, Store, StoreError};
+use serde_json::Value;
+
+pub use jsonl::{export, export_sessions, export_to_file};
+
+/// Which frames to export.
+#[derive(Debug, Clone, Default)]
+pub struct ExportFilter {
+    /// Only events on these channels (all frames when empty).
+    pub channels: Vec<String>,
+    /// Only frames at or after this offset from the session start.
+    pub from: Option<Duration>,
+    /// Only frames before this offset.
+    pub to: Option<Duration>,
+    /// From the first mark with this label (inclusive).
+    pub from_mark: Option<String>,
+    /// To the next mark with this label after the start (inclusive).
+    pub to_mark: Option<String>,
+}
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A method call.
+    Request,
+    /// An answer.
+    Response,
+    /// A message on a channel.
+    Event,
+    /// A bridge's `relay/mark`.
+    Mark,
+    /// Not a GABP message (a frame that did not parse).
+    Other,
+}
+
+impl Kind {
+    /// The exported name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Request => "request",
+            Kind::Response => "response",
+            Kind::Event => "event",
+            Kind::Mark => "mark",
+            Kind::Other => "other",
+        }
+    }
+}
+
+/// One exported frame, borrowed from its record.
+#[derive(Debug)]
+pub struct Row<'a> {
+    /// The frame number in the session.
+    pub frame: u64,
+    /// The record.
+    pub rec: &'a FrameRecord,
+    /// The channel's name, for events.
+    pub channel: Option<&'a str>,
+    /// The bridge's name (its `bridgeVersion`), for a bridge's frames.
+    pub bridge: Option<&'a str>,
+    /// What the frame is.
+    pub kind: Kind,
+    /// A request's method.
+    pub method: Option<Cow<'a, str>>,
+    /// The message id.
+    pub id: Option<Cow<'a, str>>,
+    /// An error response's code.
+    pub error_code: Option<i64>,
+    /// The params, result, error or payload, as JSON text.
+    pub payload: Option<Cow<'a, str>>,
+    /// A mark's label.
+    pub label: Option<String>,
+    /// A mark's data (JSON text).
+    pub data: Option<String>,
+}
+
+/// Classifies frames; keeps one parser for the whole export.
+#[derive(Default)]
+pub struct Classifier {
+    parser: Parser,
+}
+
+impl Classifier {
+    /// The row of frame `n` of the session `meta`.
+    pub fn row<'a>(&mut self, meta: &'a SessionMeta, n: u64, rec: &'a FrameRecord) -> Row<'a> {
+        let channel = rec
+            .channel
+            .and_then(|c| meta.channels.get(c as usize))
+            .map(String::as_str);
+        let bridge = (rec.conn != 0)
+            .then(|| meta.bridges.iter().find(|b| b.conn == rec.conn))
+            .flatten()
+            .map(|b| b.bridge_version.as_str());
+        let mut row = Row {
+            frame: n,
+            rec,
+            channel,
+            bridge,
+            kind: Kind::Other,
+            method: None,
+            id: None,
+            error_code: None,
+            payload: None,
+            label: None,
+            data: None,
+        };
+        let body = &rec.body[..];
+        let Ok(view) = self.parser.parse(body, Mode::Tolerant) else {
+            return row;
+        };
+        let text = |r: Option<std::ops::Range<usize>>| {
+            r.and_then(|r| std::str::from_utf8(&body[r]).ok())
+                .map(Cow::Borrowed)
+        };
+        row.id = view.id;
+        row.error_code = view.error_code;
+        match view.kind {
+            MsgType::Request => {
+                row.kind = Kind::Request;
+                row.payload = text(view.params.clone());
+                if rec.dir == Direction::BridgeToRelay && view.method.as_deref() == Some(MARK) {
+                    row.kind = Kind::Mark;
+                    let params: Value = row
+                        .payload
+                        .as_deref()
+                        .and_then(|p| serde_json::from_str(p).ok())
+                        .unwrap_or(Value::Null);
+                    row.label = params["label"].as_str().map(String::from);
+                    row.data = params.get("data").map(Value::to_string);
+                }
+                row.method = view.method;
+            }
+            MsgType::Response => {
+                row.kind = Kind::Response;
+                row.payload = match view.error_code {
+                    // The error object has no span in the view; errors are rare, so parse.
+                    Some(_) => serde_json::from_slice::<Value>(body)
+                        .ok()
+                        .map(|v| Cow::Owned(v["error"].to_string())),
+                    None => text(view.result.clone()),
+                };
+            }
+            MsgType::Event => {
+                row.kind = Kind::Event;
+                row.payload = text(view.payload.clone());
+            }
+        }
+        row
+    }
+}
+
+/// The relay's own request that marks a timeline.
+pub const MARK: &str = "relay/mark";
+
+/// Calls `each` with every exported row of one session, in frame order; returns how many.
+pub fn for_each_row(
+    store: &Store,
+    meta: &SessionMeta,
+    filter: &ExportFilter,
+    mut each: impl FnMut(&Row<'_>) -> Result<(), ExportError>,
+) -> Result<u64, ExportError> {
+    let ids: Vec<u32> = filter
+        .channels
+        .iter()
+        .map(|c| {
+            meta.channels
+                .iter()
+                .position(|n| n == c)
+                .map(|i| i as u32)
+                .ok_or_else(|| ExportError::UnknownChannel(c.clone()))
+        })
+        .collect::<Result<_, _>>()?;
+    let from_ns = filter.from.map(|d| meta.started_ns + d.as_nanos() as u64);
+    let to_ns = filter.to.map(|d| meta.started_ns + d.as_nanos() as u64);
+    let span = mark_span(store, meta, filter)?;
+    let mut classifier = Classifier::default();
+    let mut rows = 0;
+    let frames = match span {
+        Some((first, _)) => store.frames_from(meta.id, first),
+        None => store.frames(meta.id),
+    };
+    for item in frames {
+        let (n, rec) = item?;
+        if span.is_some_and(|(_, last)| n > last) {
+            break;
+        }
+        if !ids.is_empty() && !rec.channel.is_some_and(|c| ids.contains(&c)) {
+            continue;
+        }
+        if from_ns.is_some_and(|f| rec.time_ns < f) {
+            continue;
+        }
+        if to_ns.is_some_and(|t| rec.time_ns >= t) {
+            break;
+        }
+        each(&classifier.row(meta, n, &rec))?;
+        rows += 1;
+    }
+    Ok(rows)
+}
+
+/// The frame numbers of the first mark labelled `from_mark` and the next one labelled
+/// `to_mark` after it, when the filter asks for a span between marks.
+fn mark_span(
+    store: &Store,
+    meta: &SessionMeta,
+    filter: &ExportFilter,
+) -> Result<Option<(u64, u64)>, ExportError> {
+    if filter.from_mark.is_none() && filter.to_mark.is_none() {
+        return Ok(None);
+    }
+    let mut classifier = Classifier::default();
+    let mut first = None;
+    for item in store.frames(meta.id) {
+        let (n, rec) = item?;
+        // Only a bridge's requests can be marks: skip the rest without parsing.
+        if rec.dir != Direction::BridgeToRelay {
+            continue;
+        }
+        let row = classifier.row(meta, n, &rec);
+        if row.kind != Kind::Mark {
+            continue;
+        }
+        let label = row.label.as_deref();
+        match first {
+            None if filter.from_mark.is_none() || label == filter.from_mark.as_deref() => {
+                first = Some(n);
+                if filter.to_mark.is_none() {
+                    return Ok(Some((n, u64::MAX)));
+                }
+            }
+            Some(f) if label == filter.to_mark.as_deref() => return Ok(Some((f, n))),
+            _ => {}
+        }
+    }
+    let missing = match first {
+        None => filter.from_mark.clone().unwrap_or_default(),
+        Some(_) => filter.to_mark.clone().unwrap_or_default(),
+    };
+    Err(ExportError::NoMark {
+        session: meta.id.to_string(),
+        label: missing,
+        after: first.is_some(),
+    })
+}
+
+/// Writes into a private temporary file beside `path`, renamed over it only once `write`
+/// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
+/// followed.
+pub fn write_atomically<T>(
+    path: &std::path::Path,
+    write: impl FnOnce(&mut std::fs::File) -> Result<T, ExportError>,
+) -> Result<T, ExportError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".gabp-export-")
+        .tempfile_in(dir)?;
+    let out = write(tmp.as_file_mut())?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(out)
+}
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// Reading the store failed.
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// Writing the output failed.
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+    /// A `--channel` the session never saw.
+    #[error("the session has no channel {0:?}")]
+    UnknownChannel(String),
+    /// A `--from-mark` or `--to-mark` label the session does not have (where it was looked for).
+    #[error("session {session} has no mark labelled {label:?}{}", if *after { " after the start mark" } else { "" })]
+    NoMark {
+        /// The session.
+        session: String,
+        /// The label.
+        label: String,
+        /// Whether it was looked for after the start mark.
+        after: bool,
+    },
+}

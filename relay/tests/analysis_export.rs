@@ -1,0 +1,325 @@
+//! Sessions as analysis data, through the real binary: tags (`serve --tag`, `sessions tag`),
+//! one selection for `sessions`, `stats` and `export`, and marks cut out with
+//! `export --from-mark/--to-mark`.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+
+/// `serve` in front of a fresh simulated mod, recording `route` into `data` with `tags`.
+async fn serve_tagged(sim: &ModSim, data: &str, route: &str, tags: &[&str]) -> Serve {
+    let up = sim.addr().to_string();
+    let mut args = vec![
+        "--upstream",
+        &up,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--route-name",
+        route,
+        "--data-dir",
+        data,
+    ];
+    for t in tags {
+        args.extend(["--tag", t]);
+    }
+    serve(&args).await
+}
+
+/// Records one session with `serve --tag …`: a bridge marks `ep-start`, calls `sim/echo`,
+/// marks `ep-end`, and the relay stops (SIGTERM) so the data dir is free.
+async fn record(data: &str, route: &str, tags: &[&str]) {
+    let sim = start_mod(None);
+    let mut s = serve_tagged(&sim, data, route, tags).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN).await.expect("hello");
+    c.call(
+        "relay/mark",
+        json!({"label": "ep-start", "data": {"episode": 1}}),
+    )
+    .await
+    .expect("mark");
+    c.call(
+        "tools/call",
+        json!({"name": "sim/echo", "arguments": {"q": route}}),
+    )
+    .await
+    .expect("echo");
+    c.call("relay/mark", json!({"label": "ep-end"}))
+        .await
+        .expect("mark");
+    c.call("relay/status", json!({})).await.expect("status");
+    sigterm(&s.child);
+    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("relay stops")
+        .expect("wait");
+    assert!(status.success(), "relay exit: {status}");
+}
+
+/// The ids `sessions --json` lists with `args`.
+async fn pick(data: &str, args: &[&str]) -> Vec<String> {
+    let mut a = vec!["sessions", "--json", "--data-dir", data];
+    a.extend(args);
+    let v = json(&output(&a).await);
+    v["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect()
+}
+
+fn lines(out: &std::process::Output) -> Vec<Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_selection_and_marks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    record(data, "lab", &["exp=ppo", "seed=7"]).await;
+    record(data, "lab", &["exp=dqn"]).await;
+    record(data, "other", &[]).await;
+
+    // Tags from serve are in the catalog: `sessions --json` and the table show them.
+    let all = json(&output(&["sessions", "--json", "--data-dir", data]).await);
+    let all = all["sessions"].as_array().expect("sessions").clone();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0]["tags"], json!({"exp": "ppo", "seed": "7"}));
+    assert_eq!(all[1]["tags"], json!({"exp": "dqn"}));
+    assert_eq!(all[2]["tags"], json!({}));
+    let ids: Vec<String> = all
+        .iter()
+        .map(|s| s["id"].as_str().expect("id").to_string())
+        .collect();
+    let table = output(&["sessions", "--data-dir", data]).await;
+    let table = String::from_utf8_lossy(&table.stdout).to_string();
+    assert!(
+        table.lines().next().is_some_and(|h| h.ends_with("TAGS")),
+        "{table}"
+    );
+    assert!(table.contains("exp=ppo seed=7"), "{table}");
+
+    // The selection filters `sessions`: tags (all must match), route, app, since.
+    assert_eq!(pick(data, &["--tag", "exp=ppo"]).await, [ids[0].clone()]);
+    assert_eq!(
+        pick(data, &["--tag", "exp=ppo", "--tag", "seed=7"]).await,
+        [ids[0].clone()]
+    );
+    assert_eq!(pick(data, &["--route", "lab"]).await, ids[..2]);
+    assert_eq!(
+        pick(
+            data,
+            &[
+                "--since",
+                "1h",
+                "--app",
+                all[0]["app"].as_str().expect("app")
+            ]
+        )
+        .await
+        .len(),
+        3
+    );
+    let none = output(&[
+        "sessions",
+        "--data-dir",
+        data,
+        "--tag",
+        "exp=ppo",
+        "--tag",
+        "seed=8",
+    ])
+    .await;
+    assert_eq!(none.status.code(), Some(1));
+    assert!(one_line(&none).contains("no session matches"));
+    let future = output(&[
+        "sessions",
+        "--data-dir",
+        data,
+        "--since",
+        "2999-01-01T00:00:00Z",
+    ])
+    .await;
+    assert_eq!(future.status.code(), Some(1));
+    one_line(&future);
+
+    // `sessions tag` after the fact: set and remove; bad input is a usage error.
+    let t = json(
+        &output(&[
+            "sessions",
+            "tag",
+            &ids[2],
+            "exp=base",
+            "note=a b",
+            "--json",
+            "--data-dir",
+            data,
+        ])
+        .await,
+    );
+    assert_eq!(t["tags"], json!({"exp": "base", "note": "a b"}));
+    let t = json(
+        &output(&[
+            "sessions",
+            "tag",
+            &ids[2],
+            "--remove",
+            "note",
+            "--json",
+            "--data-dir",
+            data,
+        ])
+        .await,
+    );
+    assert_eq!(t["tags"], json!({"exp": "base"}));
+    for bad in ["novalue", "a b=c", "k=line\nbreak"] {
+        let out = output(&["sessions", "tag", &ids[2], bad, "--data-dir", data]).await;
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        one_line(&out);
+    }
+    let out = output(&[
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--tag",
+        "x",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "serve --tag without =");
+
+    // stats: tags in --json; a selection prints every session.
+    let one = json(&output(&["stats", &ids[0], "--json", "--data-dir", data]).await);
+    assert_eq!(one["tags"], json!({"exp": "ppo", "seed": "7"}));
+    assert_eq!(one["session"], ids[0].as_str());
+    let many = json(&output(&["stats", "--route", "lab", "--json", "--data-dir", data]).await);
+    let many = many["sessions"].as_array().expect("per session");
+    assert_eq!(many.len(), 2);
+    assert_eq!(many[1]["tags"], json!({"exp": "dqn"}));
+    let usage_err = output(&["stats", "--data-dir", data]).await;
+    assert_eq!(
+        usage_err.status.code(),
+        Some(2),
+        "no selection is a usage error"
+    );
+
+    // export: several sessions in one stream, each line with its session (and tags).
+    let ex = lines(&output(&["export", &ids[0], &ids[1][..13], "--data-dir", data]).await);
+    let sessions: std::collections::BTreeSet<&str> = ex
+        .iter()
+        .map(|l| l["session"].as_str().expect("session"))
+        .collect();
+    assert_eq!(sessions.len(), 2);
+    assert!(ex.iter().all(|l| l["tags"]["exp"].is_string()));
+    let all_ex = lines(&output(&["export", "--all", "--data-dir", data]).await);
+    assert!(all_ex.len() > ex.len());
+    assert!(all_ex
+        .iter()
+        .any(|l| l["session"] == ids[2].as_str() && l["tags"] == json!({"exp": "base"})));
+
+    // Marks are frames of kind mark; an episode is cut out between two labels, inclusive.
+    let marks: Vec<&Value> = ex.iter().filter(|l| l["kind"] == "mark").collect();
+    assert_eq!(marks.len(), 4, "two marks per session");
+    assert_eq!(marks[0]["label"], "ep-start");
+    assert_eq!(marks[0]["data"], json!({"episode": 1}));
+    assert_eq!(marks[0]["dir"], "bridge->relay");
+    let ep = lines(
+        &output(&[
+            "export",
+            &ids[0],
+            "--from-mark",
+            "ep-start",
+            "--to-mark",
+            "ep-end",
+            "--data-dir",
+            data,
+        ])
+        .await,
+    );
+    assert_eq!(ep.first().expect("first")["label"], "ep-start");
+    assert_eq!(ep.last().expect("last")["label"], "ep-end");
+    assert!(ep.iter().any(|l| l["kind"] == "request"
+        && l["msg"]["method"] == "tools/call"
+        && l["dir"] == "relay->mod"));
+    assert!(ep.iter().any(|l| l["kind"] == "response"));
+    assert!(
+        !ep.iter().any(|l| l["msg"]["method"] == "session/hello"),
+        "nothing before the start mark"
+    );
+    assert!(
+        !ep.iter().any(|l| l["msg"]["method"] == "relay/status"),
+        "nothing after the end mark"
+    );
+    assert!(
+        !all_ex
+            .iter()
+            .any(|l| l["dir"] == "relay->mod" && l["msg"]["method"] == "relay/mark"),
+        "a mark never reaches the mod"
+    );
+    let missing = output(&[
+        "export",
+        &ids[0],
+        "--from-mark",
+        "ep-start",
+        "--to-mark",
+        "nope",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(one_line(&missing).contains("\"nope\""));
+    assert!(
+        missing.stdout.is_empty(),
+        "nothing written before the error"
+    );
+}
+
+/// `sessions tag` while a relay holds the data dir: one line, exit 1, nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tagging_a_data_dir_a_relay_holds_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let sim = start_mod(None);
+    let s = serve_tagged(&sim, data, "default", &["exp=live"]).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN).await.expect("hello");
+    c.call("relay/status", json!({})).await.expect("status");
+    // The session's record reaches the catalog with the recorder's next commit.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = json(&output(&["sessions", "--json", "--data-dir", data]).await);
+        if list["sessions"][0]["tags"] == json!({"exp": "live"}) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tags readable while recording: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = output(&["sessions", "tag", "latest", "k=v", "--data-dir", data]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        one_line(&out).contains("in use"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
