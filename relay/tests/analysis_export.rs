@@ -35,7 +35,9 @@ async fn serve_tagged(sim: &ModSim, data: &str, route: &str, tags: &[&str]) -> S
 async fn record(data: &str, route: &str, tags: &[&str]) {
     let sim = start_mod(None);
     let mut s = serve_tagged(&sim, data, route, tags).await;
-    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN).await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.call(
         "relay/mark",
         json!({"label": "ep-start", "data": {"episode": 1}}),
@@ -300,7 +302,9 @@ async fn tagging_a_data_dir_a_relay_holds_is_refused_in_one_line() {
     let data = data.to_str().expect("utf-8");
     let sim = start_mod(None);
     let s = serve_tagged(&sim, data, "default", &["exp=live"]).await;
-    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN).await.expect("hello");
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
     c.call("relay/status", json!({})).await.expect("status");
     // The session's record reaches the catalog with the recorder's next commit.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
