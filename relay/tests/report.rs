@@ -134,6 +134,18 @@ async fn a_page_with_a_broken_chart_fails_the_browser_check() {
     let dom = browser::dump_dom(&chromium, &bad).expect("the browser loads the page");
     let err = check::check_dom(&dom).expect_err("a broken chart fails");
     assert!(err.contains("latency"), "{err}");
+    // A script error anywhere on the page fails it too (a chart drawn by script would break).
+    let html = std::fs::read_to_string(&page).expect("page");
+    let at = html.find("<h2>").expect("a heading");
+    let erring = format!(
+        "{}<script>undefinedFunction()</script>{}",
+        &html[..at],
+        &html[at..]
+    );
+    std::fs::write(&bad, erring).expect("write");
+    let dom = browser::dump_dom(&chromium, &bad).expect("the browser loads the page");
+    let err = check::check_dom(&dom).expect_err("a script error fails");
+    assert!(err.contains("undefinedFunction"), "{err}");
     // And the intact page still passes in the same browser (the check can pass, too).
     let dom = browser::dump_dom(&chromium, &page).expect("the browser loads the page");
     check::check_dom(&dom).expect("the intact page passes");

@@ -3,7 +3,8 @@
 //! the page works offline by construction. Every string put on the page is escaped, and the
 //! SVG of each chart is inlined as produced by [`crate::chart`].
 //!
-//! A tiny inline script checks, once the page is laid out, that every chart has an `<svg>`
+//! A tiny inline script in `<head>` collects script errors and blocked loads; another at the
+//! end of `<body>` checks, once the page is laid out, that every chart has an `<svg>`
 //! with at least [`MIN_ELEMENTS`] elements and a visible size, and that no script error
 //! occurred and nothing tried to load from elsewhere; it writes the outcome on `<body data-check="ok">` (or `fail: …`) and each
 //! chart's element count on its figure (`data-elements`), for [`crate::check`] to read.
@@ -46,22 +47,23 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
 figure{margin:8px 0}figcaption{font-size:13px;color:#555}p.note{color:#555;font-size:13px}\
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px}dt{color:#555}dd{margin:0}";
 
+/// In `<head>`, before anything else runs: collects script errors and blocked loads.
+const WATCH: &str = r#"window.reportErrors=[];
+window.addEventListener('error',function(e){window.reportErrors.push(String(e.message));});
+document.addEventListener('securitypolicyviolation',function(e){window.reportErrors.push('blocked '+e.blockedURI);});"#;
+
+/// At the end of `<body>`: checks every chart and writes the verdict on `<body>`.
 const SCRIPT: &str = r#"(function(){
-var errors=[];
-window.addEventListener('error',function(e){errors.push(String(e.message));check();});
-document.addEventListener('securitypolicyviolation',function(e){errors.push('blocked '+e.blockedURI);check();});
-function check(){
- var bad=[],figs=document.querySelectorAll('figure.chart');
- for(var i=0;i<figs.length;i++){
-  var f=figs[i],s=f.querySelector('svg'),n=s?s.querySelectorAll('*').length:0,r=s?s.getBoundingClientRect():null;
-  f.setAttribute('data-elements',String(n));
-  if(!s||n<MIN||!r||r.width<10||r.height<10)bad.push(f.getAttribute('data-chart'));
- }
- var want=Number(document.body.getAttribute('data-charts'));
- if(figs.length!==want)bad.push('expected '+want+' charts, found '+figs.length);
- document.body.setAttribute('data-check',(bad.length||errors.length)?'fail: '+bad.concat(errors).join(', '):'ok');
+var bad=[],figs=document.querySelectorAll('figure.chart');
+for(var i=0;i<figs.length;i++){
+ var f=figs[i],s=f.querySelector('svg'),n=s?s.querySelectorAll('*').length:0,r=s?s.getBoundingClientRect():null;
+ f.setAttribute('data-elements',String(n));
+ if(!s||n<MIN||!r||r.width<10||r.height<10)bad.push(f.getAttribute('data-chart'));
 }
-check();
+var want=Number(document.body.getAttribute('data-charts'));
+if(figs.length!==want)bad.push('expected '+want+' charts, found '+figs.length);
+var all=bad.concat(window.reportErrors||['the error watch never ran']);
+document.body.setAttribute('data-check',all.length?'fail: '+all.join(', '):'ok');
 })();"#;
 
 impl Page {
@@ -146,7 +148,7 @@ impl Page {
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n\
              <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'\">\n\
              <meta name=\"viewport\" content=\"width=device-width\">\n\
-             <title>{}</title>\n<style>{STYLE}</style></head>\n\
+             <title>{}</title>\n<style>{STYLE}</style>\n<script>{WATCH}</script></head>\n\
              <body data-charts=\"{}\" data-check=\"pending\">\n{}\
              <script>{}</script>\n</body></html>\n",
             escape(&self.title),
@@ -171,8 +173,8 @@ mod tests {
             .table(&[evil], &[vec![evil.to_string()]])
             .chart(evil, evil, "<svg></svg>");
         let html = p.finish();
-        // The one script on the page is the checker.
-        assert_eq!(html.matches("<script>").count(), 1);
+        // The only scripts on the page are the checker's two.
+        assert_eq!(html.matches("<script>").count(), 2);
         assert!(!html.contains("alert(1)</script>"));
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(html.contains("data-charts=\"1\""));
