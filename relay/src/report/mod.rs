@@ -71,6 +71,7 @@ mod tests {
             route: EVIL.into(),
             started_ns: 1_000_000_000,
             app_name: Some(EVIL.into()),
+            tags: [("exp".to_string(), EVIL.to_string())].into(),
             ..SessionMeta::default()
         };
         let id = meta.id;
@@ -157,6 +158,10 @@ mod tests {
             "raw markup from the recording"
         );
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(
+            html.contains("exp=&lt;script&gt;"),
+            "the tags are in the summary"
+        );
         let c = super::collect::collect(&store, &meta).expect("collected");
         assert_eq!(c.frames, 53);
         assert_eq!(c.channels[0].events, 50);

@@ -59,6 +59,18 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
     p.heading("Summary").summary(&[
         ("app", app),
         ("route", meta.route.clone()),
+        (
+            "tags",
+            if meta.tags.is_empty() {
+                "none".into()
+            } else {
+                meta.tags
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ),
         ("session", meta.id.to_string()),
         ("duration", format!("{:.3} s", secs(meta.duration_ns()))),
         ("bridges", meta.bridges.len().to_string()),
