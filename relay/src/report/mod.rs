@@ -32,19 +32,13 @@ pub fn render(store: &Store, meta: &SessionMeta) -> Result<String, ReportError> 
 }
 
 /// Writes the page of a session to `path` (a temp file renamed on success, so a failed report
-/// never leaves half a page); returns its size in bytes.
+/// never leaves half a page; a FIFO or device there is written into); returns its size in bytes.
 pub fn write(store: &Store, meta: &SessionMeta, path: &Path) -> Result<u64, ReportError> {
     let html = render(store, meta)?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".gabp-report-")
-        .tempfile_in(dir)?;
-    std::io::Write::write_all(tmp.as_file_mut(), html.as_bytes())?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
+    crate::export::write_atomically(path, |f| -> Result<(), ReportError> {
+        std::io::Write::write_all(f, html.as_bytes())?;
+        Ok(())
+    })?;
     Ok(html.len() as u64)
 }
 
