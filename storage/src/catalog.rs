@@ -59,6 +59,10 @@ impl EndReason {
 pub struct BridgeInfo {
     /// The relay's connection number for this bridge.
     pub conn: u32,
+    /// Its configured identity's name (`[[route.bridge]] name`), if it authenticated as one;
+    /// `None` for the route's single token and in recordings made before identities existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// `bridgeVersion` from its hello.
     pub bridge_version: String,
     /// `platform` from its hello.

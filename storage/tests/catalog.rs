@@ -33,6 +33,7 @@ fn event(ch: u32, seq: u64, t: u64) -> FrameRecord {
 fn bridge(conn: u32) -> BridgeInfo {
     BridgeInfo {
         conn,
+        name: None,
         bridge_version: "1".into(),
         platform: "test".into(),
         launch_id: format!("l{conn}"),

@@ -127,6 +127,7 @@ impl BridgeReader {
         };
         let info = BridgeInfo {
             conn: self.bridge.conn,
+            name: None,
             bridge_version: field("bridgeVersion", 128),
             platform: field("platform", 32),
             launch_id: field("launchId", 128),

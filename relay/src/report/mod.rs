@@ -75,6 +75,7 @@ mod tests {
             id,
             BridgeInfo {
                 conn: 1,
+                name: Some(EVIL.into()),
                 bridge_version: EVIL.into(),
                 platform: EVIL.into(),
                 attached_ns: 1_000_000_000,
