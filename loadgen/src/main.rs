@@ -310,6 +310,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         }
         Cmd::Compare(a) => {
             let (va, vb) = (compare::read(&a.a)?, compare::read(&a.b)?);
+            compare::comparable(&va, &vb)?;
             let changes = compare::compare(&va, &vb);
             if a.json {
                 println!(

@@ -31,18 +31,26 @@ pub struct ExportArgs {
     #[arg(long, value_parser = parse_duration)]
     pub to: Option<Duration>,
     /// Start at the first mark with this label (inclusive).
-    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"], value_parser = mark_label)]
     pub from_mark: Option<String>,
     /// End at the next mark with this label (inclusive).
-    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"], value_parser = mark_label)]
     pub to_mark: Option<String>,
-    /// Write here instead of stdout.
+    /// Write here instead of stdout (`-` is stdout too).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
     /// With -o: print what was written as one JSON document (the export itself is always
     /// JSON lines, camelCase keys).
     #[arg(long, requires = "output")]
     pub json: bool,
+}
+
+/// A mark label to cut at: never empty (no mark has an empty label to find).
+fn mark_label(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("a mark label must not be empty".into());
+    }
+    Ok(s.to_string())
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
@@ -54,6 +62,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
                 humantime::format_duration(to)
             )));
         }
+    }
+    if a.json && a.output.as_deref().is_some_and(export::is_stdout) {
+        return Err(usage(
+            "--json with -o - would mix the summary into the export on stdout: write the export to a file",
+        ));
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let metas = select(&store, &a.sessions, &a.filters, false)?;

@@ -95,6 +95,7 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
         }]);
     }
     let mut out = Vec::new();
+    let mut stale = Vec::new();
     for path in discovery_files(a)? {
         let Ok(bytes) = std::fs::read(&path) else {
             bail!("no running relay found: cannot read {}", path.display());
@@ -106,7 +107,7 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
         };
         match discovery::holder(&path) {
             Holder::Stale(pid) => {
-                tracing::warn!(path = %path.display(), pid, "skipping a discovery file left by a relay that is no longer running");
+                stale.push((path, pid));
                 continue;
             }
             Holder::Live(_) | Holder::Free => {}
@@ -118,8 +119,20 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
             pid: discovery::recorded_pid(&path),
         });
     }
+    // One line either way: the error names the stale files itself; beside live relays each
+    // stale file is a warning.
     if out.is_empty() {
-        bail!("no running relay found: every discovery file was left by a relay that is gone");
+        let files: Vec<String> = stale
+            .iter()
+            .map(|(p, pid)| format!("{} (pid {pid})", p.display()))
+            .collect();
+        bail!(
+            "no running relay found: {} left by a relay that is gone",
+            files.join(", ")
+        );
+    }
+    for (path, pid) in stale {
+        tracing::warn!(path = %path.display(), pid, "skipping a discovery file left by a relay that is no longer running");
     }
     Ok(out)
 }

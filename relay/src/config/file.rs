@@ -375,6 +375,22 @@ impl FileConfig {
                 ));
             }
         }
+        for (i, r) in out.iter().enumerate() {
+            if let Some(first) = out[..i]
+                .iter()
+                .find(|o| same_listener(&o.listen, &r.listen))
+            {
+                return Err(self.field_error(
+                    file,
+                    Some((i, &r.name)),
+                    "listen",
+                    format!(
+                        "{} is also route \"{}\"'s listen address: each route needs its own",
+                        r.listen, first.name
+                    ),
+                ));
+            }
+        }
         Ok(out)
     }
 
@@ -484,6 +500,20 @@ impl FileConfig {
     }
 }
 
+/// Whether two routes' listen addresses would collide at bind: the same unix path, or the same
+/// TCP port on the same address or where either is a wildcard (port 0 is a fresh port each).
+fn same_listener(a: &Addr, b: &Addr) -> bool {
+    match (a, b) {
+        (Addr::Unix(x), Addr::Unix(y)) => x == y,
+        (Addr::Tcp(x), Addr::Tcp(y)) => {
+            x.port() != 0
+                && x.port() == y.port()
+                && (x.ip() == y.ip() || x.ip().is_unspecified() || y.ip().is_unspecified())
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,6 +601,30 @@ mod tests {
             e.to_string(),
             "r.toml: line 12: route \"a\", field name: route names must be unique (the first is at line 1)"
         );
+    }
+
+    #[test]
+    fn two_routes_on_one_listen_address_are_a_config_error() {
+        let route = |name: &str, listen: &str| {
+            format!(
+                "[[route]]\nname = \"{name}\"\nupstream = \"127.0.0.1:1\"\nlisten = \"{listen}\"\n"
+            )
+        };
+        let routes = |a: &str, b: &str| {
+            FileConfig::parse(&format!("{}\n{}", route("a", a), route("b", b)), "r.toml")
+                .expect("parses")
+                .routes("r.toml")
+        };
+        let e = routes("127.0.0.1:7400", "127.0.0.1:7400").expect_err("same address");
+        assert_eq!(
+            e.to_string(),
+            "r.toml: line 9: route \"b\", field listen: 127.0.0.1:7400 is also route \"a\"'s listen address: each route needs its own"
+        );
+        routes("0.0.0.0:7400", "127.0.0.1:7400").expect_err("a wildcard covers it");
+        routes("unix:/tmp/r.sock", "unix:/tmp/r.sock").expect_err("same path");
+        routes("127.0.0.1:0", "127.0.0.1:0").expect("port 0 is a fresh port each");
+        routes("127.0.0.1:7400", "127.0.0.2:7400").expect("different addresses");
+        routes("127.0.0.1:7400", "127.0.0.1:7401").expect("different ports");
     }
 
     #[test]

@@ -263,11 +263,17 @@ fn mark_span(
 /// Writes into a private temporary file beside `path`, renamed over it only once `write`
 /// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
 /// followed. A FIFO, device or socket at `path` (`/dev/stdout`, a named pipe) is written
-/// into, never replaced by a file.
+/// into, never replaced by a file. `-` is standard output.
 pub fn write_atomically<T, E: From<std::io::Error>>(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::fs::File) -> Result<T, E>,
 ) -> Result<T, E> {
+    if is_stdout(path) {
+        use std::os::fd::AsFd;
+        // A second descriptor of stdout: same file position and flags (`>>` still appends).
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        return write(&mut std::fs::File::from(fd));
+    }
     if let Ok(md) = std::fs::symlink_metadata(path) {
         let t = md.file_type();
         if !(t.is_file() || t.is_dir() || t.is_symlink()) {
@@ -286,6 +292,11 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(out)
+}
+
+/// Whether `-o PATH` means standard output (`-`, as for most command-line tools).
+pub fn is_stdout(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
 }
 
 /// Why an export failed.
