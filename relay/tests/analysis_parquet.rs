@@ -551,7 +551,7 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
                     "Int64" => "BIGINT",
                     "Float64" => "DOUBLE",
                     "Map" => "MAP(VARCHAR, VARCHAR)",
-                    _ => "TIMESTAMP WITH TIME ZONE",
+                    _ => "TIMESTAMPTZ",
                 };
                 (n.to_string(), t.to_string())
             })
@@ -562,9 +562,19 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
         }
         v
     };
+    // A timestamp with a zone, at whatever precision this DuckDB names (TIMESTAMPTZ_NS in
+    // 2.x, TIMESTAMP WITH TIME ZONE before).
+    let zoned = |mut v: Vec<(String, String)>| {
+        for (n, t) in &mut v {
+            if n == "t_ns" && (t.starts_with("TIMESTAMPTZ") || t.ends_with("WITH TIME ZONE")) {
+                *t = "TIMESTAMPTZ".into();
+            }
+        }
+        v
+    };
     // DuckDB appends the partition columns in an order of its own: compare them as a set.
-    let mut hive = docs.next().expect("hive");
+    let mut hive = zoned(docs.next().expect("hive"));
     hive[COLUMNS.len() - 1..].sort();
     assert_eq!(hive, duck(false, true));
-    assert_eq!(docs.next().expect("file"), duck(true, false));
+    assert_eq!(zoned(docs.next().expect("file")), duck(true, false));
 }

@@ -1,5 +1,6 @@
-//! The Parquet export: one row per frame (the shared [`Row`]), Zstd, written row group by row
-//! group so that memory stays bounded whatever the session's length.
+//! The Parquet export: one row per frame (the shared [`Row`]), compressed ([`codec`]: Snappy, or
+//! Zstd with the `zstd` feature), written row group by row group so that memory stays bounded
+//! whatever the session's length.
 //!
 //! One session named by id goes to one file; a selection goes to a Hive-partitioned directory,
 //! `route=R/date=YYYY-MM-DD/session=ID.parquet`, built in a temporary directory beside the
@@ -20,7 +21,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use gabp_storage::{SessionMeta, Store};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
@@ -80,11 +81,19 @@ fn tags_type() -> DataType {
     )
 }
 
-/// Zstd, statistics per column chunk, and no dictionary for columns that are nearly unique per
+/// The compression: Zstd (level 1) with the `zstd` feature, else Snappy.
+pub fn codec() -> Compression {
+    #[cfg(feature = "zstd")]
+    return Compression::ZSTD(parquet::basic::ZstdLevel::default());
+    #[cfg(not(feature = "zstd"))]
+    return Compression::SNAPPY;
+}
+
+/// The codec, statistics per column chunk, and no dictionary for columns that are nearly unique per
 /// row (a dictionary there only costs time before Parquet gives up on it).
 fn properties() -> WriterProperties {
     let mut b = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_compression(codec())
         .set_max_row_group_row_count(Some(GROUP_ROWS))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_created_by(format!("gabp-relay {}", env!("CARGO_PKG_VERSION")));
