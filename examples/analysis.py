@@ -51,10 +51,8 @@ def main(argv):
 
     # --- DuckDB: sessions, frames and events per channel ---
     db = duckdb.connect()
-    db.execute(
-        "CREATE VIEW frames AS SELECT * FROM read_parquet(?, hive_partitioning = true)",
-        [glob],
-    )
+    quoted = glob.replace("'", "''")
+    db.execute(f"CREATE VIEW frames AS SELECT * FROM read_parquet('{quoted}', hive_partitioning = true)")
     sessions = {
         s: (route, frames)
         for s, route, frames in db.execute(

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use support::*;
 
 const CHANNELS: [&str; 3] = ["world/tick", "player/move", "chat/message"];
-/// Events the mod sends in each session.
+/// Events the bridge reads in each session (the mod streams on until the relay stops).
 const EVENTS: u64 = 240;
 /// Tool calls each session makes (one of every `FAIL_EVERY` fails).
 const CALLS: usize = 30;
@@ -60,8 +60,7 @@ async fn record(data: &str, route: &str, tags: &[&str], latency_ms: u64) {
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
             token: MOD_TOKEN.into(),
-            rate: Some(4000.0),
-            max_events: Some(EVENTS),
+            rate: Some(2000.0),
             tool_latency: Duration::from_millis(latency_ms),
             ..ModSimConfig::default()
         },
@@ -270,7 +269,7 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
     }
     assert!(events >= EVENTS, "{events} events");
     assert_eq!(marks, 2);
-    assert_eq!(errors, CALLS / FAIL_EVERY * 2, "each failed call: mod's and bridge's answer");
+    assert_eq!(errors, CALLS / FAIL_EVERY, "one error answer per failed call");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -336,10 +335,9 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
         v.sort();
         v
     };
-    assert_eq!(
-        listing(&out),
-        files.iter().map(PathBuf::from).collect::<Vec<_>>()
-    );
+    let mut want: Vec<PathBuf> = files.iter().map(PathBuf::from).collect();
+    want.sort();
+    assert_eq!(listing(&out), want);
     // The partition is the route: the files leave the column out.
     let b = read_parquet(&out.join(&files[0]));
     assert!(b.column_by_name("route").is_none());
