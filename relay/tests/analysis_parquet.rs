@@ -95,9 +95,12 @@ async fn record(data: &str, route: &str, tags: &[&str], latency_ms: u64) {
             .expect("event in time")
             .expect("event");
     }
-    c.call("relay/mark", json!({"label": "ep-start", "data": {"ep": 1}}))
-        .await
-        .expect("mark");
+    c.call(
+        "relay/mark",
+        json!({"label": "ep-start", "data": {"ep": 1}}),
+    )
+    .await
+    .expect("mark");
     for i in 0..CALLS {
         let tool = if i % FAIL_EVERY == FAIL_EVERY - 1 {
             "no/such-tool"
@@ -176,7 +179,15 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
     let f = file.to_str().expect("utf-8");
     let report = json(
         &output(&[
-            "export", "latest", "--format", "parquet", "-o", f, "--json", "--data-dir", data,
+            "export",
+            "latest",
+            "--format",
+            "parquet",
+            "-o",
+            f,
+            "--json",
+            "--data-dir",
+            data,
         ])
         .await,
     );
@@ -212,7 +223,11 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
     let (mut events, mut errors, mut marks) = (0, 0, 0);
     for (i, l) in lines.iter().enumerate() {
         let what = format!("row {i}: {l}");
-        assert_eq!(text(&b, "session", i).as_deref(), l["session"].as_str(), "{what}");
+        assert_eq!(
+            text(&b, "session", i).as_deref(),
+            l["session"].as_str(),
+            "{what}"
+        );
         assert_eq!(text(&b, "route", i).as_deref(), Some("lab"), "{what}");
         assert_eq!(int(&b, "frame", i), l["frame"].as_i64(), "{what}");
         assert_eq!(Some(t_ns.value(i)), l["tNs"].as_i64(), "{what}");
@@ -220,25 +235,34 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
         assert_eq!(text(&b, "dir", i).as_deref(), l["dir"].as_str(), "{what}");
         assert_eq!(int(&b, "conn", i), l["conn"].as_i64(), "{what}");
         assert_eq!(text(&b, "kind", i).as_deref(), l["kind"].as_str(), "{what}");
-        assert_eq!(text(&b, "channel", i).as_deref(), l["channel"].as_str(), "{what}");
+        assert_eq!(
+            text(&b, "channel", i).as_deref(),
+            l["channel"].as_str(),
+            "{what}"
+        );
         assert_eq!(int(&b, "mod_seq", i), l["modSeq"].as_i64(), "{what}");
         assert_eq!(int(&b, "relay_seq", i), l["relaySeq"].as_i64(), "{what}");
         // No identity names are configured: the bridge column is null throughout.
         assert_eq!(text(&b, "bridge", i), None, "{what}");
         let msg = &l["msg"];
-        assert_eq!(text(&b, "method", i).as_deref(), msg["method"].as_str(), "{what}");
-        let id = msg.get("id").filter(|v| !v.is_null()).map(|v| match v.as_str() {
-            Some(s) => s.to_string(),
-            None => v.to_string(),
-        });
+        assert_eq!(
+            text(&b, "method", i).as_deref(),
+            msg["method"].as_str(),
+            "{what}"
+        );
+        let id = msg
+            .get("id")
+            .filter(|v| !v.is_null())
+            .map(|v| match v.as_str() {
+                Some(s) => s.to_string(),
+                None => v.to_string(),
+            });
         assert_eq!(text(&b, "id", i), id, "{what}");
         let payload: Option<Value> =
             text(&b, "payload", i).map(|p| serde_json::from_str(&p).expect("payload is JSON"));
         let want_payload = match l["kind"].as_str() {
             Some("request" | "mark") => msg.get("params"),
-            Some("response") if msg.get("error").is_some_and(|e| !e.is_null()) => {
-                msg.get("error")
-            }
+            Some("response") if msg.get("error").is_some_and(|e| !e.is_null()) => msg.get("error"),
             Some("response") => msg.get("result"),
             Some("event") => msg.get("payload"),
             _ => None,
@@ -248,8 +272,13 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
             Some("event") => events += 1,
             Some("mark") => {
                 marks += 1;
-                assert_eq!(text(&b, "label", i).as_deref(), l["label"].as_str(), "{what}");
-                let data = text(&b, "data", i).map(|d| serde_json::from_str::<Value>(&d).expect("json"));
+                assert_eq!(
+                    text(&b, "label", i).as_deref(),
+                    l["label"].as_str(),
+                    "{what}"
+                );
+                let data =
+                    text(&b, "data", i).map(|d| serde_json::from_str::<Value>(&d).expect("json"));
                 assert_eq!(data.unwrap_or(Value::Null), l["data"], "{what}");
             }
             _ => assert_eq!(text(&b, "label", i), None, "{what}"),
@@ -265,11 +294,19 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
         let row_tags: BTreeMap<&str, &str> = (0..entry.len())
             .map(|j| (keys.value(j), values.value(j)))
             .collect();
-        assert_eq!(row_tags, BTreeMap::from([("exp", "ppo"), ("seed", "7")]), "{what}");
+        assert_eq!(
+            row_tags,
+            BTreeMap::from([("exp", "ppo"), ("seed", "7")]),
+            "{what}"
+        );
     }
     assert!(events >= EVENTS, "{events} events");
     assert_eq!(marks, 2);
-    assert_eq!(errors, CALLS / FAIL_EVERY, "one error answer per failed call");
+    assert_eq!(
+        errors,
+        CALLS / FAIL_EVERY,
+        "one error answer per failed call"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +330,9 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
     for args in [
         vec!["export", "--all", "--format", "parquet"],
         vec!["export", "--all", "--force", "-o", o],
-        vec!["export", "latest", "--format", "parquet", "--force", "-o", o],
+        vec![
+            "export", "latest", "--format", "parquet", "--force", "-o", o,
+        ],
     ] {
         let mut a = args.clone();
         a.extend(["--data-dir", data]);
@@ -305,7 +344,15 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
 
     let report = json(
         &output(&[
-            "export", "--all", "--format", "parquet", "-o", o, "--json", "--data-dir", data,
+            "export",
+            "--all",
+            "--format",
+            "parquet",
+            "-o",
+            o,
+            "--json",
+            "--data-dir",
+            data,
         ])
         .await,
     );
@@ -347,15 +394,34 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
     // A non-empty directory is refused without --force, untouched.
     std::fs::write(out.join("keep.txt"), "mine").expect("write");
     let before = listing(&out);
-    let r = output(&["export", "--all", "--format", "parquet", "-o", o, "--data-dir", data]).await;
+    let r = output(&[
+        "export",
+        "--all",
+        "--format",
+        "parquet",
+        "-o",
+        o,
+        "--data-dir",
+        data,
+    ])
+    .await;
     assert_eq!(r.status.code(), Some(2));
     assert!(one_line(&r).contains("--force"));
     assert_eq!(listing(&out), before);
 
     // A failing export (a mark no session has) leaves it as it was, and no temporary behind.
     let r = output(&[
-        "export", "--all", "--format", "parquet", "-o", o, "--force", "--from-mark", "nope",
-        "--data-dir", data,
+        "export",
+        "--all",
+        "--format",
+        "parquet",
+        "-o",
+        o,
+        "--force",
+        "--from-mark",
+        "nope",
+        "--data-dir",
+        data,
     ])
     .await;
     assert_eq!(r.status.code(), Some(1));
@@ -363,8 +429,17 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
     assert_eq!(listing(&out), before);
     let fresh = dir.path().join("fresh");
     let r = output(&[
-        "export", "--route", "lab b", "--format", "parquet", "-o",
-        fresh.to_str().expect("utf-8"), "--from-mark", "nope", "--data-dir", data,
+        "export",
+        "--route",
+        "lab b",
+        "--format",
+        "parquet",
+        "-o",
+        fresh.to_str().expect("utf-8"),
+        "--from-mark",
+        "nope",
+        "--data-dir",
+        data,
     ])
     .await;
     assert_eq!(r.status.code(), Some(1));
@@ -378,7 +453,15 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
 
     // --force replaces it whole: the stranger's file is gone, the selection's files are there.
     let r = output(&[
-        "export", "--route", "lab b", "--format", "parquet", "-o", o, "--force", "--data-dir",
+        "export",
+        "--route",
+        "lab b",
+        "--format",
+        "parquet",
+        "-o",
+        o,
+        "--force",
+        "--data-dir",
         data,
     ])
     .await;
@@ -429,7 +512,10 @@ fn python() -> PathBuf {
                     .status()
                     .expect("pip runs");
                 assert!(ok.success(), "pip install duckdb polars failed");
-                assert!(ready(&py), "duckdb/polars still not importable after pip install");
+                assert!(
+                    ready(&py),
+                    "duckdb/polars still not importable after pip install"
+                );
             }
             py
         })
@@ -444,10 +530,7 @@ async fn run_python(args: &[&str]) -> std::process::Output {
     let py = python();
     tokio::time::timeout(
         Duration::from_secs(120),
-        Command::new(py)
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
+        Command::new(py).args(args).kill_on_drop(true).output(),
     )
     .await
     .expect("python finished")
@@ -464,7 +547,17 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     record(data, "lab b", &[], 3).await;
     let out = dir.path().join("export");
     let o = out.to_str().expect("utf-8");
-    ok(&output(&["export", "--all", "--format", "parquet", "-o", o, "--data-dir", data]).await);
+    ok(&output(&[
+        "export",
+        "--all",
+        "--format",
+        "parquet",
+        "-o",
+        o,
+        "--data-dir",
+        data,
+    ])
+    .await);
     let stats = dir.path().join("stats.json");
     std::fs::write(
         &stats,
@@ -477,13 +570,19 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     let r = run_python(&[example, o, stats.to_str().expect("utf-8")]).await;
     let said = ok(&r);
     eprintln!("{said}");
-    assert!(said.starts_with("3 sessions on 2 routes (lab b, lab/a)"), "{said}");
+    assert!(
+        said.starts_with("3 sessions on 2 routes (lab b, lab/a)"),
+        "{said}"
+    );
     for ch in CHANNELS {
         assert!(said.contains(&format!("events {ch}: ")), "{said}");
     }
     assert!(said.contains("calls tools/call: 90 answered"), "{said}");
     assert!(said.contains("marks: 6"), "{said}");
-    assert!(said.trim_end().ends_with("export and stats agree"), "{said}");
+    assert!(
+        said.trim_end().ends_with("export and stats agree"),
+        "{said}"
+    );
 
     // Stats of other sessions: the example says so and fails.
     let other = dir.path().join("other.json");
@@ -493,12 +592,20 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     )
     .expect("write");
     let r = run_python(&[example, o, other.to_str().expect("utf-8")]).await;
-    assert_eq!(r.status.code(), Some(1), "{}", String::from_utf8_lossy(&r.stdout));
+    assert_eq!(
+        r.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&r.stdout)
+    );
     assert!(String::from_utf8_lossy(&r.stderr).contains("MISMATCH sessions differ"));
 
     // One channel's count off by one, or one percentile off by more than the histogram's 1/16.
-    let mut doc: Value = serde_json::from_slice(&std::fs::read(&stats).expect("read")).expect("json");
-    let n = doc["sessions"][0]["channels"][0]["events"].as_u64().expect("events");
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(&stats).expect("read")).expect("json");
+    let n = doc["sessions"][0]["channels"][0]["events"]
+        .as_u64()
+        .expect("events");
     doc["sessions"][0]["channels"][0]["events"] = json!(n + 1);
     let off = dir.path().join("off.json");
     std::fs::write(&off, doc.to_string()).expect("write");
@@ -508,7 +615,8 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     assert!(err.contains("MISMATCH events of "), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 
-    let mut doc: Value = serde_json::from_slice(&std::fs::read(&stats).expect("read")).expect("json");
+    let mut doc: Value =
+        serde_json::from_slice(&std::fs::read(&stats).expect("read")).expect("json");
     let m = doc["sessions"][2]["methods"]
         .as_array_mut()
         .expect("methods")
@@ -527,8 +635,14 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     // route and date after them; a single-session file carries its route itself.
     let one = dir.path().join("one.parquet");
     ok(&output(&[
-        "export", "latest", "--format", "parquet", "-o", one.to_str().expect("utf-8"),
-        "--data-dir", data,
+        "export",
+        "latest",
+        "--format",
+        "parquet",
+        "-o",
+        one.to_str().expect("utf-8"),
+        "--data-dir",
+        data,
     ])
     .await);
     let describe = "import duckdb, json, sys\n\
@@ -538,7 +652,9 @@ async fn analysis_example_agrees_with_stats_and_fails_when_it_does_not() {
     let glob = format!("{o}/**/*.parquet");
     let r = run_python(&["-c", describe, &glob, one.to_str().expect("utf-8")]).await;
     let said = ok(&r);
-    let mut docs = said.lines().map(|l| serde_json::from_str::<Vec<(String, String)>>(l).expect("json"));
+    let mut docs = said
+        .lines()
+        .map(|l| serde_json::from_str::<Vec<(String, String)>>(l).expect("json"));
     let duck = |with_route: bool, partitions: bool| -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> = COLUMNS
             .iter()

@@ -178,7 +178,12 @@ impl Columns {
         }
     }
 
-    fn push(&mut self, meta: &SessionMeta, session: &str, row: &Row<'_>) -> Result<(), ExportError> {
+    fn push(
+        &mut self,
+        meta: &SessionMeta,
+        session: &str,
+        row: &Row<'_>,
+    ) -> Result<(), ExportError> {
         let rec = row.rec;
         self.session.append_value(session);
         if let Some(r) = &mut self.route {
@@ -321,9 +326,8 @@ pub struct Written {
 /// Where a session's file goes in a Hive directory: `route=R/date=YYYY-MM-DD/session=ID.parquet`
 /// (the route escaped, the date the session's start in UTC).
 pub fn hive_path(meta: &SessionMeta) -> PathBuf {
-    let date = i128::try_from(meta.started_ns)
+    let date = jiff::Timestamp::from_nanosecond(i128::from(meta.started_ns))
         .ok()
-        .and_then(|ns| jiff::Timestamp::from_nanosecond(ns).ok())
         .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).date().to_string())
         .unwrap_or_else(|| "1970-01-01".into());
     PathBuf::from(format!("route={}", escape(&meta.route)))
