@@ -60,8 +60,8 @@ pub struct History {
 /// The outcome of [`Hub::join`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Join {
-    /// Subscribed; the tail was queued before any live event.
-    Joined,
+    /// Subscribed; the tail (this many events) was queued before any live event.
+    Joined(usize),
     /// More history than the tail allows (or not in the window): read more first.
     Behind,
     /// The session changed since the resume began.
@@ -229,16 +229,18 @@ impl Hub {
             frames += need;
             tails.push(tail);
         }
+        let mut queued = 0;
         for ev in tails.iter().flatten() {
             // Room was checked by the caller; a bridge that filled it meanwhile gets its policy.
             if matches!(outbox.offer(ev), Offer::Closed | Offer::Disconnected) {
                 break;
             }
+            queued += 1;
         }
         for (c, _) in wants {
             add_subscriber(&mut st.subs, conn, outbox, c);
         }
-        Join::Joined
+        Join::Joined(queued)
     }
 
     /// Adds a subscriber to channels; returns the channels that had no subscriber before.

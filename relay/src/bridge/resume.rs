@@ -253,7 +253,8 @@ impl CatchUp<'_> {
                 .hub
                 .join(self.epoch, self.conn, self.outbox, &self.wants, tail)
             {
-                Join::Joined => {
+                Join::Joined(tail) => {
+                    self.counts[0] += tail as u64;
                     self.outbox.wake();
                     return true;
                 }
