@@ -53,8 +53,10 @@ struct Seen {
     events: u64,
     /// Seqs that were not the next one (a gap or a duplicate), unannounced.
     out_of_order: u64,
-    /// Events announced as not retained.
+    /// Events announced as not retained (history the relay no longer held).
     not_retained: u64,
+    /// Events announced as dropped by the slow-bridge policy (the resumer fell behind live).
+    dropped: u64,
 }
 
 impl Seen {
@@ -65,7 +67,11 @@ impl Seen {
             let to = find_u64(body, b"\"toSeq\":");
             let at = memchr::memmem::find(body, b"\"payload\":").unwrap_or(0);
             if let (Some(from), Some(to), Some(c)) = (from, to, find_channel(&body[at..])) {
-                self.not_retained += to + 1 - from;
+                if memchr::memmem::find(body, b"not-retained").is_some() {
+                    self.not_retained += to + 1 - from;
+                } else {
+                    self.dropped += to + 1 - from;
+                }
                 self.last.insert(c.to_vec(), to);
             }
             return;
@@ -237,8 +243,10 @@ async fn phases(
         read(&mut r, &mut seen, &tick, None).await;
         let secs = started.elapsed().as_secs_f64();
         let delivered = window.delivered() - before;
-        rows.push(json!({"phase": i, "kind": if resume { "resume" } else { "plain" }, "seconds": secs,
-            "readers_events_per_s": delivered as f64 / secs, "catch_up_s": catch_up_s}));
+        rows.push(
+            json!({"phase": i, "kind": if resume { "resume" } else { "plain" }, "seconds": secs,
+            "readers_events_per_s": delivered as f64 / secs, "catch_up_s": catch_up_s}),
+        );
     }
     window.set(false);
     stop.cancel();
@@ -262,7 +270,7 @@ async fn phases(
         "missed_per_resume": a.missed, "phases": rows,
         "plain_events_per_s": plain, "resume_events_per_s": resumed,
         "ratio": if plain > 0.0 { resumed / plain } else { 0.0 },
-        "resumer": {"events": seen.events, "out_of_order": seen.out_of_order, "not_retained": seen.not_retained},
+        "resumer": {"events": seen.events, "out_of_order": seen.out_of_order, "not_retained": seen.not_retained, "dropped_when_behind": seen.dropped},
         "readers_unannounced_gaps": gaps,
     }))
 }
@@ -284,11 +292,12 @@ pub(crate) fn table(doc: &Value) -> String {
         );
     }
     s += &format!(
-        "ratio resume/plain {:.3}; resumer: {} events, {} out of order, {} not retained\n",
+        "ratio resume/plain {:.3}; resumer: {} events, {} out of order, {} not retained, {} dropped behind live\n",
         doc["ratio"].as_f64().unwrap_or(0.0),
         doc["resumer"]["events"],
         doc["resumer"]["out_of_order"],
-        doc["resumer"]["not_retained"]
+        doc["resumer"]["not_retained"],
+        doc["resumer"]["dropped_when_behind"]
     );
     s
 }

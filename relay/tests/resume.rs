@@ -63,7 +63,11 @@ async fn expect_seqs(c: &mut Client, channel: &str, from: u64, last: u64) -> Vec
             continue;
         }
         assert_eq!(e["seq"].as_u64(), Some(want), "no gap, no duplicate: {e}");
-        assert_eq!(e["payload"]["n"].as_u64(), Some(want), "the same event: {e}");
+        assert_eq!(
+            e["payload"]["n"].as_u64(),
+            Some(want),
+            "the same event: {e}"
+        );
         want += 1;
     }
     notices
@@ -98,8 +102,7 @@ async fn a_bridge_resumes_from_memory_with_no_gap_and_no_duplicate() {
     let (mut a, w) = hello(&relay.addr, json!({})).await;
     let session = session_of(&w);
     assert_eq!(
-        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["window"]["frames"],
-        16384,
+        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["window"]["frames"], 16384,
         "the window's default is announced"
     );
     a.subscribe(&["c"]).await.expect("subscribe");
@@ -112,8 +115,7 @@ async fn a_bridge_resumes_from_memory_with_no_gap_and_no_duplicate() {
     let resume = json!({"relay": {"resume": {"session": session, "channels": {"c": 49}}}});
     let (mut b, w) = hello(&relay.addr, resume).await;
     assert_eq!(
-        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["resumed"],
-        true,
+        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["resumed"], true,
         "{w}"
     );
     // Missed ones, then live ones, as one contiguous stream (no events/subscribe needed).
@@ -247,7 +249,10 @@ async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_hol
         }
         assert!(Instant::now() < deadline, "history never queued: {s}");
     }
-    assert!(peak <= 1000, "queued {peak} events for a bridge that reads nothing");
+    assert!(
+        peak <= 1000,
+        "queued {peak} events for a bridge that reads nothing"
+    );
     // Then it reads: everything arrives, once and in order.
     let mut want = 0;
     while want < 20_000 {
@@ -362,17 +367,47 @@ async fn bogus_resumes_get_a_clear_error_and_cost_nothing() {
     let cases = [
         (json!("yes"), "relay.resume must be"),
         (json!({"session": session}), "relay.resume must be"),
-        (json!({"session": session, "channels": ["c"]}), "relay.resume must be"),
-        (json!({"session": session, "channels": {"c": 1}, "x": 1}), "relay.resume must be"),
-        (json!({"session": "not-an-id", "channels": {"c": 1}}), "not a session id"),
-        (json!({"session": session, "channels": {"c": "5"}}), "whole number from -1"),
-        (json!({"session": session, "channels": {"c": -2}}), "whole number from -1"),
-        (json!({"session": session, "channels": {"c": 1.5}}), "whole number from -1"),
-        (json!({"session": session, "channels": {"": 1}}), "channel names"),
+        (
+            json!({"session": session, "channels": ["c"]}),
+            "relay.resume must be",
+        ),
+        (
+            json!({"session": session, "channels": {"c": 1}, "x": 1}),
+            "relay.resume must be",
+        ),
+        (
+            json!({"session": "not-an-id", "channels": {"c": 1}}),
+            "not a session id",
+        ),
+        (
+            json!({"session": session, "channels": {"c": "5"}}),
+            "whole number from -1",
+        ),
+        (
+            json!({"session": session, "channels": {"c": -2}}),
+            "whole number from -1",
+        ),
+        (
+            json!({"session": session, "channels": {"c": 1.5}}),
+            "whole number from -1",
+        ),
+        (
+            json!({"session": session, "channels": {"": 1}}),
+            "channel names",
+        ),
         // Seq in the future, on a known channel and on one that never had an event.
-        (json!({"session": session, "channels": {"c": 10}}), "seq 10 was never sent in this session (the last is 9)"),
-        (json!({"session": session, "channels": {"nope": 0}}), "seq 0 was never sent in this session (the last is -1)"),
-        (json!({"session": session, "channels": huge}), "too many channels"),
+        (
+            json!({"session": session, "channels": {"c": 10}}),
+            "seq 10 was never sent in this session (the last is 9)",
+        ),
+        (
+            json!({"session": session, "channels": {"nope": 0}}),
+            "seq 0 was never sent in this session (the last is -1)",
+        ),
+        (
+            json!({"session": session, "channels": huge}),
+            "too many channels",
+        ),
     ];
     for (resume, says) in cases {
         let (mut c, r) = hello(&relay.addr, json!({"relay": {"resume": resume}})).await;
@@ -380,15 +415,18 @@ async fn bogus_resumes_get_a_clear_error_and_cost_nothing() {
         let msg = r["error"]["message"].as_str().expect("message");
         assert!(msg.contains(says), "{msg:?} should say {says:?}");
         // The connection stays usable: a hello without the resume is welcomed.
-        let ok = c.hello(TOKEN_T).await.expect("plain hello after a refused resume");
+        let ok = c
+            .hello(TOKEN_T)
+            .await
+            .expect("plain hello after a refused resume");
         assert!(ok["capabilities"].is_object());
     }
     // A channel that had no event yet, with -1 (nothing seen): subscribed, live from seq 0.
-    let resume = json!({"relay": {"resume": {"session": session, "channels": {"later": -1, "c": 9}}}});
+    let resume =
+        json!({"relay": {"resume": {"session": session, "channels": {"later": -1, "c": 9}}}});
     let (mut b, w) = hello(&relay.addr, resume).await;
     assert_eq!(
-        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["resumed"],
-        true,
+        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["resumed"], true,
         "{w}"
     );
     m.send_all([event("later", Some(1), r#"{"n":0}"#)]).await;

@@ -95,12 +95,10 @@ pub(super) fn plan(
             v if v.as_i64() == Some(-1) => 0,
             v => match v.as_u64().and_then(|n| n.checked_add(1)) {
                 Some(n) => n,
-                None => {
-                    return Err(format!(
-                        "relay.resume: channel {}: the last seq seen must be a whole number from -1 up",
-                        shown(name)
-                    ))
-                }
+                None => return Err(format!(
+                    "relay.resume: channel {}: the last seq seen must be a whole number from -1 up",
+                    shown(name)
+                )),
             },
         };
         channels.push((name.clone(), next));
@@ -160,7 +158,10 @@ pub(super) fn extend_welcome(route: &Route, plan: Option<&Plan>, relay_ext: &mut
         json!({"frames": route.cfg.resume_window_frames, "bytes": route.cfg.resume_window_bytes}),
     );
     if let Some(p) = plan {
-        resume.insert("resumed".into(), json!(matches!(p.kind, Kind::Resume { .. })));
+        resume.insert(
+            "resumed".into(),
+            json!(matches!(p.kind, Kind::Resume { .. })),
+        );
     }
     relay_ext["resume"] = Value::Object(resume);
 }
@@ -173,8 +174,10 @@ pub(super) async fn run(route: &Arc<Route>, bridge: &Arc<BridgeState>, plan: Pla
     match plan.kind {
         Kind::Fresh { named } => {
             let payload = match route.current() {
-                Some(s) => json!({"state": "started", "sessionId": s.id.to_string(), "resumed": false, "previousSessionId": named,
-                    "note": "the session named in relay.resume is over: its events are not replayed, and relay seq restarts at 0 on every channel"}),
+                Some(s) => {
+                    json!({"state": "started", "sessionId": s.id.to_string(), "resumed": false, "previousSessionId": named,
+                    "note": "the session named in relay.resume is over: its events are not replayed, and relay seq restarts at 0 on every channel"})
+                }
                 None => json!({"state": "ended", "sessionId": named, "resumed": false,
                     "note": "the session named in relay.resume is over and no mod is connected"}),
             };
