@@ -138,10 +138,10 @@ mod tests {
         assert_eq!(b, vec![1, 2]);
         assert!(w.slice(0, 1, 10, 1000).is_empty(), "a1 is no longer kept");
         assert!(w.slice(0, 3, 10, 1000).is_empty(), "nothing from a3 on yet");
-        // Bytes: one big event pushes out all but itself.
+        // Bytes: a big event pushes out the oldest until the bytes fit (a2, b0, b1 go).
         w.push(1, &ev("b", 3, 990));
-        assert_eq!(w.size(), (1, 990));
-        assert_eq!(w.first_seq(0), None);
+        assert_eq!(w.size(), (2, 1000));
+        assert_eq!((w.first_seq(0), w.first_seq(1)), (None, Some(2)));
         // Slices are bounded in frames and bytes (one always fits).
         let mut w = Window::new(100, 1 << 20);
         for s in 0..10 {

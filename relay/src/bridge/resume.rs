@@ -95,10 +95,12 @@ pub(super) fn plan(
             v if v.as_i64() == Some(-1) => 0,
             v => match v.as_u64().and_then(|n| n.checked_add(1)) {
                 Some(n) => n,
-                None => return Err(format!(
+                None => {
+                    return Err(format!(
                     "relay.resume: channel {}: the last seq seen must be a whole number from -1 up",
                     shown(name)
-                )),
+                ))
+                }
             },
         };
         channels.push((name.clone(), next));
