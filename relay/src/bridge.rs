@@ -14,12 +14,14 @@
 //! - `reader`: reading a bridge, answering what the relay answers, handing the rest to the
 //!   backend.
 //! - `hello`: the handshake.
+//! - `resume`: a reconnecting bridge's missed events, then the live stream (`relay.resume`).
 //! - `writer`: the writer task, and the backend's direct write when it is idle.
 
 mod accept;
 mod gate;
 mod hello;
 mod reader;
+mod resume;
 mod writer;
 
 use std::os::fd::{BorrowedFd, OwnedFd};

@@ -12,6 +12,7 @@
 //! - `auth`: tokens, constant-time checks, failed-hello throttling.
 //! - `upstream`: the backends behind the bridge front (the live mod; a recorded session).
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
+//! - `window`: the route's recent events, kept for bridges that resume after a drop.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
 //! - `socket`: each bridge's socket, the frames on their way into it, and the slot that
 //!   decides who writes (the mod reader directly when the bridge's writer is idle).
@@ -53,6 +54,7 @@ pub(crate) mod socket;
 pub mod stats;
 pub(crate) mod transport;
 pub(crate) mod upstream;
+pub(crate) mod window;
 pub(crate) mod wrap;
 
 pub use auth::generate_token;

@@ -133,10 +133,11 @@ impl Route {
     ) -> Arc<Route> {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
+        let hub = Hub::with_window(cfg.resume_window_frames, cfg.resume_window_bytes);
         Arc::new(Route {
             cfg,
             backend,
-            hub: Hub::new(),
+            hub,
             pending: Pending::default(),
             session: watch::channel(None).0,
             recorder,
@@ -242,19 +243,24 @@ impl Route {
     /// the events around it (so "ended" follows the session's last event and "started" precedes
     /// the next session's first).
     pub fn notify_bridges(&self, payload: Value) {
-        let seq = self.session_notices.fetch_add(1, Ordering::Relaxed);
-        let body = message::event("relay/session", seq, payload);
-        let notice = Arc::new(crate::outbox::EventFrame {
-            channel: Arc::from("relay/session"),
-            seq,
-            wire: frame_bytes(&body),
-            keep: true,
-        });
+        let notice = self.session_notice(payload);
         for b in self.bridges.lock().values() {
             if !b.subs.lock().is_empty() {
                 b.outbox.push_ordered(notice.clone());
             }
         }
+    }
+
+    /// A `relay/session` notice, numbered on the route's `relay/session` channel.
+    pub fn session_notice(&self, payload: Value) -> Arc<crate::outbox::EventFrame> {
+        let seq = self.session_notices.fetch_add(1, Ordering::Relaxed);
+        let body = message::event("relay/session", seq, payload);
+        Arc::new(crate::outbox::EventFrame {
+            channel: Arc::from("relay/session"),
+            seq,
+            wire: frame_bytes(&body),
+            keep: true,
+        })
     }
 
     /// The `relay/status` result.
@@ -294,6 +300,7 @@ impl Route {
             })
             .collect();
         bridges.sort_by_key(|b| b["conn"].as_u64());
+        let window = self.hub.window_size();
         json!({
             "relay": { "name": "gabp-relay", "version": VERSION },
             "route": self.cfg.name,
@@ -305,6 +312,7 @@ impl Route {
             "session": session,
             "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
             "pendingRequests": self.pending.len(),
+            "resumeWindow": { "events": window.0, "bytes": window.1, "maxEvents": self.cfg.resume_window_frames, "maxBytes": self.cfg.resume_window_bytes },
             "bridges": bridges,
         })
     }

@@ -87,6 +87,14 @@ impl BridgeReader {
                 session
             }
         };
+        let resume = match super::resume::plan(&route, &p, session.as_ref()) {
+            Ok(r) => r,
+            Err(why) => {
+                return self
+                    .reply_error(Some(id), ErrorCode::InvalidParams, &why)
+                    .await
+            }
+        };
         let mut welcome = session
             .as_ref()
             .map_or_else(|| json!({}), |s| s.welcome.clone());
@@ -113,6 +121,8 @@ impl BridgeReader {
             },
             "methods": ["relay/status", "relay/mark"],
         });
+        let ext = &mut welcome["capabilities"]["extensions"]["relay"];
+        super::resume::extend_welcome(&route, resume.as_ref(), ext);
         route.backend.extend_welcome(&mut welcome);
         self.authed = true;
         // The first frame this bridge has recorded: its hello, without the token.
@@ -147,5 +157,8 @@ impl BridgeReader {
         }
         tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, peer = %self.bridge.peer, "bridge attached");
         self.reply(message::result_response(id, welcome)).await;
+        if let Some(plan) = resume {
+            super::resume::run(&route, &self.bridge, plan).await;
+        }
     }
 }

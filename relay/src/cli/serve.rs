@@ -33,6 +33,10 @@ pub struct PolicyFlags {
     #[arg(long, value_parser = outbox_bytes)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_bytes: Option<String>,
+    /// Recent events kept in memory for bridges that resume, 0 (off) to 1048576 [default: 16384].
+    #[arg(long, value_parser = resume_window_frames)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_window_frames: Option<usize>,
     /// Largest accepted frame body, e.g. 1MiB; 1KiB to 64MiB [default: 1MiB].
     #[arg(long, value_parser = max_body)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,6 +189,10 @@ fn max_body(s: &str) -> Result<String, String> {
 
 fn outbox_frames(s: &str) -> Result<usize, String> {
     units::parse_count_in(s, 1, limits::OUTBOX_FRAMES)
+}
+
+fn resume_window_frames(s: &str) -> Result<usize, String> {
+    units::parse_count_in(s, 0, limits::OUTBOX_FRAMES)
 }
 
 fn max_bridges(s: &str) -> Result<usize, String> {

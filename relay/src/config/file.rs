@@ -99,6 +99,11 @@ pub struct FileRoute {
     pub max_body: Option<String>,
     /// Bridges at once.
     pub max_bridges: Option<usize>,
+    /// Recent events kept for resuming bridges (0 turns the window off).
+    pub resume_window_frames: Option<usize>,
+    /// Bytes of recent events kept for resuming bridges (`16MiB` or a number).
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub resume_window_bytes: Option<String>,
     /// Record this route.
     pub record: Option<bool>,
     /// Labels on every session of this route (`tags = { experiment = "ppo-42" }`).
@@ -476,6 +481,22 @@ impl FileConfig {
         rc.max_body = size(&r.max_body, "max_body", limits::MAX_BODY)?.unwrap_or(rc.max_body);
         rc.max_bridges =
             count(r.max_bridges, "max_bridges", limits::MAX_BRIDGES)?.unwrap_or(rc.max_bridges);
+        if let Some(n) = r.resume_window_frames {
+            if n > limits::OUTBOX_FRAMES {
+                let most = limits::OUTBOX_FRAMES;
+                return Err(err(
+                    "resume_window_frames",
+                    format!("expected a whole number from 0 to {most}"),
+                ));
+            }
+            rc.resume_window_frames = n;
+        }
+        rc.resume_window_bytes = size(
+            &r.resume_window_bytes,
+            "resume_window_bytes",
+            limits::OUTBOX_BYTES,
+        )?
+        .unwrap_or(rc.resume_window_bytes);
         rc.request_timeout =
             timeout(&r.request_timeout, "request_timeout")?.unwrap_or(rc.request_timeout);
         rc.frame_timeout = timeout(&r.frame_timeout, "frame_timeout")?.unwrap_or(rc.frame_timeout);

@@ -155,6 +155,11 @@ pub struct RouteConfig {
     pub max_subscriptions: usize,
     /// Bridges connected at once.
     pub max_bridges: usize,
+    /// Recent events kept in memory for bridges that resume (0: none; history then comes from
+    /// the recording only).
+    pub resume_window_frames: usize,
+    /// Bytes of recent events kept in memory for bridges that resume.
+    pub resume_window_bytes: usize,
     /// Record this route.
     pub record: bool,
     /// Tags on every session this route records.
@@ -188,6 +193,8 @@ impl RouteConfig {
             max_pending: 1024,
             max_subscriptions: 1024,
             max_bridges: 256,
+            resume_window_frames: 16 * 1024,
+            resume_window_bytes: 16 << 20,
             record: true,
             tags: Default::default(),
         }

@@ -116,6 +116,9 @@ struct Shared {
     /// so that the queue can still be drained and the relay exit within it.
     give_up_at: Mutex<Option<Instant>>,
     policy: OnRecordError,
+    /// The store, for reads of what is committed (a resume's history): emptied while the
+    /// thread reopens it, and a reader holds its clone only for one bounded read.
+    store: Mutex<Option<Store>>,
 }
 
 impl Shared {
@@ -175,6 +178,7 @@ impl Recorder {
             stopping: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
             policy,
+            store: Mutex::new(Some(store.clone())),
         });
         metrics::gauge!("gabp_recorder_healthy").set(1.0);
         let sh = shared.clone();
@@ -193,6 +197,13 @@ impl Recorder {
                 shared,
             },
         )
+    }
+
+    /// The store, to read what is committed (on a blocking thread, never an async worker;
+    /// drop it after one bounded read: the recorder cannot reopen the store while it is held).
+    /// `None` while the recorder is reopening it.
+    pub fn store(&self) -> Option<Store> {
+        self.shared.store.lock().clone()
     }
 
     /// The recorder's health now.

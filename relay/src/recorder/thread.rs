@@ -44,6 +44,14 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
     }
 }
 
+/// Reopens the store, taking it from readers meanwhile (RocksDB's lock must be free).
+fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
+    drop(shared.store.lock().take());
+    let r = w.reopen();
+    *shared.store.lock() = w.store().cloned();
+    r
+}
+
 /// Notes a failed commit in the health record, the gauge and (rate-limited) the log.
 pub(super) fn note_failure(shared: &Shared, e: &gabp_storage::StoreError, what: &str) {
     let line = e.to_string();
@@ -176,7 +184,7 @@ pub(super) fn commit_with_policy(
                 };
                 backoff = (backoff * 2).min(cap);
                 // RocksDB fails every write after an I/O error until it is reopened.
-                if let Err(e) = w.reopen() {
+                if let Err(e) = reopen(w, shared) {
                     tracing::debug!(error = %e, "reopening the data dir failed; retrying");
                 }
             }
@@ -192,7 +200,7 @@ pub(super) fn commit_with_policy(
                 // Frames keep flowing meanwhile: reopen at most once a second.
                 if last_reopen.elapsed() >= Duration::from_secs(1) {
                     *last_reopen = Instant::now();
-                    if let Err(e) = w.reopen() {
+                    if let Err(e) = reopen(w, shared) {
                         tracing::debug!(error = %e, "reopening the data dir failed");
                     } else if w.commit().is_ok() {
                         // The gap record is in; else it goes with the next commit.
@@ -259,6 +267,7 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
             let _ = done.send(());
         }
     }
+    drop(shared.store.lock().take());
     if gave_up {
         return;
     }
