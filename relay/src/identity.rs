@@ -137,8 +137,8 @@ impl ToolRules {
     }
 }
 
-/// One bridge identity.
-#[derive(Debug, Clone, PartialEq)]
+/// One bridge identity (its `Debug` leaves the token out).
+#[derive(Clone, PartialEq)]
 pub struct Identity {
     /// Its name; `None` for the route's single token.
     pub name: Option<String>,
@@ -151,6 +151,18 @@ pub struct Identity {
     pub calls_per_second: Option<f64>,
     /// Channels it may subscribe to at once, if lower than the route's bound.
     pub max_subscriptions: Option<usize>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("tools", &self.tools)
+            .field("calls_per_second", &self.calls_per_second)
+            .field("max_subscriptions", &self.max_subscriptions)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why a request was refused by a bridge's rights.
@@ -317,14 +329,24 @@ impl BridgeAccess {
     }
 }
 
-/// A route's identities: the implicit one first, then the config's.
-#[derive(Debug, Clone)]
+/// A route's identities: the implicit one first, then the config's (its `Debug` shows no
+/// secret).
+#[derive(Clone)]
 pub struct Table {
     list: Vec<Arc<Identity>>,
     /// Every bridge token and the mod's: what redaction removes from anything recorded.
     secrets: Vec<String>,
     /// Tool globs only the lease holder may call.
     leased: Vec<String>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("list", &self.list)
+            .field("leased", &self.leased)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Table {
