@@ -86,10 +86,10 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     assert_eq!(code, -32002, "its own max_subscriptions");
     slow.call("tools/call", call("sim/echo")).await.expect("1st");
     slow.call("tools/call", call("sim/echo")).await.expect("2nd");
-    let (code, msg, data) = refused(&mut slow, "tools/call", call("sim/echo")).await;
+    let (code, msg, hint) = refused(&mut slow, "tools/call", call("sim/echo")).await;
     assert_eq!(code, SLOW_DOWN, "{msg}");
-    let wait = data["retryAfterMs"].as_u64().expect("retryAfterMs");
-    assert!((1..=500).contains(&wait), "{data}");
+    let wait = hint["retryAfterMs"].as_u64().expect("retryAfterMs");
+    assert!((1..=500).contains(&wait), "{hint}");
     assert!(msg.contains("slowpoke") && msg.contains("2 calls per second"), "{msg}");
     // Waiting as told is enough (the relay's clock and ours may differ by a few ms).
     tokio::time::sleep(Duration::from_millis(wait + 20)).await;
