@@ -62,10 +62,10 @@ async fn one_controller_at_a_time_calls_leased_tools() {
     assert_eq!((e["change"].as_str(), e["holder"].as_str()), (Some("acquired"), Some("alpha")), "{e}");
 
     // Contention: beta is told who holds it and until when.
-    let (code, msg, data) = refused(&mut beta, "relay/lease", json!({"action": "acquire"})).await;
+    let (code, msg, held) = refused(&mut beta, "relay/lease", json!({"action": "acquire"})).await;
     assert_eq!(code, LEASE_HELD);
     assert!(msg.contains("held by alpha") && msg.contains(" until 20"), "{msg}");
-    assert_eq!(data["holder"], "alpha");
+    assert_eq!(held["holder"], "alpha");
     let (code, msg, _) = refused(&mut beta, "tools/call", call("sim/echo")).await;
     assert_eq!(code, LEASE_HELD);
     assert!(msg.contains("held by alpha"), "{msg}");
