@@ -93,7 +93,8 @@ mod tests {
     #[test]
     fn codes_round_trip_and_sit_in_their_ranges() {
         for code in [
-            -32600, -32601, -32602, -32603, -32000, -32001, -32005, -32006, -32007, -32008, -31000, -31001,
+            -32600, -32601, -32602, -32603, -32000, -32001, -32005, -32006, -32007, -32008, -31000,
+            -31001,
         ] {
             let c = ErrorCode::from_code(code).expect("known code");
             assert_eq!(c.code(), code);

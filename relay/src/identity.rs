@@ -353,12 +353,22 @@ impl Table {
     /// The table of a route's implicit identity (its `token`) and its named ones, with the
     /// mod's token among the secrets and the route's leased globs.
     pub fn of(cfg: &crate::config::RouteConfig) -> Table {
-        Table::new(&cfg.token, &cfg.identities, &cfg.upstream_token, &cfg.leased)
+        Table::new(
+            &cfg.token,
+            &cfg.identities,
+            &cfg.upstream_token,
+            &cfg.leased,
+        )
     }
 
     /// The table of `implicit` (the route token) and `named`, with `upstream_token` among the
     /// secrets and `leased` the globs only the lease holder may call.
-    pub fn new(implicit: &str, named: &[Identity], upstream_token: &str, leased: &[String]) -> Table {
+    pub fn new(
+        implicit: &str,
+        named: &[Identity],
+        upstream_token: &str,
+        leased: &[String],
+    ) -> Table {
         let mut list = vec![Arc::new(Identity::implicit(implicit.to_string()))];
         list.extend(named.iter().cloned().map(Arc::new));
         let mut secrets: Vec<String> = list.iter().map(|i| i.token.clone()).collect();
@@ -515,7 +525,10 @@ mod tests {
         let t = Table::new(&"z".repeat(32), &[a, b], "mod", &["move/*".into()]);
         assert!(t.leased("move/north") && !t.leased("look"));
         assert_eq!(t.find(&"b".repeat(32)).expect("b").label(), "b");
-        assert_eq!(t.find(&"z".repeat(32)).expect("implicit").label(), "default");
+        assert_eq!(
+            t.find(&"z".repeat(32)).expect("implicit").label(),
+            "default"
+        );
         assert!(t.find(&"c".repeat(32)).is_none());
         assert!(t.find("").is_none());
         assert!(t.secrets().contains(&"mod"));

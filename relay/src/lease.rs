@@ -40,7 +40,12 @@ struct Holder {
 impl Holder {
     /// "planner (conn 3) until 2026-11-30T19:50:01.234Z".
     fn describe(&self) -> String {
-        format!("{} (conn {}) until {}", self.name, self.conn, time(self.until_ns))
+        format!(
+            "{} (conn {}) until {}",
+            self.name,
+            self.conn,
+            time(self.until_ns)
+        )
     }
 }
 
@@ -110,7 +115,11 @@ impl Lease {
             Value::Null => DEFAULT_TTL,
             v => match v.as_u64() {
                 Some(ms) if (1..=MAX_TTL_MS).contains(&ms) => Duration::from_millis(ms),
-                _ => return Err(bad(&format!("ttlMs must be a whole number from 1 to {MAX_TTL_MS}"))),
+                _ => {
+                    return Err(bad(&format!(
+                        "ttlMs must be a whole number from 1 to {MAX_TTL_MS}"
+                    )))
+                }
             },
         };
         let lease = &route.lease;
@@ -140,7 +149,11 @@ impl Lease {
                         }
                         _ => {}
                     }
-                    let change = if st.holder.is_some() { "renewed" } else { "acquired" };
+                    let change = if st.holder.is_some() {
+                        "renewed"
+                    } else {
+                        "acquired"
+                    };
                     let until_ns = now_ns() + ttl.as_nanos() as u64;
                     let h = Holder {
                         conn,
@@ -197,7 +210,11 @@ impl Lease {
             }
         };
         if let Some(h) = gone {
-            let change = if h.until <= Instant::now() { "expired" } else { "holder-left" };
+            let change = if h.until <= Instant::now() {
+                "expired"
+            } else {
+                "holder-left"
+            };
             route.lease.announce(route, change, &h, conn).await;
         }
     }

@@ -23,7 +23,11 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
          [[route.bridge]]\nname = \"slowpoke\"\ntoken = \"{SLOW}\"\ncalls_per_second = 2\nmax_subscriptions = 1\n",
         watcher_file.display()
     );
-    let cfg = config_file(dir.path(), "relay.toml", &config_text(md.addr(), "", &bridges));
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "", &bridges),
+    );
     let data = dir.path().join("data");
     let file = dir.path().join("bridge.json");
     let metrics_addr = free_addr().to_string();
@@ -46,13 +50,25 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     let me = &welcome["capabilities"]["extensions"]["relay"]["bridge"];
     assert_eq!(me["name"], "watcher", "{welcome}");
     assert_eq!(me["role"], "observe", "{welcome}");
-    watcher.call("tools/list", json!({})).await.expect("observe lists tools");
-    watcher.subscribe(&["world/tick"]).await.expect("observe subscribes");
-    watcher.call("relay/status", json!({})).await.expect("observe reads status");
+    watcher
+        .call("tools/list", json!({}))
+        .await
+        .expect("observe lists tools");
+    watcher
+        .subscribe(&["world/tick"])
+        .await
+        .expect("observe subscribes");
+    watcher
+        .call("relay/status", json!({}))
+        .await
+        .expect("observe reads status");
     let (code, msg, _) = refused(&mut watcher, "tools/call", call("sim/echo")).await;
     assert_eq!(code, FORBIDDEN);
-    assert!(msg.contains("role observe") && msg.contains("tools/call"), "{msg}");
-    let (code, msg, _) = refused(&mut watcher, "attention/ack", json!({"id": "x"})).await;
+    assert!(
+        msg.contains("role observe") && msg.contains("tools/call"),
+        "{msg}"
+    );
+    let (code, msg, _) = refused(&mut watcher, "attention/ack", json!({"attentionId": "x"})).await;
     assert_eq!(code, FORBIDDEN, "{msg}");
     let (code, _, _) = refused(&mut watcher, "relay/lease", json!({"action": "acquire"})).await;
     assert_eq!(code, FORBIDDEN);
@@ -64,7 +80,10 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
         welcome["capabilities"]["extensions"]["relay"]["bridge"]["role"],
         "control"
     );
-    let echoed = planner.call("tools/call", call("sim/echo")).await.expect("allowed");
+    let echoed = planner
+        .call("tools/call", call("sim/echo"))
+        .await
+        .expect("allowed");
     assert!(echoed.to_string().contains("\"x\""), "{echoed}");
     let (code, msg, _) = refused(&mut planner, "tools/call", call("sim/fail")).await;
     assert_eq!(code, FORBIDDEN);
@@ -77,32 +96,65 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     // The route's own token: control, unnamed, no rules.
     let (mut plain, welcome) = bridge(&relay.addr, BRIDGE_TOKEN).await;
     assert!(welcome["capabilities"]["extensions"]["relay"]["bridge"]["name"].is_null());
-    plain.call("tools/call", call("sim/fail")).await.expect_err("the mod's own failure");
+    plain
+        .call("tools/call", call("sim/fail"))
+        .await
+        .expect_err("the mod's own failure");
 
     // Rate: a burst of two, then "slow down" with a retry hint; the hint is right.
     let (mut slow, _) = bridge(&relay.addr, SLOW).await;
-    slow.subscribe(&["world/tick"]).await.expect("one subscription");
-    let (code, _, _) = refused(&mut slow, "events/subscribe", json!({"channels": ["chat/message"]})).await;
+    slow.subscribe(&["world/tick"])
+        .await
+        .expect("one subscription");
+    let (code, _, _) = refused(
+        &mut slow,
+        "events/subscribe",
+        json!({"channels": ["chat/message"]}),
+    )
+    .await;
     assert_eq!(code, -32002, "its own max_subscriptions");
-    slow.call("tools/call", call("sim/echo")).await.expect("1st");
-    slow.call("tools/call", call("sim/echo")).await.expect("2nd");
+    slow.call("tools/call", call("sim/echo"))
+        .await
+        .expect("1st");
+    slow.call("tools/call", call("sim/echo"))
+        .await
+        .expect("2nd");
     let (code, msg, hint) = refused(&mut slow, "tools/call", call("sim/echo")).await;
     assert_eq!(code, SLOW_DOWN, "{msg}");
     let wait = hint["retryAfterMs"].as_u64().expect("retryAfterMs");
     assert!((1..=500).contains(&wait), "{hint}");
-    assert!(msg.contains("slowpoke") && msg.contains("2 calls per second"), "{msg}");
+    assert!(
+        msg.contains("slowpoke") && msg.contains("2 calls per second"),
+        "{msg}"
+    );
     // Waiting as told is enough (the relay's clock and ours may differ by a few ms).
     tokio::time::sleep(Duration::from_millis(wait + 20)).await;
-    slow.call("tools/call", call("sim/echo")).await.expect("after the hint");
+    slow.call("tools/call", call("sim/echo"))
+        .await
+        .expect("after the hint");
 
     // What reached the mod: planner's echo, the plain bridge's fail, slowpoke's three.
     assert_eq!(md.calls(), 5, "refused calls never reach the mod");
 
     // Status names every bridge and counts its refusals.
-    let out = output(&["status", "--bridge-file", file.to_str().expect("utf8"), "--json"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = output(&[
+        "status",
+        "--bridge-file",
+        file.to_str().expect("utf8"),
+        "--json",
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v = json(&out);
-    let bridges = v["relays"][0]["status"]["bridges"].as_array().expect("bridges").clone();
+    let bridges = v["relays"][0]["status"]["bridges"]
+        .as_array()
+        .expect("bridges")
+        .clone();
     let by = |name: &str| {
         bridges
             .iter()
@@ -148,8 +200,20 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     assert_eq!(code, Some(0));
 
     // The recording names the bridges; stats shows the names.
-    let out = output(&["stats", "--data-dir", data.to_str().expect("utf8"), "latest", "--json"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = output(&[
+        "stats",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+        "latest",
+        "--json",
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let st = json(&out);
     let names: Vec<String> = st["bridges"]
         .as_array()
@@ -161,14 +225,27 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     for n in ["planner", "watcher", "slowpoke"] {
         assert!(names.iter().any(|x| x == n), "{n} in {st}");
     }
-    let text = output(&["stats", "--data-dir", data.to_str().expect("utf8"), "latest"]).await;
+    let text = output(&[
+        "stats",
+        "--data-dir",
+        data.to_str().expect("utf8"),
+        "latest",
+    ])
+    .await;
     assert!(String::from_utf8_lossy(&text.stdout).contains("planner"));
 
     // No token anywhere: recording (uncompressed), logs, metrics.
     let log = log.lock().join("\n");
-    assert!(log.contains("bridge=planner") || log.contains("bridge=\"planner\""), "{log}");
+    assert!(
+        log.contains("bridge=planner") || log.contains("bridge=\"planner\""),
+        "{log}"
+    );
     for t in [PLANNER, WATCHER, SLOW, BRIDGE_TOKEN] {
-        assert_eq!(files_containing(&data, t), Vec::<String>::new(), "{t} recorded");
+        assert_eq!(
+            files_containing(&data, t),
+            Vec::<String>::new(),
+            "{t} recorded"
+        );
         assert!(!log.contains(t), "token in the log");
         assert!(!m.contains(t), "token in /metrics");
     }
@@ -180,22 +257,54 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
 async fn bad_bridge_tables_are_one_line_errors_with_their_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cases = [
-        ("name = \"default\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\n", "field name"),
-        ("name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nrole = \"boss\"\n", "unknown role"),
-        ("name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ntools = [\"!\"]\n", "empty glob"),
-        ("name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ncalls_per_second = 0\n", "calls_per_second"),
-        (&format!("name = \"x\"\ntoken = \"{BRIDGE_TOKEN}\"\n"), "already another identity's"),
+        (
+            "name = \"default\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\n",
+            "field name",
+        ),
+        (
+            "name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\nrole = \"boss\"\n",
+            "unknown role",
+        ),
+        (
+            "name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ntools = [\"!\"]\n",
+            "empty glob",
+        ),
+        (
+            "name = \"x\"\ntoken = \"aaaaaaaaaaaaaaaaaaaa\"\ncalls_per_second = 0\n",
+            "calls_per_second",
+        ),
+        (
+            &format!("name = \"x\"\ntoken = \"{BRIDGE_TOKEN}\"\n"),
+            "already another identity's",
+        ),
         ("name = \"x\"\n", "set one of token and token_file"),
-        ("name = \"x\"\ntoken_file = \"/nonexistent/t\"\n", "cannot read token file"),
+        (
+            "name = \"x\"\ntoken_file = \"/nonexistent/t\"\n",
+            "cannot read token file",
+        ),
     ];
     for (table, want) in cases {
-        let text = format!("{}\n[[route.bridge]]\n{table}", route_toml(&format!("token = \"{BRIDGE_TOKEN}\"")));
+        let text = format!(
+            "{}\n[[route.bridge]]\n{table}",
+            route_toml(&format!("token = \"{BRIDGE_TOKEN}\""))
+        );
         let cfg = config_file(dir.path(), "bad.toml", &text);
-        let out = output(&["serve", "--config", &cfg, "--no-bridge-file", "--data-dir", dir.path().to_str().expect("utf8")]).await;
+        let out = output(&[
+            "serve",
+            "--config",
+            &cfg,
+            "--no-bridge-file",
+            "--data-dir",
+            dir.path().to_str().expect("utf8"),
+        ])
+        .await;
         assert_eq!(out.status.code(), Some(2), "{table}");
         let line = one_line(&out);
         assert!(line.contains(want), "{want}: {line}");
-        assert!(line.contains("bridge \"") && line.contains(": line "), "{line}");
+        assert!(
+            line.contains("bridge \"") && line.contains(": line "),
+            "{line}"
+        );
         assert!(!line.contains(BRIDGE_TOKEN), "{line}");
     }
 }

@@ -17,7 +17,11 @@ const NEW: &str = "rotated-new-0123456789abcdef";
 
 /// The next message, which must be the revocation notice, then the end of the connection.
 async fn revoked(c: &mut Client, reason: &str) {
-    let notice = c.next_message().await.expect("read").expect("a notice before the close");
+    let notice = c
+        .next_message()
+        .await
+        .expect("read")
+        .expect("a notice before the close");
     assert_eq!(notice["channel"], "relay/revoked", "{notice}");
     assert_eq!(notice["payload"]["reason"], reason, "{notice}");
     match c.next_message().await {
@@ -54,7 +58,10 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
     let (mut keeper, _) = bridge(&relay.addr, KEEP).await;
     let (mut rotated, _) = bridge(&relay.addr, OLD).await;
     let (mut goner, _) = bridge(&relay.addr, GONE).await;
-    keeper.call("tools/call", call("sim/echo")).await.expect("control");
+    keeper
+        .call("tools/call", call("sim/echo"))
+        .await
+        .expect("control");
 
     // The goner is removed, the rotated token changes, the keeper becomes an observer, and a
     // setting that needs a restart changes too.
@@ -62,15 +69,26 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
     let text = config_text(md.addr(), "outbox_frames = 999", &tables(false, "observe"));
     config_file(dir.path(), "relay.toml", &text);
     let out = output(&["reload", "--bridge-file", f]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert_eq!(said, "route r: reloaded (1 kept, 2 disconnected)\n");
 
     revoked(&mut goner, "identity-removed").await;
     revoked(&mut rotated, "token-changed").await;
     // The keeper is still connected, with its new rights.
-    keeper.call("tools/list", json!({})).await.expect("still connected");
-    let r = keeper.request("tools/call", call("sim/echo")).await.expect("answered");
+    keeper
+        .call("tools/list", json!({}))
+        .await
+        .expect("still connected");
+    let r = keeper
+        .request("tools/call", call("sim/echo"))
+        .await
+        .expect("answered");
     assert_eq!(r["error"]["code"], -32006, "now an observer: {r}");
 
     // The new token works; the old and removed ones do not.
@@ -89,12 +107,22 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
     let out = output(&["reload", "--bridge-file", f]).await;
     assert_eq!(out.status.code(), Some(1));
     let line = one_line(&out);
-    assert!(line.contains("reload failed, nothing changed") && line.contains("line 2"), "{line}");
-    keeper.call("tools/list", json!({})).await.expect("kept through a failed reload");
+    assert!(
+        line.contains("reload failed, nothing changed") && line.contains("line 2"),
+        "{line}"
+    );
+    keeper
+        .call("tools/list", json!({}))
+        .await
+        .expect("kept through a failed reload");
     bridge(&relay.addr, NEW).await;
 
     // SIGHUP itself (as `systemctl reload` sends it) does the same.
-    config_file(dir.path(), "relay.toml", &config_text(md.addr(), "", &tables(true, "control")));
+    config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "", &tables(true, "control")),
+    );
     signal(&relay.child, "HUP");
     relay.wait_log("reload: identities now", 2).await;
     bridge(&relay.addr, GONE).await;

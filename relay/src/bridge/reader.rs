@@ -208,7 +208,8 @@ impl BridgeReader {
         msg: &str,
         data: Option<Value>,
     ) {
-        self.reply(message::error_response(id, code, msg, data)).await;
+        self.reply(message::error_response(id, code, msg, data))
+            .await;
     }
 
     async fn error_reply(&mut self, id: Option<&str>, code: ErrorCode, msg: &str, record: bool) {

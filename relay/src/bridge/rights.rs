@@ -65,13 +65,19 @@ impl BridgeReader {
 
     /// Checks a request bound for the mod (or `relay/lease`) against the bridge's rights, the
     /// lease and its rate; on refusal the error is sent and `true` returned.
-    pub(super) async fn refuse(&mut self, id: &str, method: &str, params: impl Fn() -> Value) -> bool {
+    pub(super) async fn refuse(
+        &mut self,
+        id: &str,
+        method: &str,
+        params: impl Fn() -> Value,
+    ) -> bool {
         let route = self.route.clone();
         let Some(me) = self.bridge.access.identity() else {
             return false;
         };
         let table = route.access.table();
-        let wants_tool = method == "tools/call" && (me.tools != Default::default() || table.has_leased());
+        let wants_tool =
+            method == "tools/call" && (me.tools != Default::default() || table.has_leased());
         let tool = wants_tool
             .then(|| params()["name"].as_str().map(String::from))
             .flatten();
@@ -84,7 +90,10 @@ impl BridgeReader {
         }
         if let Some(tool) = tool.as_deref().filter(|t| table.leased(t)) {
             if let Err((code, why, data)) = route.lease.check(self.bridge.conn, tool) {
-                self.bridge.access.lease_refused.fetch_add(1, Ordering::Relaxed);
+                self.bridge
+                    .access
+                    .lease_refused
+                    .fetch_add(1, Ordering::Relaxed);
                 refused(&route, &self.bridge, "lease_held");
                 self.reply_error_data(Some(id), code, &why, data).await;
                 return true;
@@ -102,8 +111,13 @@ impl BridgeReader {
                 "slow down: bridge {:?} is limited to {rate} calls per second; retry after {ms} ms",
                 me.label()
             );
-            self.reply_error_data(Some(id), ErrorCode::SlowDown, &why, Some(json!({"retryAfterMs": ms})))
-                .await;
+            self.reply_error_data(
+                Some(id),
+                ErrorCode::SlowDown,
+                &why,
+                Some(json!({"retryAfterMs": ms})),
+            )
+            .await;
             return true;
         }
         false
@@ -119,7 +133,10 @@ impl BridgeReader {
             Ok(answer) => self.reply(message::result_response(id, answer)).await,
             Err((code, why, data)) => {
                 if code == ErrorCode::LeaseHeld {
-                    self.bridge.access.lease_refused.fetch_add(1, Ordering::Relaxed);
+                    self.bridge
+                        .access
+                        .lease_refused
+                        .fetch_add(1, Ordering::Relaxed);
                     refused(&self.route, &self.bridge, "lease_held");
                 }
                 self.reply_error_data(Some(id), code, &why, data).await

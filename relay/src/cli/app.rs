@@ -8,7 +8,9 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
-use super::{demo, export, mod_sim, reload, repair, replay, report, serve, sessions, stats, status, wrap};
+use super::{
+    demo, export, mod_sim, reload, repair, replay, report, serve, sessions, stats, status, wrap,
+};
 
 #[derive(Parser, Debug)]
 #[command(

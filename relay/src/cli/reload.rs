@@ -78,7 +78,10 @@ pub async fn run(a: ReloadArgs) -> Result<()> {
         };
         let r = &st["reload"];
         match r["error"].as_str() {
-            Some(e) => failures.push(format!("route {}: reload failed, nothing changed: {e}", t.route)),
+            Some(e) => failures.push(format!(
+                "route {}: reload failed, nothing changed: {e}",
+                t.route
+            )),
             None => {
                 lines += &format!(
                     "route {}: reloaded ({} kept, {} disconnected)\n",

@@ -411,7 +411,11 @@ async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
     for route in &relay.routes {
         let Some(rc) = new.routes.iter().find(|r| r.name == route.cfg.name) else {
             tracing::warn!(route = %route.cfg.name, "reload: this route is no longer in the configuration; it keeps serving as it is until a restart");
-            route.access.note_reload(0, 0, Some("the route is no longer in the configuration".into()));
+            route.access.note_reload(
+                0,
+                0,
+                Some("the route is no longer in the configuration".into()),
+            );
             continue;
         };
         let done = crate::bridge::reload(route, rc).await;
@@ -430,12 +434,19 @@ async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
             tracing::warn!(route = %route.cfg.name, "reload: changed settings ignored until a restart: {}", ignored.join(", "));
         }
     }
-    for r in new.routes.iter().filter(|r| !relay.routes.iter().any(|x| x.cfg.name == r.name)) {
+    for r in new
+        .routes
+        .iter()
+        .filter(|r| !relay.routes.iter().any(|x| x.cfg.name == r.name))
+    {
         tracing::warn!(route = %r.name, "reload: new routes are started only by a restart; ignored");
     }
     let ignored = ignored_global_changes(running, &new);
     if !ignored.is_empty() {
-        tracing::warn!("reload: changed settings ignored until a restart: {}", ignored.join(", "));
+        tracing::warn!(
+            "reload: changed settings ignored until a restart: {}",
+            ignored.join(", ")
+        );
     }
 }
 
@@ -450,7 +461,10 @@ fn ignored_route_changes(old: &crate::RouteConfig, new: &crate::RouteConfig) -> 
         ("on_slow", old.on_slow != new.on_slow),
         ("outbox_frames", old.outbox_frames != new.outbox_frames),
         ("outbox_bytes", old.outbox_bytes != new.outbox_bytes),
-        ("request_timeout", old.request_timeout != new.request_timeout),
+        (
+            "request_timeout",
+            old.request_timeout != new.request_timeout,
+        ),
         ("frame_timeout", old.frame_timeout != new.frame_timeout),
         ("write_deadline", old.write_deadline != new.write_deadline),
         ("subscribe_all", old.subscribe_all != new.subscribe_all),
@@ -468,12 +482,21 @@ fn ignored_global_changes(old: &RelayConfig, new: &RelayConfig) -> Vec<&'static 
         ("data_dir", old.data_dir != new.data_dir),
         ("durability", old.durability != new.durability),
         ("compression", old.compression != new.compression),
-        ("wal_compression", old.wal_compression != new.wal_compression),
-        ("on_record_error", old.on_record_error != new.on_record_error),
+        (
+            "wal_compression",
+            old.wal_compression != new.wal_compression,
+        ),
+        (
+            "on_record_error",
+            old.on_record_error != new.on_record_error,
+        ),
         ("retain", old.retain != new.retain),
         ("metrics", old.metrics != new.metrics),
         ("allow_remote", old.allow_remote != new.allow_remote),
-        ("shutdown_timeout", old.shutdown_timeout != new.shutdown_timeout),
+        (
+            "shutdown_timeout",
+            old.shutdown_timeout != new.shutdown_timeout,
+        ),
         ("bridge_file", old.bridge_file != new.bridge_file),
     ];
     diffs.into_iter().filter(|d| d.1).map(|d| d.0).collect()

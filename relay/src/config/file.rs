@@ -588,7 +588,10 @@ impl FileConfig {
                     "\"default\" names the route's own token; choose another name".into(),
                 ));
             }
-            if out.iter().any(|i| i.name.as_deref() == Some(fb.name.as_str())) {
+            if out
+                .iter()
+                .any(|i| i.name.as_deref() == Some(fb.name.as_str()))
+            {
                 return Err(err("name", "bridge names must be unique in a route".into()));
             }
             let token = match (&fb.token, &fb.token_file) {
@@ -597,12 +600,14 @@ impl FileConfig {
                 }
                 (Some(t), None) => t.clone(),
                 (None, Some(p)) => read_token_file(p).map_err(|m| err("token_file", m))?,
-                (None, None) => {
-                    return Err(err("name", "set one of token and token_file".into()))
-                }
+                (None, None) => return Err(err("name", "set one of token and token_file".into())),
                 _ => return Err(err("token", "set only one of token and token_file".into())),
             };
-            let token_field = if fb.token.is_some() { "token" } else { "token_file" };
+            let token_field = if fb.token.is_some() {
+                "token"
+            } else {
+                "token_file"
+            };
             if index < self.from_file {
                 let at = err(token_field, String::new());
                 auth::warn_if_short(
@@ -610,13 +615,12 @@ impl FileConfig {
                     &format!("{}: {}", at.file, at.message.trim_end_matches(": ")),
                 );
             }
-            let shared = token == route_token
-                || out.iter().any(|i| auth::token_matches(i.token(), &token));
+            let shared =
+                token == route_token || out.iter().any(|i| auth::token_matches(i.token(), &token));
             if shared {
                 return Err(err(
                     token_field,
-                    "this token is already another identity's; every identity needs its own"
-                        .into(),
+                    "this token is already another identity's; every identity needs its own".into(),
                 ));
             }
             let role = match &fb.role {
