@@ -29,6 +29,8 @@
 //! - `display`: untrusted names made safe for tables.
 //! - `wrap`: running the relay invisibly between a launcher and a game.
 //! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
+//! - [`identity`]: bridge identities, roles, tool globs and rates; [`lease`]: the controller
+//!   lease (`relay/lease`).
 //! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub(crate) mod auth;
@@ -41,6 +43,8 @@ pub(crate) mod display;
 pub mod export;
 pub(crate) mod http;
 pub mod hub;
+pub mod identity;
+pub mod lease;
 pub(crate) mod mcp;
 pub mod metrics;
 pub mod outbox;

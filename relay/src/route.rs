@@ -89,6 +89,8 @@ pub struct BridgeState {
     pub subs: Mutex<BTreeSet<String>>,
     /// Requests it has in flight.
     pub in_flight: Arc<AtomicUsize>,
+    /// Its identity (once welcomed) and its refusal counters.
+    pub access: crate::identity::BridgeAccess,
 }
 
 /// A route.
@@ -118,6 +120,10 @@ pub struct Route {
     pub cancel: CancellationToken,
     /// The launch id the relay presents to the mod.
     pub launch_id: String,
+    /// Bridge identities (replaced on reload).
+    pub access: crate::identity::RouteAccess,
+    /// The controller lease.
+    pub lease: crate::lease::Lease,
     next_conn: AtomicU32,
     /// Seq of the route's `relay/session` channel.
     session_notices: std::sync::atomic::AtomicU64,
@@ -134,7 +140,10 @@ impl Route {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
         let hub = Hub::with_window(cfg.resume_window_frames, cfg.resume_window_bytes);
+        let access = crate::identity::RouteAccess::new(&cfg);
         Arc::new(Route {
+            access,
+            lease: Default::default(),
             cfg,
             backend,
             hub,
@@ -275,6 +284,7 @@ impl Route {
                 "channels": self.hub.channel_counts().into_iter().map(|(c, n)| json!({"channel": c, "events": n})).collect::<Vec<_>>(),
             })
         });
+        let lease = self.lease.status();
         let mut bridges: Vec<Value> = self
             .bridges
             .lock()
@@ -282,8 +292,14 @@ impl Route {
             .map(|b| {
                 let (events, bytes, control) = b.outbox.depth();
                 let info = b.info.lock().clone().unwrap_or_default();
+                let (denied, limited, lease_refused) = b.access.counts();
                 json!({
                     "conn": b.conn,
+                    "name": info.name,
+                    "role": b.access.role(),
+                    "denied": denied,
+                    "rateLimited": limited,
+                    "leaseRefused": lease_refused,
                     "peer": b.peer,
                     "bridgeVersion": info.bridge_version,
                     "platform": info.platform,
@@ -313,6 +329,8 @@ impl Route {
             "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
             "pendingRequests": self.pending.len(),
             "resumeWindow": { "events": window.0, "bytes": window.1, "maxEvents": self.cfg.resume_window_frames, "maxBytes": self.cfg.resume_window_bytes },
+            "lease": lease,
+            "reload": self.access.reload_status(),
             "bridges": bridges,
         })
     }

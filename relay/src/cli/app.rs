@@ -8,7 +8,9 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
-use super::{demo, export, mod_sim, repair, replay, report, serve, sessions, stats, status, wrap};
+use super::{
+    demo, export, mod_sim, reload, repair, replay, report, serve, sessions, stats, status, wrap,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -27,6 +29,8 @@ enum Cmd {
     Serve(Box<serve::ServeArgs>),
     /// Show what running relays are doing: mod, session, bridges, queues, recorder.
     Status(status::StatusArgs),
+    /// Make a running relay re-read its bridge identities and tokens (as SIGHUP does).
+    Reload(reload::ReloadArgs),
     /// Run a simulated mod, the relay and simulated bridges for a few seconds.
     Demo(demo::DemoArgs),
     /// List, check or remove recorded sessions.
@@ -118,6 +122,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Serve(a) => serve::run(*a).await?,
         Cmd::Status(a) => status::run(a).await?,
+        Cmd::Reload(a) => reload::run(a).await?,
         Cmd::Demo(a) => demo::run(a).await?,
         Cmd::Sessions(a) => sessions::run(a)?,
         Cmd::Stats(a) => stats::run(a)?,

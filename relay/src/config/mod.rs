@@ -33,6 +33,8 @@ pub mod limits {
     pub const MAX_BRIDGES: usize = 1 << 16;
     /// The size part of `retain`: 1 PiB.
     pub const RETAIN_BYTES: u64 = 1 << 50;
+    /// A bridge identity's `max_subscriptions`: 1,048,576.
+    pub const MAX_SUBSCRIPTIONS: usize = 1 << 20;
     /// The smallest `max_body` and `outbox_bytes`: 1 KiB.
     pub const MIN_SIZE: usize = 1024;
 }
@@ -164,6 +166,10 @@ pub struct RouteConfig {
     pub record: bool,
     /// Tags on every session this route records.
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Named bridge identities (`[[route.bridge]]`), beside the implicit one of `token`.
+    pub identities: Vec<crate::identity::Identity>,
+    /// Tool globs only the holder of the route's `relay/lease` may call.
+    pub leased: Vec<String>,
 }
 
 impl RouteConfig {
@@ -197,6 +203,8 @@ impl RouteConfig {
             resume_window_bytes: 16 << 20,
             record: true,
             tags: Default::default(),
+            identities: Vec::new(),
+            leased: Vec::new(),
         }
     }
 }

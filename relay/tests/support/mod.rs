@@ -13,6 +13,7 @@ pub use tokio::process::{Child, Command};
 
 pub mod faults;
 pub mod hostile;
+pub mod identities;
 pub mod storage;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
