@@ -85,6 +85,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
         subs: Default::default(),
         in_flight: Default::default(),
         access: Default::default(),
+        relay_only: Default::default(),
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
@@ -144,7 +145,10 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     crate::lease::Lease::holder_left(&route, conn_id).await;
     rights::left(&route, &bridge);
     let info = bridge.info.lock().clone();
-    if let (Some(mut info), Some(rec), Some(s)) = (info, &route.recorder, route.current()) {
+    let recorded = !bridge.relay_only.load(std::sync::atomic::Ordering::Relaxed);
+    if let (Some(mut info), Some(rec), Some(s), true) =
+        (info, &route.recorder, route.current(), recorded)
+    {
         info.detached_ns = Some(now_ns());
         info.dropped = outbox.dropped();
         rec.send(RecMsg::Bridge {

@@ -91,6 +91,9 @@ pub struct BridgeState {
     pub in_flight: Arc<AtomicUsize>,
     /// Its identity (once welcomed) and its refusal counters.
     pub access: crate::identity::BridgeAccess,
+    /// Welcomed with `relay.withoutMod` (`gabp-relay status`): it may ask only `relay/status`,
+    /// and nothing of it (frames, attach, detach) is recorded.
+    pub relay_only: std::sync::atomic::AtomicBool,
 }
 
 /// A route.

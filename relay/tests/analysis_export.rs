@@ -292,6 +292,58 @@ async fn tags_selection_and_marks() {
         missing.stdout.is_empty(),
         "nothing written before the error"
     );
+
+    // A session without the marks: a selection skips it with a note on stderr instead of
+    // failing the whole export; when no session has them, that is an error.
+    let sim = start_mod(None);
+    let mut s = serve_tagged(&sim, data, "plain", &[]).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    c.call("relay/status", json!({})).await.expect("status");
+    sigterm(&s.child);
+    let _ = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("relay stops");
+    let plain = pick(data, &["--route", "plain"]).await;
+    assert_eq!(plain.len(), 1);
+    let out = output(&[
+        "export",
+        "--all",
+        "--from-mark",
+        "ep-start",
+        "--to-mark",
+        "ep-end",
+        "--data-dir",
+        data,
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        one_line(&out).trim_end(),
+        format!(
+            "skipping session {}: it has no mark labelled \"ep-start\"",
+            plain[0]
+        )
+    );
+    let cut = lines(&out);
+    let sessions: std::collections::BTreeSet<&str> = cut
+        .iter()
+        .map(|l| l["session"].as_str().expect("session"))
+        .collect();
+    assert_eq!(sessions.len(), 3, "every session with the marks");
+    assert!(!sessions.contains(plain[0].as_str()));
+    assert_eq!(cut.iter().filter(|l| l["kind"] == "mark").count(), 6);
+    let none = output(&["export", "--all", "--from-mark", "nope", "--data-dir", data]).await;
+    assert_eq!(none.status.code(), Some(1));
+    assert!(none.stdout.is_empty());
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(err.contains("none of the 4 selected sessions"), "{err}");
 }
 
 /// `sessions tag` while a relay holds the data dir: one line, exit 1, nothing changed.

@@ -1,6 +1,8 @@
 //! `gabp-relay status` on a relay whose mod is down (issue 18), through the real binary: the
 //! relay is shown (route, mod disconnected, no bridges, recorder state) as JSON and as a table,
 //! without waiting for the mod; once a mod comes, the same command says it is connected.
+//! Looking leaves no trace: a relay-only (`withoutMod`) connection may ask only `relay/status`
+//! and is never recorded.
 
 mod support;
 
@@ -93,6 +95,49 @@ async fn status_shows_a_relay_whose_mod_is_down_and_then_connected() {
             .any(|l| l.starts_with("idle ") && l.contains(" connected ")),
         "{table}"
     );
+    // A relay-only connection of its own: the mod is refused to it.
+    let mut c = Client::connect(&s.addr).await.expect("connect");
+    let token = s.token.clone().expect("generated token printed");
+    let hello = serde_json::json!({"token": token, "bridgeVersion": "looker/1", "platform": "linux",
+        "launchId": "l", "relay": {"withoutMod": true}});
+    let w = c.request("session/hello", hello).await.expect("hello");
+    assert_eq!(
+        w["result"]["capabilities"]["extensions"]["relay"]["methods"],
+        serde_json::json!(["relay/status"]),
+        "{w}"
+    );
+    let r = c
+        .request("tools/list", serde_json::json!({}))
+        .await
+        .expect("answer");
+    assert_eq!(r["error"]["code"], -32006, "{r}");
+    let r = c
+        .request("relay/mark", serde_json::json!({"label": "x"}))
+        .await
+        .expect("answer");
+    assert_eq!(r["error"]["code"], -32006, "{r}");
+    c.call("relay/status", serde_json::json!({}))
+        .await
+        .expect("status answered");
+    drop(c);
     sim.stop();
-    drop(s);
+    sigterm(&s.child);
+    let mut child = s.child;
+    tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("relay stopped")
+        .expect("exit status");
+    // The session the mod had holds no bridge and no frame of any status connection.
+    let d = data.to_str().expect("utf-8");
+    let v = json(&output(&["sessions", "--json", "--data-dir", d]).await);
+    let sessions = v["sessions"].as_array().expect("sessions");
+    assert_eq!(sessions.len(), 1, "{v}");
+    assert_eq!(sessions[0]["bridges"], 0, "{v}");
+    let out = output(&["export", "--all", "--data-dir", d, "-o", "-"]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !text.contains("gabp-relay-status") && !text.contains("looker/1"),
+        "{text}"
+    );
 }

@@ -4,8 +4,11 @@
 //!
 //! While no mod is connected a hello waits (bounded by `hello_wait`) and then fails, unless it
 //! says `relay.withoutMod: true` (`gabp-relay status`, which asks only the relay): that bridge is
-//! welcomed at once with a relay-only welcome whose extension says `modConnected: false`;
-//! its requests to the mod then fail like any bridge's while the mod is down.
+//! relay-only. It is welcomed at once (with the mod's welcome if one is connected, else only the
+//! relay's extension, `modConnected: false`), may send only `relay/status`, and is never
+//! recorded: looking at a relay leaves no trace in its sessions.
+
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use gabp_proto::{message, ErrorCode};
@@ -63,10 +66,11 @@ impl BridgeReader {
                 )
                 .await;
         }
+        let relay_only = p["relay"]["withoutMod"] == true;
         let session = match route.current() {
             Some(s) => Some(s),
             // A relay-only bridge is not kept waiting for a mod it does not talk to.
-            None if p["relay"]["withoutMod"] == true => None,
+            None if relay_only => None,
             None => {
                 let mut rx = route.session.subscribe();
                 let session =
@@ -88,6 +92,12 @@ impl BridgeReader {
             }
         };
         let resume = match super::resume::plan(&route, &p, session.as_ref()) {
+            Ok(Some(_)) if relay_only => {
+                let why = "a relay-only bridge (relay.withoutMod) cannot resume";
+                return self
+                    .reply_error(Some(id), ErrorCode::InvalidParams, why)
+                    .await;
+            }
             Ok(r) => r,
             Err(why) => {
                 return self
@@ -119,13 +129,14 @@ impl BridgeReader {
                 "outboxBytes": route.cfg.outbox_bytes,
                 "droppedChannel": "relay/dropped",
             },
-            "methods": ["relay/status", "relay/mark", "relay/lease"],
+            "methods": if relay_only { json!(["relay/status"]) } else { json!(["relay/status", "relay/mark", "relay/lease"]) },
             "bridge": {"name": identity.name, "role": identity.role.as_str()},
         });
         let ext = &mut welcome["capabilities"]["extensions"]["relay"];
         super::resume::extend_welcome(&route, resume.as_ref(), ext);
         route.backend.extend_welcome(&mut welcome);
         self.authed = true;
+        self.bridge.relay_only.store(relay_only, Ordering::Relaxed);
         // The first frame this bridge has recorded: its hello, without the token.
         let rec = auth::redact_hello(body, &self.secrets().list());
         self.record(Direction::BridgeToRelay, rec, true).await;
@@ -149,7 +160,7 @@ impl BridgeReader {
             policy: route.cfg.on_slow.as_str().into(),
         };
         *self.bridge.info.lock() = Some(info.clone());
-        if let (Some(rec), Some(session)) = (&route.recorder, &session) {
+        if let (Some(rec), Some(session), false) = (&route.recorder, &session, relay_only) {
             rec.send(RecMsg::Bridge {
                 session: session.id,
                 info: Box::new(info),

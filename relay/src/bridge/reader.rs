@@ -3,6 +3,7 @@
 //! backend. Nothing is recorded before a successful hello.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -175,10 +176,15 @@ impl BridgeReader {
         Secrets(self.route.access.table())
     }
 
+    /// Whether this bridge was welcomed relay-only (`relay.withoutMod`).
+    fn relay_only(&self) -> bool {
+        self.bridge.relay_only.load(Ordering::Relaxed)
+    }
+
     /// Records a frame of this bridge's conversation, redacted; nothing is recorded before a
-    /// successful hello (that traffic is only counted).
+    /// successful hello (that traffic is only counted), nor for a relay-only bridge.
     pub(super) async fn record(&self, dir: Direction, body: Bytes, json_ok: bool) {
-        if !self.authed || self.route.recorder.is_none() {
+        if !self.authed || self.relay_only() || self.route.recorder.is_none() {
             return;
         }
         let body = auth::redact(&body, &self.secrets().list());
@@ -291,6 +297,15 @@ impl BridgeReader {
             self.reply(message::result_response(&id, route.status()))
                 .await;
             return self.record(Direction::BridgeToRelay, body, true).await;
+        }
+        if self.relay_only() {
+            return self
+                .reply_error(
+                    Some(&id),
+                    ErrorCode::Forbidden,
+                    "a relay-only bridge (relay.withoutMod) may send only relay/status",
+                )
+                .await;
         }
         self.record(Direction::BridgeToRelay, body.clone(), true)
             .await;

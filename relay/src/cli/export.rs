@@ -112,7 +112,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
         }
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
-    let metas = select(&store, &a.sessions, &a.filters, false)?;
+    let mut metas = select(&store, &a.sessions, &a.filters, false)?;
     let filter = ExportFilter {
         channels: a.channel,
         from: a.from,
@@ -120,6 +120,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
         from_mark: a.from_mark,
         to_mark: a.to_mark,
     };
+    if !single
+        && (!filter.channels.is_empty() || filter.from_mark.is_some() || filter.to_mark.is_some())
+    {
+        metas = keep_those_with_cuts(&store, metas, &filter)?;
+    }
     let Some(path) = &a.output else {
         export::export_sessions(
             &store,
@@ -189,4 +194,35 @@ pub fn run(a: ExportArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The sessions of a selection that have every channel and mark the filter cuts at; each one
+/// skipped is named on stderr. None left is one error line (exit 1): an empty export would
+/// look like success.
+fn keep_those_with_cuts(
+    store: &Store,
+    metas: Vec<gabp_storage::SessionMeta>,
+    filter: &ExportFilter,
+) -> anyhow::Result<Vec<gabp_storage::SessionMeta>> {
+    let total = metas.len();
+    let mut kept = Vec::with_capacity(total);
+    let mut skipped = Vec::new();
+    for meta in metas {
+        match export::check(store, &meta, filter) {
+            Ok(()) => kept.push(meta),
+            Err(e) => match e.missing_in_session() {
+                Some(why) => skipped.push(format!("session {}: {why}", meta.id)),
+                None => return Err(e.into()),
+            },
+        }
+    }
+    if kept.is_empty() {
+        let last = skipped.pop().unwrap_or_default();
+        anyhow::bail!("none of the {total} selected sessions has what the export cuts at ({last})");
+    }
+    let mut err = std::io::stderr().lock();
+    for s in skipped {
+        let _ = writeln!(err, "skipping {s}");
+    }
+    Ok(kept)
 }

@@ -171,6 +171,17 @@ impl Classifier {
 /// The relay's own request that marks a timeline.
 pub const MARK: &str = "relay/mark";
 
+/// Whether `meta` has what `filter` cuts at: every `--channel` and the marks (an extra pass
+/// over the session when marks are asked for). A selection skips the sessions that fail this
+/// with a note instead of failing the whole export.
+pub fn check(store: &Store, meta: &SessionMeta, filter: &ExportFilter) -> Result<(), ExportError> {
+    let meta = &*store.with_details(meta)?;
+    if let Some(c) = filter.channels.iter().find(|c| !meta.channels.contains(c)) {
+        return Err(ExportError::UnknownChannel(c.clone()));
+    }
+    mark_span(store, meta, filter).map(|_| ())
+}
+
 /// Calls `each` with every exported row of one session, in frame order; returns how many.
 pub fn for_each_row(
     store: &Store,
@@ -300,6 +311,21 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
 /// Whether `-o PATH` means standard output (`-`, as for most command-line tools).
 pub fn is_stdout(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"
+}
+
+impl ExportError {
+    /// What the session lacks that the filter cuts at (a channel or a mark), when that is why
+    /// the export failed.
+    pub fn missing_in_session(&self) -> Option<String> {
+        match self {
+            ExportError::UnknownChannel(c) => Some(format!("it has no channel {c:?}")),
+            ExportError::NoMark { label, after, .. } => Some(format!(
+                "it has no mark labelled {label:?}{}",
+                if *after { " after the start mark" } else { "" }
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// Why an export failed.
