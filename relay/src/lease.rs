@@ -196,6 +196,17 @@ impl Lease {
 
     /// Ends the lease if bridge `conn` (which has just left) held it.
     pub async fn holder_left(route: &Arc<Route>, conn: u32) {
+        Lease::end_held_by(route, conn, "holder-left").await
+    }
+
+    /// Ends the lease if bridge `conn` held it and a reload made it an `observe` bridge, which
+    /// may not hold, renew or release one.
+    pub async fn holder_demoted(route: &Arc<Route>, conn: u32) {
+        Lease::end_held_by(route, conn, "holder-demoted").await
+    }
+
+    /// Ends the lease if `conn` holds it, announcing `change` (or `expired` if it had).
+    async fn end_held_by(route: &Arc<Route>, conn: u32, change: &str) {
         let gone = {
             let mut st = route.lease.state.lock();
             match st.holder.take() {
@@ -213,7 +224,7 @@ impl Lease {
             let change = if h.until <= Instant::now() {
                 "expired"
             } else {
-                "holder-left"
+                change
             };
             route.lease.announce(route, change, &h, conn).await;
         }

@@ -1,6 +1,7 @@
 //! What a stranger's review of the command line found (issue 18), each held through the real
 //! binary: usage mistakes exit 2 in one line that names what is wrong, `-o -` is stdout,
-//! two routes on one address are a config error, and a stale discovery file is one line.
+//! two routes on one address are a config error, a stale discovery file is one line, and no
+//! export or report may write into, over or around the data dir it reads.
 
 mod support;
 
@@ -128,4 +129,67 @@ async fn a_stale_discovery_file_is_one_line() {
         "{err}"
     );
     assert!(!err.contains(BRIDGE_TOKEN), "{err}");
+}
+
+/// `export -o` (even with `--force`) and `report -o` at the data dir, inside it, or at a
+/// directory holding it: exit 2, one line, and every recording still there.
+#[tokio::test]
+async fn an_output_at_in_or_around_the_data_dir_is_refused() {
+    let dir = record_a_session().await;
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    let sessions =
+        |out: &std::process::Output| json(out)["sessions"].as_array().expect("sessions").len();
+    let before = sessions(&output(&["sessions", "--json", "--data-dir", d]).await);
+    assert_eq!(before, 1);
+    std::fs::write(dir.path().join("notes.txt"), "keep me").expect("a file beside");
+    let inside = data.join("CURRENT");
+    let parent = dir.path().to_str().expect("utf-8");
+    let targets = [d, inside.to_str().expect("utf-8"), parent, "data"];
+    for o in targets {
+        for args in [
+            vec!["export", "--all", "--format", "parquet", "--force", "-o", o],
+            vec!["export", "latest", "-o", o],
+            vec!["export", "latest", "--format", "parquet", "-o", o],
+            vec!["report", "latest", "-o", o],
+        ] {
+            let mut all = args.clone();
+            all.extend(["--data-dir", d]);
+            let out = output_in(dir.path(), &all).await;
+            let err = usage_error(&out, &format!("{args:?}"));
+            assert!(err.contains("data dir"), "{err}");
+        }
+    }
+    let after = sessions(&output(&["sessions", "--json", "--data-dir", d]).await);
+    assert_eq!(after, before, "the recordings are all there");
+    let check = output(&["sessions", "check", "--data-dir", d]).await;
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).expect("still there"),
+        "keep me"
+    );
+    // Beside the data dir is fine.
+    let beside = dir.path().join("out.parquet");
+    let out = output(&[
+        "export",
+        "latest",
+        "--format",
+        "parquet",
+        "-o",
+        beside.to_str().expect("utf-8"),
+        "--data-dir",
+        d,
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -113,6 +113,14 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     )
     .await;
     assert_eq!(code, -32002, "its own max_subscriptions");
+    // A resume subscribes too: it may not name more channels than the identity's bound.
+    let session = welcome["capabilities"]["extensions"]["relay"]["sessionId"].clone();
+    let mut again = Client::connect(&relay.addr).await.expect("connect");
+    let hello = json!({"token": SLOW, "bridgeVersion": "t", "platform": "linux", "launchId": "t",
+        "relay": {"resume": {"session": session, "channels": {"world/tick": -1, "chat/message": -1}}}});
+    let (code, msg, _) = refused(&mut again, "session/hello", hello).await;
+    assert_eq!(code, -32602, "{msg}");
+    assert!(msg.contains("at most 1"), "{msg}");
     slow.call("tools/call", call("sim/echo"))
         .await
         .expect("1st");

@@ -62,6 +62,13 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
         .call("tools/call", call("sim/echo"))
         .await
         .expect("control");
+    keeper
+        .call(
+            "relay/lease",
+            json!({"action": "acquire", "ttlMs": 3_600_000}),
+        )
+        .await
+        .expect("a controller takes the lease");
 
     // The goner is removed, the rotated token changes, the keeper becomes an observer, and a
     // setting that needs a restart changes too.
@@ -90,6 +97,15 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
         .await
         .expect("answered");
     assert_eq!(r["error"]["code"], -32006, "now an observer: {r}");
+    // An observer holds no lease: the one it held ended with the reload.
+    let st = keeper
+        .call("relay/status", json!({}))
+        .await
+        .expect("status");
+    assert!(
+        st["lease"].is_null(),
+        "the demoted holder's lease ended: {st}"
+    );
 
     // The new token works; the old and removed ones do not.
     bridge(&relay.addr, NEW).await;

@@ -41,6 +41,11 @@ async fn hello(addr: &Addr, extra: Value) -> (Client, Value) {
         p.extend(e.clone());
     }
     let resp = c.request("session/hello", params).await.expect("answer");
+    assert_eq!(
+        c.buffered(),
+        0,
+        "an event or notice came before the welcome"
+    );
     (c, resp)
 }
 

@@ -114,6 +114,11 @@ impl Client {
         }
     }
 
+    /// How many events arrived before a response and wait in the buffer (for order checks).
+    pub fn buffered(&self) -> usize {
+        self.events.len()
+    }
+
     /// Waits for the response to `id`, buffering events that arrive first.
     pub async fn response_to(&mut self, id: &str) -> Result<Value> {
         loop {

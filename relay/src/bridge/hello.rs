@@ -91,7 +91,12 @@ impl BridgeReader {
                 session
             }
         };
-        let resume = match super::resume::plan(&route, &p, session.as_ref()) {
+        let cap = identity
+            .max_subscriptions
+            .map_or(route.cfg.max_subscriptions, |n| {
+                n.min(route.cfg.max_subscriptions)
+            });
+        let resume = match super::resume::plan(&route, &p, session.as_ref(), cap) {
             Ok(Some(_)) if relay_only => {
                 let why = "a relay-only bridge (relay.withoutMod) cannot resume";
                 return self

@@ -58,10 +58,13 @@ enum Kind {
 /// Reads `relay.resume` from hello params: `Ok(None)` without one; `Err` (one line for the
 /// bridge, sent as an invalid-params error instead of the welcome) if it is malformed or names
 /// seqs the session never sent.
+/// `cap` is how many channels the bridge may subscribe to (its identity's bound, else the
+/// route's): a resume subscribes to every channel it names.
 pub(super) fn plan(
     route: &Route,
     params: &Value,
     session: Option<&Arc<SessionInfo>>,
+    cap: usize,
 ) -> Result<Option<Plan>, String> {
     let r = &params["relay"]["resume"];
     if r.is_null() {
@@ -77,7 +80,6 @@ pub(super) fn plan(
     let named_id = uuid::Uuid::parse_str(named)
         .map_err(|_| "relay.resume: session is not a session id".to_string())?;
     let chans = obj["channels"].as_object().expect("checked above");
-    let cap = route.cfg.max_subscriptions;
     if chans.len() > cap {
         return Err(format!(
             "relay.resume: too many channels (at most {cap}, as for subscriptions)"
@@ -368,8 +370,13 @@ impl CatchUp<'_> {
     /// is), and moves past them.
     async fn gap(&mut self, i: usize, channel: Arc<str>, upto: u64) -> Step {
         let next = self.wants[i].1;
+        // Everything queued must be taken first, the welcome too: a notice is written before
+        // the frames of the batch it is taken with.
         tokio::select! {
-            _ = self.outbox.events_below(0, 0) => {}
+            _ = async {
+                self.outbox.events_below(0, 0).await;
+                self.outbox.control_below(0).await;
+            } => {}
             _ = self.route.cancel.cancelled() => return Step::Over,
         }
         if !self.outbox.push_gap(channel, next, upto - 1) {

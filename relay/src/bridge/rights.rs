@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::reader::BridgeReader;
 use crate::auth;
 use crate::config::RouteConfig;
-use crate::identity::{Denial, Identity, Table};
+use crate::identity::{Denial, Identity, Role, Table};
 use crate::lease::Lease;
 use crate::route::{BridgeState, Route};
 
@@ -168,6 +168,7 @@ pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
     );
     let mut out = Reloaded::default();
     let mut notices = Vec::new();
+    let mut demoted = Vec::new();
     {
         route.access.replace(table.clone());
         for b in route.bridges.lock().values() {
@@ -176,8 +177,15 @@ pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
             };
             let reason = match table.by_name(old.name.as_deref()) {
                 Some(new) if auth::token_matches(new.token(), old.token()) => {
+                    if new.role == Role::Observe {
+                        demoted.push(b.conn);
+                    }
                     b.access.set(new.clone());
-                    out.kept += 1;
+                    // A relay-only connection (`reload` itself asking for the outcome) is no
+                    // bridge the operator counts.
+                    if !b.relay_only.load(Ordering::Relaxed) {
+                        out.kept += 1;
+                    }
                     continue;
                 }
                 Some(_) => "token-changed",
@@ -194,6 +202,9 @@ pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
             tracing::warn!(route = %route.cfg.name, conn = b.conn, bridge = %old.label(), "bridge disconnected on reload: {reason}");
             notices.push((b.conn, body));
         }
+    }
+    for conn in demoted {
+        Lease::holder_demoted(route, conn).await;
     }
     for (conn, body) in notices {
         route

@@ -111,6 +111,9 @@ pub fn run(a: ExportArgs) -> Result<()> {
             )));
         }
     }
+    if let Some(o) = a.output.as_deref().filter(|o| !export::is_stdout(o)) {
+        refuse_the_data_dir(o, &a.dir.data_dir)?;
+    }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let mut metas = select(&store, &a.sessions, &a.filters, false)?;
     let filter = ExportFilter {
@@ -225,4 +228,17 @@ fn keep_those_with_cuts(
         let _ = writeln!(err, "skipping {s}");
     }
     Ok(kept)
+}
+
+/// Refuses an output that is, holds or lies in the data dir: an export or report never
+/// writes where the recordings are (with `--force` it would replace them).
+pub(super) fn refuse_the_data_dir(output: &std::path::Path, data: &std::path::Path) -> Result<()> {
+    if export::overlaps_data_dir(output, data) {
+        return Err(usage(format!(
+            "-o {} is, holds or lies in the data dir {}: write the output somewhere else",
+            output.display(),
+            data.display()
+        )));
+    }
+    Ok(())
 }

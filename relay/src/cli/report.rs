@@ -21,6 +21,9 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs) -> Result<()> {
+    if !crate::export::is_stdout(&a.output) {
+        super::export::refuse_the_data_dir(&a.output, &a.dir.data_dir)?;
+    }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
     let n = crate::report::write(&store, &meta, &a.output)

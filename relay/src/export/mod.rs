@@ -308,6 +308,31 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     Ok(out)
 }
 
+/// Whether writing to `output` could touch the data dir `data`: it is that dir, lies inside
+/// it, or is a directory holding it (which `--force` would replace). Paths are compared
+/// resolved, with `output`'s own last component taken as it is (a symlink there is replaced,
+/// not followed).
+pub fn overlaps_data_dir(output: &std::path::Path, data: &std::path::Path) -> bool {
+    let resolve = |p: &std::path::Path| {
+        std::fs::canonicalize(p)
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    let data = resolve(data);
+    let is_dir = std::fs::symlink_metadata(output).is_ok_and(|m| m.is_dir());
+    let at = match (output.file_name(), is_dir) {
+        (Some(name), false) => {
+            let parent = match output.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => std::path::Path::new("."),
+            };
+            resolve(parent).join(name)
+        }
+        _ => resolve(output),
+    };
+    at.starts_with(&data) || data.starts_with(&at)
+}
+
 /// Whether `-o PATH` means standard output (`-`, as for most command-line tools).
 pub fn is_stdout(path: &std::path::Path) -> bool {
     path.as_os_str() == "-"
