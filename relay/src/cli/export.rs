@@ -192,8 +192,9 @@ pub fn run(a: ExportArgs) -> Result<()> {
     } else {
         let _ = writeln!(
             std::io::stderr(),
-            "exported {frames} frames of {} sessions",
-            written.len()
+            "exported {frames} frames of {} session{}",
+            written.len(),
+            if written.len() == 1 { "" } else { "s" }
         );
     }
     Ok(())
