@@ -28,6 +28,7 @@
 //! - `display`: untrusted names made safe for tables.
 //! - `wrap`: running the relay invisibly between a launcher and a game.
 //! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
+//! - [`ship`]: shipping recordings to NATS JetStream and collecting them into an archive.
 //! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub(crate) mod auth;
@@ -49,6 +50,7 @@ pub mod replay;
 pub mod report;
 pub mod route;
 pub(crate) mod server;
+pub mod ship;
 pub(crate) mod socket;
 pub mod stats;
 pub(crate) mod transport;

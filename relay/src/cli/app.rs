@@ -8,7 +8,7 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
-use super::{demo, export, mod_sim, repair, replay, report, serve, sessions, stats, status, wrap};
+use super::{collect, demo, export, ship, mod_sim, repair, replay, report, serve, sessions, stats, status, wrap};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,6 +47,10 @@ enum Cmd {
     ModSim(mod_sim::ModSimArgs),
     /// Print a fresh 128-bit token.
     Token,
+    /// Send recorded sessions to a NATS JetStream cluster (backfill; shipping twice changes nothing).
+    Ship(ship::ShipArgs),
+    /// Write what relays ship to NATS JetStream into an archive data dir.
+    Collect(collect::CollectArgs),
     /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
     Mcp(crate::mcp::McpArgs),
 }
@@ -113,6 +117,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,
         Cmd::Mcp(a) => crate::mcp::run(a).await?,
+        Cmd::Ship(a) => ship::run(a).await?,
+        Cmd::Collect(a) => collect::run(a).await?,
         Cmd::Token => {
             use std::io::Write;
             writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;

@@ -18,6 +18,7 @@ macro_rules! outln {
 
 mod app;
 pub(crate) mod demo;
+pub(crate) mod collect;
 pub(crate) mod export;
 pub(crate) mod mod_sim;
 pub(crate) mod repair;
@@ -26,6 +27,7 @@ pub(crate) mod report;
 pub(crate) mod select;
 pub(crate) mod serve;
 pub(crate) mod sessions;
+pub(crate) mod ship;
 pub(crate) mod stats;
 pub(crate) mod status;
 pub(crate) mod wrap;

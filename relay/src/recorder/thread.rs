@@ -31,10 +31,15 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
         RecMsg::Retain {
             max_age_ns,
             max_bytes,
-        } => match w
-            .store()
-            .map(|s| s.apply_retention(gabp_rt::clock::now_ns(), max_age_ns, max_bytes))
-        {
+            keep_unshipped,
+        } => match w.store().map(|s| {
+            let now = gabp_rt::clock::now_ns();
+            if keep_unshipped {
+                s.apply_retention_shipped(now, max_age_ns, max_bytes, false)
+            } else {
+                s.apply_retention(now, max_age_ns, max_bytes)
+            }
+        }) {
             Some(Ok(deleted)) if !deleted.is_empty() => {
                 tracing::info!(deleted = deleted.len(), "retention removed old sessions")
             }
@@ -176,7 +181,7 @@ pub(super) fn commit_with_policy(
                 };
                 backoff = (backoff * 2).min(cap);
                 // RocksDB fails every write after an I/O error until it is reopened.
-                if let Err(e) = w.reopen() {
+                if let Err(e) = reopen(w, shared) {
                     tracing::debug!(error = %e, "reopening the data dir failed; retrying");
                 }
             }
@@ -192,7 +197,7 @@ pub(super) fn commit_with_policy(
                 // Frames keep flowing meanwhile: reopen at most once a second.
                 if last_reopen.elapsed() >= Duration::from_secs(1) {
                     *last_reopen = Instant::now();
-                    if let Err(e) = w.reopen() {
+                    if let Err(e) = reopen(w, shared) {
                         tracing::debug!(error = %e, "reopening the data dir failed");
                     } else if w.commit().is_ok() {
                         // The gap record is in; else it goes with the next commit.
@@ -203,6 +208,15 @@ pub(super) fn commit_with_policy(
             }
         }
     }
+}
+
+/// Reopens the store, taking it from the shipper's slot first (a handle there would keep the
+/// old database, and its lock, open) and putting the new one there after.
+fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
+    shared.store.lock().take();
+    let r = w.reopen();
+    *shared.store.lock() = w.store().cloned();
+    r
 }
 
 pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared: &Shared) {
@@ -269,4 +283,5 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
     if let Some(Err(e)) = w.store().map(|s| s.sync()) {
         tracing::error!(error = %e, "final WAL sync failed");
     }
+    shared.store.lock().take();
 }

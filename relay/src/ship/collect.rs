@@ -1,0 +1,195 @@
+//! `gabp-relay collect`: a durable JetStream pull consumer that writes shipped sessions into
+//! an ordinary data dir (the archive).
+//!
+//! Each fetched batch is applied as one RocksDB write (idempotent, keyed by session and first
+//! frame, see `gabp_storage::ship`) and acknowledged only after that write is synced: a
+//! `kill -9` at any point loses nothing (unacknowledged messages come again) and doubles
+//! nothing (what is already there is skipped). Several collectors may share the durable
+//! consumer, each on its own archive.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use futures::StreamExt;
+use gabp_storage::ship::CatalogSnapshot;
+use gabp_storage::{SessionId, Store, StoreOptions};
+use tokio_util::sync::CancellationToken;
+
+use super::{one_line, NatsFlags, FIRST, KIND};
+
+/// What to collect and where to.
+#[derive(Debug, Clone)]
+pub struct Collector {
+    /// `nats://…` list.
+    pub urls: String,
+    /// Connection and stream options.
+    pub flags: NatsFlags,
+    /// The durable consumer's name.
+    pub durable: String,
+    /// The archive.
+    pub data_dir: PathBuf,
+}
+
+/// One message, parsed.
+enum Item {
+    Chunk(SessionId, u64, bytes::Bytes),
+    Catalog(Box<CatalogSnapshot>),
+}
+
+fn parse(m: &async_nats::jetstream::Message) -> Result<Item> {
+    let h = m.headers.as_ref().ok_or_else(|| anyhow!("a message without headers"))?;
+    let session = m
+        .subject
+        .rsplit('.')
+        .next()
+        .and_then(|s| s.parse::<SessionId>().ok())
+        .ok_or_else(|| anyhow!("a message on {} names no session", m.subject))?;
+    match h.get(KIND).map(|v| v.as_str()) {
+        Some("chunk") => {
+            let first = h
+                .get(FIRST)
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+                .ok_or_else(|| anyhow!("a chunk without its first frame number"))?;
+            Ok(Item::Chunk(session, first, m.payload.clone()))
+        }
+        Some("catalog") => {
+            let snap: CatalogSnapshot = serde_json::from_slice(&m.payload)
+                .map_err(|e| anyhow!("an unreadable catalog snapshot: {e}"))?;
+            if snap.meta.id != session {
+                return Err(anyhow!("a catalog snapshot on another session's subject"));
+            }
+            Ok(Item::Catalog(Box::new(snap)))
+        }
+        _ => Err(anyhow!("a message of unknown kind")),
+    }
+}
+
+impl Collector {
+    /// Collects until `cancel`, reconnecting with backoff; fails only if the archive cannot be
+    /// opened or written.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
+        crate::recorder::private_file_modes();
+        // No crash recovery: sessions still recording at their source stay `recording` here.
+        let store = Store::reopen(&self.data_dir, StoreOptions::default())
+            .map_err(|e| anyhow!("{}", e))?;
+        let mut backoff = Duration::from_millis(200);
+        let mut last_logged: Option<String> = None;
+        loop {
+            let e = tokio::select! {
+                _ = cancel.cancelled() => break,
+                r = self.consume(&store) => match r {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                },
+            };
+            if e.downcast_ref::<gabp_storage::StoreError>().is_some() {
+                return Err(e);
+            }
+            let line = one_line(&e);
+            if last_logged.as_deref() != Some(line.as_str()) {
+                tracing::warn!("collecting paused: {line}");
+                last_logged = Some(line);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.sync()).await??;
+        Ok(())
+    }
+
+    async fn consume(&self, store: &Store) -> Result<()> {
+        let js = super::connect(&self.urls, &self.flags, "gabp-relay collector").await?;
+        let stream = js
+            .get_stream(&self.flags.stream)
+            .await
+            .map_err(|e| anyhow!("cannot open the stream {}: {}", self.flags.stream, one_line(&e)))?;
+        let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
+            .get_or_create_consumer(
+                &self.durable,
+                pull::Config {
+                    durable_name: Some(self.durable.clone()),
+                    ack_policy: AckPolicy::Explicit,
+                    deliver_policy: DeliverPolicy::All,
+                    ack_wait: Duration::from_secs(30),
+                    max_ack_pending: 20_000,
+                    filter_subject: format!("{}.>", self.flags.subject_prefix),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| anyhow!("cannot create the consumer {}: {}", self.durable, one_line(&e)))?;
+        tracing::info!(durable = %self.durable, "collecting");
+        let (mut frames, mut since) = (0u64, Instant::now());
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(512)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .map_err(|e| anyhow!("fetching from JetStream failed: {}", one_line(&e)))?;
+            let mut msgs = Vec::new();
+            while let Some(m) = batch.next().await {
+                msgs.push(m.map_err(|e| anyhow!("fetching from JetStream failed: {}", one_line(&e)))?);
+            }
+            if msgs.is_empty() {
+                continue;
+            }
+            let items: Vec<Option<Item>> = msgs
+                .iter()
+                .map(|m| match parse(m) {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        // Not ours to read: acknowledged so it does not come back forever.
+                        tracing::warn!("skipping a message on {}: {e}", m.subject);
+                        None
+                    }
+                })
+                .collect();
+            let s = store.clone();
+            let n = tokio::task::spawn_blocking(move || -> Result<u64, gabp_storage::StoreError> {
+                let mut ing = s.ingest();
+                let mut n = 0u64;
+                for it in items.into_iter().flatten() {
+                    match it {
+                        Item::Chunk(id, first, data) => {
+                            let count = u32::from_le_bytes(
+                                data.get(1..5).and_then(|b| b.try_into().ok()).unwrap_or([0; 4]),
+                            );
+                            if ing.chunk(id, first, data)? {
+                                n += u64::from(count);
+                            }
+                        }
+                        Item::Catalog(snap) => {
+                            ing.snapshot(&snap)?;
+                        }
+                    }
+                }
+                ing.commit()?;
+                Ok(n)
+            })
+            .await??;
+            // Acknowledged only now that the batch is durable in the archive.
+            for m in &msgs {
+                m.ack()
+                    .await
+                    .map_err(|e| anyhow!("acknowledging failed: {}", one_line(&e)))?;
+            }
+            frames += n;
+            metrics::counter!("gabp_collected_frames_total").increment(n);
+            if since.elapsed() >= Duration::from_secs(10) {
+                tracing::info!(
+                    frames_per_second = frames as f64 / since.elapsed().as_secs_f64(),
+                    "collected"
+                );
+                (frames, since) = (0, Instant::now());
+            }
+        }
+    }
+}
