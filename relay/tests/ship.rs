@@ -73,13 +73,7 @@ impl Cluster {
     fn new(n: usize, jetstream: bool, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tmp");
         let ports: Vec<(u16, u16, u16)> = (0..n)
-            .map(|_| {
-                (
-                    free_addr().port(),
-                    free_addr().port(),
-                    free_addr().port(),
-                )
-            })
+            .map(|_| (free_addr().port(), free_addr().port(), free_addr().port()))
             .collect();
         let mut nodes = Vec::new();
         for (i, (client, cluster, http)) in ports.iter().enumerate() {
@@ -152,7 +146,13 @@ impl Cluster {
 }
 
 /// `serve` in front of `sim`, recording into `data` and shipping to `urls`.
-async fn serve_shipping(sim: &ModSim, data: &Path, urls: &str, route: &str, replicas: &str) -> Serve {
+async fn serve_shipping(
+    sim: &ModSim,
+    data: &Path,
+    urls: &str,
+    route: &str,
+    replicas: &str,
+) -> Serve {
     let up = sim.addr().to_string();
     serve(&[
         "--upstream",
@@ -406,7 +406,10 @@ async fn the_whole_cluster_down_and_back_shipping_catches_up() {
     let behind = frames(&a).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     while frames(&archive).await < behind {
-        assert!(Instant::now() < deadline, "shipping never caught up to {behind}");
+        assert!(
+            Instant::now() < deadline,
+            "shipping never caught up to {behind}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop(&mut r).await;
@@ -532,7 +535,11 @@ async fn deploy_files_for_a_fleet_are_valid() {
         .args(["-t", "-c", conf.to_str().expect("utf8")])
         .output()
         .expect("nats-server -t");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The collector unit runs `collect` with flags the binary has, hardened like the relay's.
     let (_, unit) = deploy_file("gabp-collector.service");
     let exec = unit
@@ -545,7 +552,12 @@ async fn deploy_files_for_a_fleet_are_valid() {
     for flag in exec.split_whitespace().filter(|w| w.starts_with("--")) {
         assert!(help.contains(flag), "collect has no {flag}");
     }
-    for hardening in ["DynamicUser=yes", "ProtectSystem=strict", "UMask=0077", "NoNewPrivileges=yes"] {
+    for hardening in [
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "UMask=0077",
+        "NoNewPrivileges=yes",
+    ] {
         assert!(unit.contains(hardening), "{hardening}");
     }
 }

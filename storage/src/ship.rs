@@ -136,7 +136,10 @@ pub struct StoredChunk {
 impl Store {
     /// The ship cursor of a session (all zero before anything was acknowledged).
     pub fn ship_cursor(&self, id: SessionId) -> Result<ShipCursor, StoreError> {
-        match self.db.get_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP))? {
+        match self
+            .db
+            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP))?
+        {
             Some(v) => ShipCursor::decode(&v)
                 .ok_or_else(|| StoreError::Corrupt("ship cursor: bad length or version".into())),
             None => Ok(ShipCursor::default()),
@@ -167,10 +170,11 @@ impl Store {
         ro.fill_cache(false);
         let mut out = Vec::new();
         let mut size = 0;
-        for item in
-            self.db
-                .iterator_cf_opt(self.cf(CF_FRAMES), ro, IteratorMode::From(&start, Scan::Forward))
-        {
+        for item in self.db.iterator_cf_opt(
+            self.cf(CF_FRAMES),
+            ro,
+            IteratorMode::From(&start, Scan::Forward),
+        ) {
             let (k, v) = item?;
             let Some((s, first)) = keys::parse_frame_key(&k) else {
                 break;
@@ -223,11 +227,15 @@ impl Store {
 
     /// Where an archived session was recorded, if it came from elsewhere.
     pub fn origin(&self, id: SessionId) -> Result<Option<Origin>, StoreError> {
-        match self.db.get_cf(self.cf(CF_CATALOG), part_key(id, PART_ORIGIN))? {
-            Some(v) => Ok(Some(
-                serde_json::from_slice(&v)
-                    .map_err(|e| StoreError::Corrupt(format!("origin: {e}")))?,
-            )),
+        match self
+            .db
+            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_ORIGIN))?
+        {
+            Some(v) => {
+                Ok(Some(serde_json::from_slice(&v).map_err(|e| {
+                    StoreError::Corrupt(format!("origin: {e}"))
+                })?))
+            }
             None => Ok(None),
         }
     }
@@ -421,8 +429,11 @@ impl Ingest<'_> {
             catalog_seq: snap.seq,
             ..ShipCursor::default()
         };
-        self.batch
-            .put_cf(store.cf(CF_CATALOG), part_key(id, PART_SHIP), cursor.encode());
+        self.batch.put_cf(
+            store.cf(CF_CATALOG),
+            part_key(id, PART_SHIP),
+            cursor.encode(),
+        );
         self.snaps.insert(id, snap.seq);
         let counters = self.counters.get_mut(&id).expect("read above");
         counters.anomalies = meta.anomalies;
@@ -518,7 +529,10 @@ mod tests {
     /// many chunks were new.
     fn ship(src: &Store, dst: &Store, id: SessionId, seq: u64) -> usize {
         let mut new = 0;
-        let mut snap = src.catalog_snapshot(id, "host").expect("snap").expect("some");
+        let mut snap = src
+            .catalog_snapshot(id, "host")
+            .expect("snap")
+            .expect("some");
         snap.seq = seq;
         let mut ing = dst.ingest();
         ing.snapshot(&snap).expect("apply");
@@ -534,7 +548,10 @@ mod tests {
 
     #[test]
     fn shipping_twice_changes_nothing_and_the_archive_equals_the_source() {
-        let (a, b) = (tempfile::tempdir().expect("tmp"), tempfile::tempdir().expect("tmp"));
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
         let src = Store::open(a.path(), StoreOptions::default()).expect("open");
         let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
         let id = record(&src, 1000);
@@ -563,7 +580,10 @@ mod tests {
 
     #[test]
     fn chunks_before_their_snapshot_are_counted_once_it_comes() {
-        let (a, b) = (tempfile::tempdir().expect("tmp"), tempfile::tempdir().expect("tmp"));
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
         let src = Store::open(a.path(), StoreOptions::default()).expect("open");
         let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
         let id = record(&src, 700);

@@ -8,7 +8,10 @@ use std::io::Write;
 
 use clap::{Parser, Subcommand};
 
-use super::{collect, demo, export, ship, mod_sim, repair, replay, report, serve, sessions, stats, status, wrap};
+use super::{
+    collect, demo, export, mod_sim, repair, replay, report, serve, sessions, ship, stats, status,
+    wrap,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -76,7 +79,8 @@ pub fn main() -> ! {
             std::process::exit(0);
         }
     };
-    gabp_rt::log::init("info");
+    // The NATS client logs its own (re)connections and errors: ours are the one line.
+    gabp_rt::log::init("info,async_nats=off");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("gabp-relay")

@@ -17,8 +17,8 @@ macro_rules! outln {
 }
 
 mod app;
-pub(crate) mod demo;
 pub(crate) mod collect;
+pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod mod_sim;
 pub(crate) mod repair;

@@ -66,7 +66,11 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     // The cursor is written, so the data dir is opened for change (not while a relay records).
     let store = Store::open_for_change(&a.dir.data_dir).map_err(|e| anyhow!("{e}"))?;
     let ids = if a.all {
-        store.sessions()?.into_iter().map(|m| m.id).collect::<Vec<_>>()
+        store
+            .sessions()?
+            .into_iter()
+            .map(|m| m.id)
+            .collect::<Vec<_>>()
     } else {
         a.sessions
             .iter()

@@ -39,7 +39,10 @@ enum Item {
 }
 
 fn parse(m: &async_nats::jetstream::Message) -> Result<Item> {
-    let h = m.headers.as_ref().ok_or_else(|| anyhow!("a message without headers"))?;
+    let h = m
+        .headers
+        .as_ref()
+        .ok_or_else(|| anyhow!("a message without headers"))?;
     let session = m
         .subject
         .rsplit('.')
@@ -72,8 +75,8 @@ impl Collector {
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         crate::recorder::private_file_modes();
         // No crash recovery: sessions still recording at their source stay `recording` here.
-        let store = Store::reopen(&self.data_dir, StoreOptions::default())
-            .map_err(|e| anyhow!("{}", e))?;
+        let store =
+            Store::reopen(&self.data_dir, StoreOptions::default()).map_err(|e| anyhow!("{}", e))?;
         let mut backoff = Duration::from_millis(200);
         let mut last_logged: Option<String> = None;
         loop {
@@ -105,10 +108,13 @@ impl Collector {
 
     async fn consume(&self, store: &Store) -> Result<()> {
         let js = super::connect(&self.urls, &self.flags, "gabp-relay collector").await?;
-        let stream = js
-            .get_stream(&self.flags.stream)
-            .await
-            .map_err(|e| anyhow!("cannot open the stream {}: {}", self.flags.stream, one_line(&e)))?;
+        let stream = js.get_stream(&self.flags.stream).await.map_err(|e| {
+            anyhow!(
+                "cannot open the stream {}: {}",
+                self.flags.stream,
+                one_line(&e)
+            )
+        })?;
         let consumer: async_nats::jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
                 &self.durable,
@@ -123,21 +129,36 @@ impl Collector {
                 },
             )
             .await
-            .map_err(|e| anyhow!("cannot create the consumer {}: {}", self.durable, one_line(&e)))?;
+            .map_err(|e| {
+                anyhow!(
+                    "cannot create the consumer {}: {}",
+                    self.durable,
+                    one_line(&e)
+                )
+            })?;
         tracing::info!(durable = %self.durable, "collecting");
         let (mut frames, mut since) = (0u64, Instant::now());
         loop {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(512)
-                .expires(Duration::from_millis(500))
-                .messages()
+            // Bounded: a fetch whose server went away would otherwise wait forever.
+            let fetch = async {
+                let mut batch = consumer
+                    .fetch()
+                    .max_messages(512)
+                    .expires(Duration::from_millis(500))
+                    .messages()
+                    .await
+                    .map_err(|e| anyhow!("fetching from JetStream failed: {}", one_line(&e)))?;
+                let mut msgs = Vec::new();
+                while let Some(m) = batch.next().await {
+                    msgs.push(m.map_err(|e| {
+                        anyhow!("fetching from JetStream failed: {}", one_line(&e))
+                    })?);
+                }
+                Ok::<_, anyhow::Error>(msgs)
+            };
+            let msgs = tokio::time::timeout(Duration::from_secs(5), fetch)
                 .await
-                .map_err(|e| anyhow!("fetching from JetStream failed: {}", one_line(&e)))?;
-            let mut msgs = Vec::new();
-            while let Some(m) = batch.next().await {
-                msgs.push(m.map_err(|e| anyhow!("fetching from JetStream failed: {}", one_line(&e)))?);
-            }
+                .map_err(|_| anyhow!("fetching from JetStream timed out"))??;
             if msgs.is_empty() {
                 continue;
             }
@@ -153,28 +174,31 @@ impl Collector {
                 })
                 .collect();
             let s = store.clone();
-            let n = tokio::task::spawn_blocking(move || -> Result<u64, gabp_storage::StoreError> {
-                let mut ing = s.ingest();
-                let mut n = 0u64;
-                for it in items.into_iter().flatten() {
-                    match it {
-                        Item::Chunk(id, first, data) => {
-                            let count = u32::from_le_bytes(
-                                data.get(1..5).and_then(|b| b.try_into().ok()).unwrap_or([0; 4]),
-                            );
-                            if ing.chunk(id, first, data)? {
-                                n += u64::from(count);
+            let n =
+                tokio::task::spawn_blocking(move || -> Result<u64, gabp_storage::StoreError> {
+                    let mut ing = s.ingest();
+                    let mut n = 0u64;
+                    for it in items.into_iter().flatten() {
+                        match it {
+                            Item::Chunk(id, first, data) => {
+                                let count = u32::from_le_bytes(
+                                    data.get(1..5)
+                                        .and_then(|b| b.try_into().ok())
+                                        .unwrap_or([0; 4]),
+                                );
+                                if ing.chunk(id, first, data)? {
+                                    n += u64::from(count);
+                                }
+                            }
+                            Item::Catalog(snap) => {
+                                ing.snapshot(&snap)?;
                             }
                         }
-                        Item::Catalog(snap) => {
-                            ing.snapshot(&snap)?;
-                        }
                     }
-                }
-                ing.commit()?;
-                Ok(n)
-            })
-            .await??;
+                    ing.commit()?;
+                    Ok(n)
+                })
+                .await??;
             // Acknowledged only now that the batch is durable in the archive.
             for m in &msgs {
                 m.ack()

@@ -118,10 +118,13 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream:
         .map(|u| u.parse())
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
-    let client = o
-        .connect(addrs)
-        .await
-        .map_err(|e| anyhow!("cannot connect to NATS at {}: {}", shown(urls), one_line(&e)))?;
+    let client = o.connect(addrs).await.map_err(|e| {
+        anyhow!(
+            "cannot connect to NATS at {}: {}",
+            shown(urls),
+            one_line(&e)
+        )
+    })?;
     let js = jetstream::new(client);
     if let Err(e) = js.query_account().await {
         return Err(anyhow!(

@@ -99,7 +99,12 @@ pub struct Target {
 }
 
 /// Runs until `cancel`: reconnects with backoff, ships whatever is behind.
-pub async fn run(target: Target, slot: StoreSlot, status: Arc<ShipStatus>, cancel: CancellationToken) {
+pub async fn run(
+    target: Target,
+    slot: StoreSlot,
+    status: Arc<ShipStatus>,
+    cancel: CancellationToken,
+) {
     let mut backoff = Duration::from_millis(200);
     let mut last_logged: Option<String> = None;
     let mut done = HashSet::new();
@@ -216,13 +221,15 @@ pub async fn ship_session(
         let Some(mut snap) = snap else {
             return Ok((true, cursor));
         };
-        if cursor.catalog_seq == 0 || (chunks.is_empty() && snap.fingerprint() != cursor.catalog_hash) {
+        if cursor.catalog_seq == 0
+            || (chunks.is_empty() && snap.fingerprint() != cursor.catalog_hash)
+        {
             send_catalog(js, &subject, &mut snap, &mut cursor).await?;
             save(store, id, cursor).await?;
         }
         if chunks.is_empty() {
-            let finished = snap.meta.state == Some(SessionState::Ended)
-                && cursor.frames >= snap.meta.frames;
+            let finished =
+                snap.meta.state == Some(SessionState::Ended) && cursor.frames >= snap.meta.frames;
             return Ok((finished, cursor));
         }
         // Send the window, then wait for every ack in order.
