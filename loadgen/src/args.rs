@@ -40,6 +40,9 @@ pub(crate) enum Cmd {
     /// Honest bridges measured alone, then beside hostile clients of every kind; reports
     /// latency, drops, the relay's memory, descriptors and metrics size in both phases.
     Chaos(ChaosArgs),
+    /// One bridge resumes (`relay.resume`) after missing --missed events, in alternate phases;
+    /// reports the other bridges' delivery with and without it.
+    Resume(crate::resume::ResumeArgs),
     /// The baseline forwarder process (started by `run --baseline`).
     #[command(hide = true)]
     Forwarder(ForwarderArgs),

@@ -47,7 +47,41 @@ pub fn read(path: &Path) -> Result<Value, Unreadable> {
             path.display()
         )));
     }
+    let mut found = Vec::new();
+    figures(&v, "", &mut found);
+    if found.is_empty() {
+        return Err(Unreadable(format!(
+            "{} is not a gabp-loadgen --json result: it holds no figures",
+            path.display()
+        )));
+    }
     Ok(v)
+}
+
+/// Two results compare only if they are of one kind: at least one figure in common.
+pub fn comparable(a: &Value, b: &Value) -> Result<(), Unreadable> {
+    let (mut fa, mut fb) = (Vec::new(), Vec::new());
+    figures(a, "", &mut fa);
+    figures(b, "", &mut fb);
+    if fa.iter().any(|(k, _)| fb.iter().any(|(j, _)| j == k)) {
+        Ok(())
+    } else {
+        Err(Unreadable(
+            "the two results have no figure in common: compare results of the same command".into(),
+        ))
+    }
+}
+
+/// A figure for the table: plain with 3 decimals in the usual range, in scientific notation
+/// when it is huge or tiny (a figure of 1e308 is not a 300-digit number).
+fn fmt_figure(v: f64, sign: bool) -> String {
+    let a = v.abs();
+    match (a != 0.0 && !(1e-3..1e12).contains(&a), sign) {
+        (true, true) => format!("{v:+.3e}"),
+        (true, false) => format!("{v:.3e}"),
+        (false, true) => format!("{v:+.3}"),
+        (false, false) => format!("{v:.3}"),
+    }
 }
 
 /// Every number in `v` with its path, in document order.
@@ -118,7 +152,7 @@ pub fn table(changes: &[Change]) -> String {
         .max()
         .unwrap_or(6)
         .max(6);
-    let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    let num = |v: Option<f64>| v.map_or("-".to_string(), |v| fmt_figure(v, false));
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -126,16 +160,20 @@ pub fn table(changes: &[Change]) -> String {
         "FIGURE", "A", "B", "CHANGE", "CHANGE%"
     );
     for c in changes {
-        let pct = c
-            .change_percent
-            .map_or("-".to_string(), |p| format!("{p:+.1}%"));
+        let pct = c.change_percent.map_or("-".to_string(), |p| {
+            if p.abs() < 1e6 {
+                format!("{p:+.1}%")
+            } else {
+                format!("{p:+.1e}%")
+            }
+        });
         let _ = writeln!(
             o,
             "{:<w$} {:>16} {:>16} {:>16} {:>9}",
             c.figure,
             num(c.a),
             num(c.b),
-            c.change.map_or("-".to_string(), |d| format!("{d:+.3}")),
+            c.change.map_or("-".to_string(), |d| fmt_figure(d, true)),
             pct
         );
     }
@@ -161,5 +199,25 @@ mod tests {
         assert_eq!(c.len(), 5, "strings are not figures: {c:?}");
         let t = table(&c);
         assert!(t.contains("+50.0%"), "{t}");
+    }
+
+    #[test]
+    fn huge_and_tiny_figures_print_in_scientific_notation() {
+        let c = compare(
+            &json!({"x": 1e308, "y": 2.5}),
+            &json!({"x": 1e308, "y": 0.0001}),
+        );
+        let t = table(&c);
+        assert!(t.contains("1.000e308"), "{t}");
+        assert!(t.lines().all(|l| l.len() < 120), "{t}");
+        assert!(t.contains("1.000e-4"), "{t}");
+        assert_eq!(fmt_figure(12.5, false), "12.500");
+        assert_eq!(fmt_figure(-1.0, true), "-1.000");
+    }
+
+    #[test]
+    fn documents_without_common_figures_do_not_compare() {
+        comparable(&json!({"a": 1}), &json!({"b": 1})).expect_err("nothing in common");
+        comparable(&json!({"a": 1, "b": 2}), &json!({"b": 1})).expect("b in common");
     }
 }

@@ -11,6 +11,7 @@ mod compare;
 mod procstat;
 mod report;
 mod report_html;
+mod resume;
 mod run;
 mod scenario;
 mod soak;
@@ -310,6 +311,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         }
         Cmd::Compare(a) => {
             let (va, vb) = (compare::read(&a.a)?, compare::read(&a.b)?);
+            compare::comparable(&va, &vb)?;
             let changes = compare::compare(&va, &vb);
             if a.json {
                 println!(
@@ -320,6 +322,16 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 );
             } else {
                 print!("{}", compare::table(&changes));
+            }
+            Ok(())
+        }
+        Cmd::Resume(a) => {
+            let json = a.json;
+            let doc = resume::run(a).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print!("{}", resume::table(&doc));
             }
             Ok(())
         }

@@ -123,7 +123,18 @@ async fn compare_refuses_unreadable_input_with_exit_2() {
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "not json").expect("write");
     let missing = dir.path().join("missing.json");
-    for (a, b) in [(&good, &missing), (&bad, &good), (&good, &good)] {
+    // An object holding no figures, and a result of another kind, are not results to compare.
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "{}").expect("write");
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, r#"{"calls": 5}"#).expect("write");
+    for (a, b) in [
+        (&good, &missing),
+        (&bad, &good),
+        (&good, &empty),
+        (&good, &other),
+        (&good, &good),
+    ] {
         let out = loadgen(&["compare", path(a), path(b)]).await;
         let err = String::from_utf8_lossy(&out.stderr);
         if a == b {

@@ -27,6 +27,14 @@ pub enum ErrorCode {
     NoRecordedResponse,
     /// -32005: the relay is shutting down.
     ShuttingDown,
+    /// -32006: the bridge's identity may not do this (its role or tool globs); the message
+    /// names the rule.
+    Forbidden,
+    /// -32007: the bridge is over its `calls_per_second`; `error.data.retryAfterMs` says when
+    /// to try again.
+    SlowDown,
+    /// -32008: the tool is leased and this bridge does not hold the route's `relay/lease`.
+    LeaseHeld,
     /// -31000: the session token was wrong (ecosystem convention).
     BadToken,
     /// -31001: a request arrived before a successful `session/hello` (ecosystem convention).
@@ -47,6 +55,9 @@ impl ErrorCode {
             ErrorCode::TooLarge => -32003,
             ErrorCode::NoRecordedResponse => -32004,
             ErrorCode::ShuttingDown => -32005,
+            ErrorCode::Forbidden => -32006,
+            ErrorCode::SlowDown => -32007,
+            ErrorCode::LeaseHeld => -32008,
             ErrorCode::BadToken => -31000,
             ErrorCode::NoSession => -31001,
         }
@@ -54,7 +65,7 @@ impl ErrorCode {
 
     /// The code for a numeric value, if it is one of ours.
     pub fn from_code(code: i64) -> Option<ErrorCode> {
-        const ALL: [ErrorCode; 12] = [
+        const ALL: [ErrorCode; 15] = [
             ErrorCode::InvalidRequest,
             ErrorCode::MethodNotFound,
             ErrorCode::InvalidParams,
@@ -65,6 +76,9 @@ impl ErrorCode {
             ErrorCode::TooLarge,
             ErrorCode::NoRecordedResponse,
             ErrorCode::ShuttingDown,
+            ErrorCode::Forbidden,
+            ErrorCode::SlowDown,
+            ErrorCode::LeaseHeld,
             ErrorCode::BadToken,
             ErrorCode::NoSession,
         ];
@@ -79,7 +93,8 @@ mod tests {
     #[test]
     fn codes_round_trip_and_sit_in_their_ranges() {
         for code in [
-            -32600, -32601, -32602, -32603, -32000, -32001, -32005, -31000, -31001,
+            -32600, -32601, -32602, -32603, -32000, -32001, -32005, -32006, -32007, -32008, -31000,
+            -31001,
         ] {
             let c = ErrorCode::from_code(code).expect("known code");
             assert_eq!(c.code(), code);

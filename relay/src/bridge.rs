@@ -14,12 +14,16 @@
 //! - `reader`: reading a bridge, answering what the relay answers, handing the rest to the
 //!   backend.
 //! - `hello`: the handshake.
+//! - `resume`: a reconnecting bridge's missed events, then the live stream (`relay.resume`).
+//! - `rights`: who a welcomed bridge is, what it may send, reload's revocations.
 //! - `writer`: the writer task, and the backend's direct write when it is idle.
 
 mod accept;
 mod gate;
 mod hello;
 mod reader;
+mod resume;
+mod rights;
 mod writer;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -30,6 +34,7 @@ use gabp_rt::clock::now_ns;
 use gabp_rt::net::Conn;
 
 pub use accept::accept_loop;
+pub use rights::{reload, Reloaded};
 pub use writer::write_from_reader;
 
 use crate::outbox::Outbox;
@@ -79,6 +84,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
         info: Default::default(),
         subs: Default::default(),
         in_flight: Default::default(),
+        access: Default::default(),
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
@@ -101,6 +107,8 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
         _ = cut.cancelled() => {}
         _ = evicted.cancelled() => gone = true,
         _ = route.cancel.cancelled() => {}
+        // Its identity was revoked on reload: the notice is queued, flushed below.
+        _ = bridge.access.revoked.cancelled() => {}
     }
 
     // Leave: the outbox closes (no more events are queued), then the writer flushes what is
@@ -133,6 +141,8 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     route.bridges.lock().remove(&conn_id);
     route.metrics.bridges.decrement(1.0);
     route.backend.left(&route, &bridge).await;
+    crate::lease::Lease::holder_left(&route, conn_id).await;
+    rights::left(&route, &bridge);
     let info = bridge.info.lock().clone();
     if let (Some(mut info), Some(rec), Some(s)) = (info, &route.recorder, route.current()) {
         info.detached_ns = Some(now_ns());

@@ -8,6 +8,11 @@
 //!
 //! Subscriptions belong to bridges and survive a mod reconnect; channel ids and seqs belong to
 //! a session and restart with it.
+//!
+//! Each published frame is also kept in the route's resume [`Window`] (an `Arc` pushed under the
+//! same lock, so the window always ends at the channel's last seq). A resuming bridge reads
+//! history from it and joins the live stream with [`Hub::join`], which hands it the last few
+//! events and subscribes it in one step: no event can fall between history and live.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -17,7 +22,8 @@ use parking_lot::Mutex;
 // a fast non-keyed hash is enough (and SipHash was ~2% of the relay's CPU at full rate).
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::outbox::{EventFrame, Outbox};
+use crate::outbox::{EventFrame, Offer, Outbox};
+use crate::window::Window;
 
 /// A subscriber: a bridge's connection number and outbox.
 pub type Subscriber = (u32, Arc<Outbox>);
@@ -33,6 +39,33 @@ struct ChannelState {
 struct State {
     channels: HashMap<Arc<str>, ChannelState>,
     subs: HashMap<Arc<str>, Arc<Vec<Subscriber>>>,
+    window: Window,
+    /// Counts sessions: a resume's reads are valid only within the epoch they started in.
+    epoch: u64,
+}
+
+/// What a resuming bridge can have of one channel's history now.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Kept events from the seq asked for on (empty if that seq is no longer kept).
+    pub events: Vec<Arc<EventFrame>>,
+    /// The oldest seq the window keeps on the channel (`None`: nothing kept).
+    pub first_kept: Option<u64>,
+    /// The channel's next seq (0 if it has had no event in this session).
+    pub next_seq: u64,
+    /// The channel's session-scoped id, if it has had an event.
+    pub id: Option<u32>,
+}
+
+/// The outcome of [`Hub::join`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Join {
+    /// Subscribed; the tail (this many events) was queued before any live event.
+    Joined(usize),
+    /// More history than the tail allows (or not in the window): read more first.
+    Behind,
+    /// The session changed since the resume began.
+    Stale,
 }
 
 /// One published event, ready to fan out.
@@ -55,19 +88,29 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// An empty hub.
+    /// An empty hub without a resume window.
     pub fn new() -> Hub {
         Hub::default()
     }
 
-    /// Forgets channel ids and seqs: a new session starts numbering from 0.
+    /// An empty hub keeping the route's last `frames` events (at most `bytes`) for resumes.
+    pub fn with_window(frames: usize, bytes: usize) -> Hub {
+        let hub = Hub::default();
+        hub.state.lock().window = Window::new(frames, bytes);
+        hub
+    }
+
+    /// Forgets channel ids, seqs and the window: a new session starts numbering from 0.
     pub fn new_session(&self) {
-        self.state.lock().channels.clear();
+        let mut st = self.state.lock();
+        st.channels.clear();
+        st.window.clear();
+        st.epoch += 1;
     }
 
     /// Assigns the next relay seq on `channel` and builds the frame with it.
     pub fn publish(&self, channel: &str, body: &[u8], seq_span: Option<Range<usize>>) -> Published {
-        let (name, channel_id, seq, new_channel, subscribers) = {
+        let (event, channel_id, new_channel, subscribers) = {
             let mut st = self.state.lock();
             let st = &mut *st;
             let next_id = st.channels.len() as u32;
@@ -88,20 +131,116 @@ impl Hub {
             ch.next_seq += 1;
             let (name, id) = (ch.name.clone(), ch.id);
             let subs = st.subs.get(channel).cloned().unwrap_or_default();
-            (name, id, seq, new_channel, subs)
-        };
-        let wire = gabp_proto::rewrite::wire_with_seq(body, seq_span, seq);
-        Published {
-            event: Arc::new(EventFrame {
+            // Built under the lock (one copy, as before) so the window never lags the seq:
+            // a resume joining the live stream sees every event below the next seq kept.
+            let wire = gabp_proto::rewrite::wire_with_seq(body, seq_span, seq);
+            let event = Arc::new(EventFrame {
                 channel: name,
                 seq,
                 wire,
                 keep: false,
-            }),
+            });
+            st.window.push(id, &event);
+            (event, id, new_channel, subs)
+        };
+        Published {
+            event,
             channel_id,
             new_channel,
             subscribers,
         }
+    }
+
+    /// (events, bytes) the resume window holds now.
+    pub fn window_size(&self) -> (usize, usize) {
+        self.state.lock().window.size()
+    }
+
+    /// The current session's epoch (it changes with [`Hub::new_session`]).
+    pub fn epoch(&self) -> u64 {
+        self.state.lock().epoch
+    }
+
+    /// (epoch, the channel's next seq): 0 for a channel with no event yet.
+    pub fn next_seq(&self, channel: &str) -> (u64, u64) {
+        let st = self.state.lock();
+        (st.epoch, st.channels.get(channel).map_or(0, |c| c.next_seq))
+    }
+
+    /// Kept history of `channel` from seq `from` (at most `max_frames` events and about
+    /// `max_bytes`), or `None` if the session changed since `epoch`.
+    pub fn history(
+        &self,
+        epoch: u64,
+        channel: &str,
+        from: u64,
+        max_frames: usize,
+        max_bytes: usize,
+    ) -> Option<History> {
+        let st = self.state.lock();
+        if st.epoch != epoch {
+            return None;
+        }
+        let Some(ch) = st.channels.get(channel) else {
+            return Some(History::default());
+        };
+        Some(History {
+            events: st.window.slice(ch.id, from, max_frames, max_bytes),
+            first_kept: st.window.first_seq(ch.id),
+            next_seq: ch.next_seq,
+            id: Some(ch.id),
+        })
+    }
+
+    /// Joins a resuming bridge to the live stream: if, for every `(channel, next seq to send)`,
+    /// what the channel published from that seq on is in the window and fits in `room`
+    /// (frames, bytes), those events are offered to `outbox` and the bridge is subscribed, all
+    /// under the lock, so the next published event follows them with no gap and no duplicate.
+    pub fn join(
+        &self,
+        epoch: u64,
+        conn: u32,
+        outbox: &Arc<Outbox>,
+        wants: &[(String, u64)],
+        room: (usize, usize),
+    ) -> Join {
+        let mut st = self.state.lock();
+        if st.epoch != epoch {
+            return Join::Stale;
+        }
+        let (mut frames, mut bytes) = (0usize, 0usize);
+        let mut tails = Vec::new();
+        for (c, next) in wants {
+            let Some(ch) = st.channels.get(c.as_str()) else {
+                continue;
+            };
+            if *next >= ch.next_seq {
+                continue;
+            }
+            let need = (ch.next_seq - next) as usize;
+            if frames + need > room.0 {
+                return Join::Behind;
+            }
+            let tail = st.window.slice(ch.id, *next, need, usize::MAX);
+            bytes += tail.iter().map(|e| e.wire.len()).sum::<usize>();
+            if tail.len() != need || bytes > room.1 {
+                return Join::Behind;
+            }
+            frames += need;
+            tails.push(tail);
+        }
+        let mut queued = 0;
+        for ev in tails.iter().flatten() {
+            // Room was checked by the caller; a bridge that filled it meanwhile gets its policy.
+            if matches!(outbox.offer(ev), Offer::Closed | Offer::Disconnected) {
+                break;
+            }
+            queued += 1;
+        }
+        for (c, _) in wants {
+            add_subscriber(&mut st.subs, conn, outbox, c);
+        }
+        Join::Joined(queued)
     }
 
     /// Adds a subscriber to channels; returns the channels that had no subscriber before.
@@ -109,16 +248,9 @@ impl Hub {
         let mut st = self.state.lock();
         let mut first = Vec::new();
         for c in channels {
-            let list = st.subs.entry(Arc::from(c.as_str())).or_default();
-            if list.iter().any(|(id, _)| *id == conn) {
-                continue;
-            }
-            if list.is_empty() {
+            if add_subscriber(&mut st.subs, conn, outbox, c) {
                 first.push(c.clone());
             }
-            let mut next: Vec<Subscriber> = list.as_ref().clone();
-            next.push((conn, outbox.clone()));
-            *list = Arc::new(next);
         }
         first
     }
@@ -172,6 +304,24 @@ impl Hub {
         v.sort();
         v
     }
+}
+
+/// Adds `conn` to `channel`'s subscribers (copy-on-write); returns whether it is the first.
+fn add_subscriber(
+    subs: &mut HashMap<Arc<str>, Arc<Vec<Subscriber>>>,
+    conn: u32,
+    outbox: &Arc<Outbox>,
+    channel: &str,
+) -> bool {
+    let list = subs.entry(Arc::from(channel)).or_default();
+    if list.iter().any(|(id, _)| *id == conn) {
+        return false;
+    }
+    let first = list.is_empty();
+    let mut next: Vec<Subscriber> = list.as_ref().clone();
+    next.push((conn, outbox.clone()));
+    *list = Arc::new(next);
+    first
 }
 
 #[cfg(test)]

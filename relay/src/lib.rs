@@ -12,6 +12,7 @@
 //! - `auth`: tokens, constant-time checks, failed-hello throttling.
 //! - `upstream`: the backends behind the bridge front (the live mod; a recorded session).
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
+//! - `window`: the route's recent events, kept for bridges that resume after a drop.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
 //! - `socket`: each bridge's socket, the frames on their way into it, and the slot that
 //!   decides who writes (the mod reader directly when the bridge's writer is idle).
@@ -28,6 +29,8 @@
 //! - `display`: untrusted names made safe for tables.
 //! - `wrap`: running the relay invisibly between a launcher and a game.
 //! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
+//! - [`identity`]: bridge identities, roles, tool globs and rates; [`lease`]: the controller
+//!   lease (`relay/lease`).
 //! - [`ship`]: shipping recordings to NATS JetStream and collecting them into an archive.
 //! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
@@ -41,6 +44,8 @@ pub(crate) mod display;
 pub mod export;
 pub(crate) mod http;
 pub mod hub;
+pub mod identity;
+pub mod lease;
 pub(crate) mod mcp;
 pub mod metrics;
 pub mod outbox;
@@ -55,6 +60,7 @@ pub(crate) mod socket;
 pub mod stats;
 pub(crate) mod transport;
 pub(crate) mod upstream;
+pub(crate) mod window;
 pub(crate) mod wrap;
 
 pub use auth::generate_token;

@@ -3,7 +3,8 @@
 //! Hot-path counters are registered once per route and kept as handles, so counting a frame is
 //! one atomic add. Label values come only from bounded sets: the route names of the config,
 //! known GABP methods plus methods the mod has answered successfully (capped), and the mod's
-//! channel names, sanitised and capped; anything else is counted under `other`, so no peer can
+//! channel names, sanitised and capped; bridge identity names from the config (`default` for a
+//! route's own token); anything else is counted under `other`, so no peer can
 //! grow `/metrics` by sending new names. The port that serves them is `crate::http`.
 
 use std::collections::HashSet;
@@ -29,6 +30,8 @@ pub const NAMES: &[&str] = &[
     "gabp_unauthenticated_frames_total",
     "gabp_auth_failures_total",
     "gabp_bridge_refusals_total",
+    "gabp_identity_bridges_connected",
+    "gabp_bridge_refusals_by_identity_total",
     "gabp_recorded_frames_total",
     "gabp_record_errors_total",
     "gabp_record_lost_frames_total",

@@ -89,6 +89,8 @@ pub struct BridgeState {
     pub subs: Mutex<BTreeSet<String>>,
     /// Requests it has in flight.
     pub in_flight: Arc<AtomicUsize>,
+    /// Its identity (once welcomed) and its refusal counters.
+    pub access: crate::identity::BridgeAccess,
 }
 
 /// A route.
@@ -118,6 +120,10 @@ pub struct Route {
     pub cancel: CancellationToken,
     /// The launch id the relay presents to the mod.
     pub launch_id: String,
+    /// Bridge identities (replaced on reload).
+    pub access: crate::identity::RouteAccess,
+    /// The controller lease.
+    pub lease: crate::lease::Lease,
     next_conn: AtomicU32,
     /// Seq of the route's `relay/session` channel.
     session_notices: std::sync::atomic::AtomicU64,
@@ -133,10 +139,14 @@ impl Route {
     ) -> Arc<Route> {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
+        let hub = Hub::with_window(cfg.resume_window_frames, cfg.resume_window_bytes);
+        let access = crate::identity::RouteAccess::new(&cfg);
         Arc::new(Route {
+            access,
+            lease: Default::default(),
             cfg,
             backend,
-            hub: Hub::new(),
+            hub,
             pending: Pending::default(),
             session: watch::channel(None).0,
             recorder,
@@ -242,19 +252,24 @@ impl Route {
     /// the events around it (so "ended" follows the session's last event and "started" precedes
     /// the next session's first).
     pub fn notify_bridges(&self, payload: Value) {
-        let seq = self.session_notices.fetch_add(1, Ordering::Relaxed);
-        let body = message::event("relay/session", seq, payload);
-        let notice = Arc::new(crate::outbox::EventFrame {
-            channel: Arc::from("relay/session"),
-            seq,
-            wire: frame_bytes(&body),
-            keep: true,
-        });
+        let notice = self.session_notice(payload);
         for b in self.bridges.lock().values() {
             if !b.subs.lock().is_empty() {
                 b.outbox.push_ordered(notice.clone());
             }
         }
+    }
+
+    /// A `relay/session` notice, numbered on the route's `relay/session` channel.
+    pub fn session_notice(&self, payload: Value) -> Arc<crate::outbox::EventFrame> {
+        let seq = self.session_notices.fetch_add(1, Ordering::Relaxed);
+        let body = message::event("relay/session", seq, payload);
+        Arc::new(crate::outbox::EventFrame {
+            channel: Arc::from("relay/session"),
+            seq,
+            wire: frame_bytes(&body),
+            keep: true,
+        })
     }
 
     /// The `relay/status` result.
@@ -269,6 +284,7 @@ impl Route {
                 "channels": self.hub.channel_counts().into_iter().map(|(c, n)| json!({"channel": c, "events": n})).collect::<Vec<_>>(),
             })
         });
+        let lease = self.lease.status();
         let mut bridges: Vec<Value> = self
             .bridges
             .lock()
@@ -276,8 +292,14 @@ impl Route {
             .map(|b| {
                 let (events, bytes, control) = b.outbox.depth();
                 let info = b.info.lock().clone().unwrap_or_default();
+                let (denied, limited, lease_refused) = b.access.counts();
                 json!({
                     "conn": b.conn,
+                    "name": info.name,
+                    "role": b.access.role(),
+                    "denied": denied,
+                    "rateLimited": limited,
+                    "leaseRefused": lease_refused,
                     "peer": b.peer,
                     "bridgeVersion": info.bridge_version,
                     "platform": info.platform,
@@ -294,6 +316,7 @@ impl Route {
             })
             .collect();
         bridges.sort_by_key(|b| b["conn"].as_u64());
+        let window = self.hub.window_size();
         json!({
             "relay": { "name": "gabp-relay", "version": VERSION },
             "route": self.cfg.name,
@@ -306,6 +329,9 @@ impl Route {
             "session": session,
             "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
             "pendingRequests": self.pending.len(),
+            "resumeWindow": { "events": window.0, "bytes": window.1, "maxEvents": self.cfg.resume_window_frames, "maxBytes": self.cfg.resume_window_bytes },
+            "lease": lease,
+            "reload": self.access.reload_status(),
             "bridges": bridges,
         })
     }

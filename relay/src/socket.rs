@@ -92,7 +92,7 @@ impl BridgeSocket {
             let body = message::event(
                 "relay/dropped",
                 self.notice_seq,
-                json!({"channel": &*d.channel, "fromSeq": d.from, "toSeq": d.to, "count": d.count, "policy": "drop-oldest"}),
+                json!({"channel": &*d.channel, "fromSeq": d.from, "toSeq": d.to, "count": d.count, "policy": d.policy}),
             );
             self.notice_seq += 1;
             let mut wire = BytesMut::with_capacity(body.len() + 32);
@@ -303,6 +303,7 @@ mod tests {
             from: 0,
             to: 1,
             count: 2,
+            policy: "drop-oldest",
         });
         sink.batch
             .frames

@@ -129,6 +129,8 @@ pub struct MethodStats {
 pub struct BridgeStats {
     /// Connection number.
     pub conn: u32,
+    /// Its identity's name (`[[route.bridge]]`); `None` for the route's own token.
+    pub name: Option<String>,
     /// Its bridgeVersion.
     pub bridge_version: String,
     /// Events dropped for it.
@@ -293,6 +295,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             .iter()
             .map(|b| BridgeStats {
                 conn: b.conn,
+                name: b.name.clone(),
                 bridge_version: b.bridge_version.clone(),
                 dropped: b.dropped,
                 drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
@@ -375,15 +378,16 @@ pub fn render(s: &SessionStats) -> String {
     if !s.bridges.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<6} {:<28} {:>10} {:>12}",
-            "CONN", "BRIDGE", "DROPPED", "DROP NOTICES"
+            "\n{:<6} {:<20} {:<28} {:>10} {:>12}",
+            "CONN", "NAME", "BRIDGE", "DROPPED", "DROP NOTICES"
         );
     }
     for b in &s.bridges {
         let _ = writeln!(
             o,
-            "{:<6} {:<28} {:>10} {:>12}",
+            "{:<6} {:<20} {:<28} {:>10} {:>12}",
             b.conn,
+            b.name.as_deref().map_or_else(|| "-".into(), name),
             name(&b.bridge_version),
             b.dropped,
             b.drop_notices

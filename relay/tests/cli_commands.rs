@@ -34,48 +34,6 @@ fn assert_camel(what: &str, v: &serde_json::Value) {
     assert!(snake.is_empty(), "{what}: snake_case keys {snake:?}");
 }
 
-/// Records a short session through `serve` with a bridge attached; returns the data dir.
-async fn record_a_session() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sim = start_mod(Some(2000.0));
-    let data = dir.path().join("data");
-    let s = serve(&[
-        "--upstream",
-        &sim.addr().to_string(),
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--data-dir",
-        data.to_str().expect("utf-8"),
-    ])
-    .await;
-    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
-        .await
-        .expect("hello");
-    c.subscribe(&["world/tick"]).await.expect("subscribe");
-    for _ in 0..20 {
-        c.next_event().await.expect("event");
-    }
-    c.call(
-        "tools/call",
-        serde_json::json!({"name": "sim/echo", "arguments": {}}),
-    )
-    .await
-    .expect("call");
-    sigterm(&s.child);
-    let mut child = s.child;
-    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("stopped")
-        .expect("status");
-    assert!(st.success());
-    sim.stop();
-    dir
-}
-
 #[tokio::test]
 async fn every_json_output_uses_camel_case_keys() {
     let dir = record_a_session().await;

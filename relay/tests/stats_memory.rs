@@ -3,7 +3,7 @@
 //!   written once under keys of their own), and `gabp-relay stats` streams with a few hundred
 //!   bytes per channel (a full histogram per channel cost ~350 KB each before: 10,000 channels
 //!   took 3.45 GB);
-//! - a session twice as long: `sessions check`, `stats`, `export` and `report` peak at the same resident
+//! - a session twice as long: `sessions check`, `stats`, `export` (JSONL and Parquet) and `report` peak at the same resident
 //!   memory (check kept a map of every event before: 690 MB at 9 M frames);
 //! - 10,000 sessions: `sessions` lists them from the catalog alone, quickly.
 //!
@@ -323,7 +323,14 @@ fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
     let data = dir.path().join("data");
     let ids = write_fixture("long", &data);
     let page = dir.path().join("report.html");
-    for cmd in ["sessions check", "stats --json", "export", "report"] {
+    let parquet = dir.path().join("export.parquet");
+    for cmd in [
+        "sessions check",
+        "stats --json",
+        "export",
+        "export --format parquet",
+        "report",
+    ] {
         let mut peaks = Vec::new();
         for (id, frames) in [(ids[0], LONG), (ids[1], 2 * LONG)] {
             let id = id.to_string();
@@ -332,9 +339,19 @@ fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
             if cmd == "report" {
                 args.extend(["-o", page.to_str().expect("utf-8")]);
             }
+            if cmd == "export --format parquet" {
+                args.extend(["-o", parquet.to_str().expect("utf-8")]);
+            }
             let run = relay(&args, &data);
             // Each command read the whole session.
             match args[0] {
+                "export" if cmd.contains("parquet") => {
+                    // The footer alone: its row count.
+                    let f = std::fs::File::open(&parquet).expect("parquet file");
+                    let r = parquet::file::reader::SerializedFileReader::new(f).expect("parquet");
+                    use parquet::file::reader::FileReader;
+                    assert_eq!(r.metadata().file_metadata().num_rows() as u64, frames);
+                }
                 "export" => assert_eq!(run.lines().count() as u64, frames),
                 "report" => {
                     let html = std::fs::read_to_string(&page).expect("page");

@@ -31,7 +31,7 @@ impl BridgeReader {
             .unwrap_or(Value::Null);
         if self.authed {
             // Recorded without its token (and without any other secret).
-            let rec = auth::redact_hello(body, &self.secrets());
+            let rec = auth::redact_hello(body, &self.secrets().list());
             self.record(Direction::BridgeToRelay, rec, true).await;
             return self
                 .reply_error(
@@ -42,7 +42,7 @@ impl BridgeReader {
                 .await;
         }
         let source = auth::source_of(&self.bridge.peer);
-        if !auth::token_matches(&route.cfg.token, p["token"].as_str().unwrap_or("")) {
+        let Some(identity) = self.identify(p["token"].as_str().unwrap_or("")) else {
             route.metrics.auth_failures.increment(1);
             let delay = route.throttle.fail(&source);
             tracing::warn!(route = %route.cfg.name, peer = %self.bridge.peer, "security: rejected session/hello with a wrong token");
@@ -50,7 +50,7 @@ impl BridgeReader {
             return self
                 .reply_error(Some(id), ErrorCode::BadToken, "invalid token")
                 .await;
-        }
+        };
         route.throttle.succeed(&source);
         // Only welcomed bridges count against the cap: taken here, with the right token.
         if !self.slot.admit() {
@@ -87,6 +87,14 @@ impl BridgeReader {
                 session
             }
         };
+        let resume = match super::resume::plan(&route, &p, session.as_ref()) {
+            Ok(r) => r,
+            Err(why) => {
+                return self
+                    .reply_error(Some(id), ErrorCode::InvalidParams, &why)
+                    .await
+            }
+        };
         let mut welcome = session
             .as_ref()
             .map_or_else(|| json!({}), |s| s.welcome.clone());
@@ -111,23 +119,26 @@ impl BridgeReader {
                 "outboxBytes": route.cfg.outbox_bytes,
                 "droppedChannel": "relay/dropped",
             },
-            "methods": ["relay/status", "relay/mark"],
+            "methods": ["relay/status", "relay/mark", "relay/lease"],
+            "bridge": {"name": identity.name, "role": identity.role.as_str()},
         });
+        let ext = &mut welcome["capabilities"]["extensions"]["relay"];
+        super::resume::extend_welcome(&route, resume.as_ref(), ext);
         route.backend.extend_welcome(&mut welcome);
         self.authed = true;
         // The first frame this bridge has recorded: its hello, without the token.
-        let rec = auth::redact_hello(body, &self.secrets());
+        let rec = auth::redact_hello(body, &self.secrets().list());
         self.record(Direction::BridgeToRelay, rec, true).await;
         // Free-form strings from the bridge: capped, and never carrying a secret.
         let field = |name: &str, max: usize| -> String {
-            auth::redact_str(p[name].as_str().unwrap_or_default(), &self.secrets())
+            auth::redact_str(p[name].as_str().unwrap_or_default(), &self.secrets().list())
                 .chars()
                 .take(max)
                 .collect()
         };
         let info = BridgeInfo {
             conn: self.bridge.conn,
-            name: None,
+            name: identity.name.clone(),
             bridge_version: field("bridgeVersion", 128),
             platform: field("platform", 32),
             launch_id: field("launchId", 128),
@@ -145,7 +156,11 @@ impl BridgeReader {
             })
             .await;
         }
-        tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, peer = %self.bridge.peer, "bridge attached");
+        tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %identity.label(), peer = %self.bridge.peer, "bridge attached");
+        self.admitted(identity);
         self.reply(message::result_response(id, welcome)).await;
+        if let Some(plan) = resume {
+            super::resume::run(&route, &self.bridge, plan).await;
+        }
     }
 }

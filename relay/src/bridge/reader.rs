@@ -50,6 +50,16 @@ pub(super) struct BridgeReader {
     budget: Arc<ByteBudget>,
 }
 
+/// The route's secrets at one moment (the identity table is replaced on reload).
+pub(super) struct Secrets(Arc<crate::identity::Table>);
+
+impl Secrets {
+    /// As redaction takes them.
+    pub(super) fn list(&self) -> Vec<&str> {
+        self.0.secrets()
+    }
+}
+
 /// The id of a rejected frame, if it can be read at all (so the error can be matched).
 fn lenient_id(body: &[u8]) -> Option<String> {
     let v: Value = serde_json::from_slice(body).ok()?;
@@ -160,9 +170,9 @@ impl BridgeReader {
         }
     }
 
-    /// The secrets no recording may hold.
-    pub(super) fn secrets(&self) -> [&str; 2] {
-        self.route.cfg.secrets()
+    /// The secrets no recording may hold: every identity's token and the mod's.
+    pub(super) fn secrets(&self) -> Secrets {
+        Secrets(self.route.access.table())
     }
 
     /// Records a frame of this bridge's conversation, redacted; nothing is recorded before a
@@ -171,7 +181,7 @@ impl BridgeReader {
         if !self.authed || self.route.recorder.is_none() {
             return;
         }
-        let body = auth::redact(&body, &self.secrets());
+        let body = auth::redact(&body, &self.secrets().list());
         self.route
             .record_current(dir, self.bridge.conn, body, json_ok)
             .await;
@@ -188,6 +198,18 @@ impl BridgeReader {
     /// the connection closes.
     pub(super) async fn reply_error(&mut self, id: Option<&str>, code: ErrorCode, msg: &str) {
         self.error_reply(id, code, msg, true).await;
+    }
+
+    /// Sends an error reply with `error.data` (recorded).
+    pub(super) async fn reply_error_data(
+        &mut self,
+        id: Option<&str>,
+        code: ErrorCode,
+        msg: &str,
+        data: Option<Value>,
+    ) {
+        self.reply(message::error_response(id, code, msg, data))
+            .await;
     }
 
     async fn error_reply(&mut self, id: Option<&str>, code: ErrorCode, msg: &str, record: bool) {
@@ -218,7 +240,7 @@ impl BridgeReader {
                 let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
                 if record {
                     self.bad_recorded += 1;
-                    let (rec, json_ok) = auth::redact_unparsed(&body, &self.secrets());
+                    let (rec, json_ok) = auth::redact_unparsed(&body, &self.secrets().list());
                     self.record(Direction::BridgeToRelay, rec, json_ok).await;
                 }
                 let id = lenient_id(&body);
@@ -282,11 +304,15 @@ impl BridgeReader {
             "events/subscribe" => self.subscribe(&id, &params_value()).await,
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
             "relay/mark" => self.mark(&id, &params_value()).await,
+            "relay/lease" => self.lease(&id, &params_value()).await,
             m if m.starts_with("relay/") => {
                 self.reply_error(Some(&id), ErrorCode::MethodNotFound, "unknown relay method")
                     .await
             }
             _ => {
+                if self.refuse(&id, &method, params_value).await {
+                    return;
+                }
                 let req = Request {
                     bridge: &self.bridge,
                     id: &id,
@@ -322,7 +348,7 @@ impl BridgeReader {
 
     async fn subscribe(&mut self, id: &str, params: &Value) {
         let route = self.route.clone();
-        let cap = route.cfg.max_subscriptions;
+        let cap = self.subscription_cap();
         let within_cap = channels(params, cap).filter(|chans| {
             let mut subs = self.bridge.subs.lock();
             let new = chans.iter().filter(|c| !subs.contains(*c)).count();

@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 use super::{
-    collect, demo, export, mod_sim, repair, replay, report, serve, sessions, ship, stats, status,
-    wrap,
+    collect, demo, export, mod_sim, reload, repair, replay, report, serve, sessions, ship, stats,
+    status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -30,6 +30,8 @@ enum Cmd {
     Serve(Box<serve::ServeArgs>),
     /// Show what running relays are doing: mod, session, bridges, queues, recorder.
     Status(status::StatusArgs),
+    /// Make a running relay re-read its bridge identities and tokens (as SIGHUP does).
+    Reload(reload::ReloadArgs),
     /// Run a simulated mod, the relay and simulated bridges for a few seconds.
     Demo(demo::DemoArgs),
     /// List, check or remove recorded sessions.
@@ -58,19 +60,34 @@ enum Cmd {
     Mcp(crate::mcp::McpArgs),
 }
 
+/// A clap usage error as one line, like every other error: its first paragraph (which for a
+/// missing argument lists the arguments on indented lines of their own) joined, without the
+/// usage line and the hint to see --help that follow it.
+pub fn one_line(rendered: &str) -> String {
+    let parts: Vec<&str> = rendered
+        .lines()
+        .skip_while(|l| l.trim().is_empty())
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+        .map(str::trim)
+        .collect();
+    if parts.is_empty() {
+        return "error: invalid usage (see --help)".into();
+    }
+    let mut line = parts[0].to_string();
+    for p in &parts[1..] {
+        // "…were not provided:" is followed by the list.
+        line.push_str(if line.ends_with(':') { " " } else { ", " });
+        line.push_str(p);
+    }
+    line
+}
+
 /// The `gabp-relay` binary's `main`: parses, runs the command, exits with its code.
 pub fn main() -> ! {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
-            // Usage errors are one line, like every other error (clap adds a blank line and a
-            // hint to see --help).
-            let text = e.render().to_string();
-            let line = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("error");
-            let _ = writeln!(std::io::stderr(), "{line}");
+            let _ = writeln!(std::io::stderr(), "{}", one_line(&e.render().to_string()));
             std::process::exit(2);
         }
         Err(e) => {
@@ -111,6 +128,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.cmd {
         Cmd::Serve(a) => serve::run(*a).await?,
         Cmd::Status(a) => status::run(a).await?,
+        Cmd::Reload(a) => reload::run(a).await?,
         Cmd::Demo(a) => demo::run(a).await?,
         Cmd::Sessions(a) => sessions::run(a)?,
         Cmd::Stats(a) => stats::run(a)?,
@@ -129,4 +147,31 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_line(args: &[&str]) -> String {
+        let e = Cli::try_parse_from(args).expect_err("a usage error");
+        one_line(&e.render().to_string())
+    }
+
+    #[test]
+    fn a_missing_argument_is_named_on_the_one_line() {
+        let line = usage_line(&["gabp-relay", "sessions", "tag"]);
+        assert!(line.contains("<SESSION>"), "{line}");
+        assert!(!line.contains('\n') && !line.contains("Usage"), "{line}");
+    }
+
+    #[test]
+    fn an_unknown_flag_is_one_line_without_the_hint() {
+        let line = usage_line(&["gabp-relay", "stats", "--bogus"]);
+        assert!(
+            line.starts_with("error:") && line.contains("--bogus"),
+            "{line}"
+        );
+        assert!(!line.contains("--help") && !line.contains('\n'), "{line}");
+    }
 }

@@ -1,13 +1,14 @@
-//! `gabp-relay export`: recorded sessions as JSON lines, to stdout or a file.
+//! `gabp-relay export`: recorded sessions as JSON lines (stdout or a file) or Parquet (a file
+//! for one session, a Hive-partitioned directory for a selection).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::parse_duration;
-use crate::export::{self, ExportFilter};
+use crate::export::{self, parquet, ExportFilter};
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use gabp_storage::Store;
 
 use super::select::{select, Filters};
@@ -31,18 +32,41 @@ pub struct ExportArgs {
     #[arg(long, value_parser = parse_duration)]
     pub to: Option<Duration>,
     /// Start at the first mark with this label (inclusive).
-    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"], value_parser = mark_label)]
     pub from_mark: Option<String>,
     /// End at the next mark with this label (inclusive).
-    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"])]
+    #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"], value_parser = mark_label)]
     pub to_mark: Option<String>,
-    /// Write here instead of stdout.
+    /// Write here instead of stdout (`-` is stdout too; with --format parquet: a file for one
+    /// session id, a directory for a selection).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// With -o: print what was written as one JSON document (the export itself is always
-    /// JSON lines, camelCase keys).
+    /// jsonl (one frame per line) or parquet (one row per frame; needs -o).
+    #[arg(long, value_enum, default_value_t = Format::Jsonl)]
+    pub format: Format,
+    /// With --format parquet and a selection: replace a non-empty output directory.
+    #[arg(long)]
+    pub force: bool,
+    /// With -o: print what was written as one JSON document (camelCase keys).
     #[arg(long, requires = "output")]
     pub json: bool,
+}
+
+/// A mark label to cut at: never empty (no mark has an empty label to find).
+fn mark_label(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("a mark label must not be empty".into());
+    }
+    Ok(s.to_string())
+}
+
+/// The export's format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// JSON lines.
+    Jsonl,
+    /// Apache Parquet.
+    Parquet,
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
@@ -55,10 +79,40 @@ pub fn run(a: ExportArgs) -> Result<()> {
             )));
         }
     }
-    let store = Store::open_for_reading(&a.dir.data_dir)?;
-    let metas = select(&store, &a.sessions, &a.filters, false)?;
+    if a.json && a.output.as_deref().is_some_and(export::is_stdout) {
+        return Err(usage(
+            "--json with -o - would mix the summary into the export on stdout: write the export to a file",
+        ));
+    }
     // One session named by id keeps the single-session report; a selection reports each.
     let single = a.sessions.len() == 1 && !a.filters.any();
+    if a.format == Format::Parquet && a.output.is_none() {
+        return Err(usage(
+            "--format parquet writes a file or directory: give it with -o PATH",
+        ));
+    }
+    if a.force && (a.format != Format::Parquet || single) {
+        return Err(usage(
+            "--force replaces a Parquet export's directory: it needs --format parquet and a selection (several ids, --all or a filter)",
+        ));
+    }
+    if a.format == Format::Parquet && !single && a.output.as_deref().is_some_and(export::is_stdout)
+    {
+        return Err(usage(
+            "a Parquet export of a selection is a directory: give it with -o DIR, not -",
+        ));
+    }
+    if let (Format::Parquet, false, Some(dir)) = (a.format, single, &a.output) {
+        // Checked before any reading, so a forgotten --force costs nothing.
+        if !a.force && parquet::non_empty_dir(dir).unwrap_or(false) {
+            return Err(usage(format!(
+                "{} exists and is not empty: give --force to replace it, or another -o",
+                dir.display()
+            )));
+        }
+    }
+    let store = Store::open_for_reading(&a.dir.data_dir)?;
+    let metas = select(&store, &a.sessions, &a.filters, false)?;
     let filter = ExportFilter {
         channels: a.channel,
         from: a.from,
@@ -75,14 +129,47 @@ pub fn run(a: ExportArgs) -> Result<()> {
         )?;
         return Ok(());
     };
-    let counts = export::export_to_file(&store, &metas, &filter, path)
-        .with_context(|| format!("exporting to {}", path.display()))?;
-    let written: Vec<(String, u64)> = metas.iter().map(|m| m.id.to_string()).zip(counts).collect();
-    let frames: u64 = written.iter().map(|(_, n)| n).sum();
+    let written: Vec<(String, u64, Option<PathBuf>)> = match (a.format, single) {
+        (Format::Jsonl, _) => {
+            let counts = export::export_to_file(&store, &metas, &filter, path)
+                .with_context(|| format!("exporting to {}", path.display()))?;
+            metas
+                .iter()
+                .zip(counts)
+                .map(|(m, n)| (m.id.to_string(), n, None))
+                .collect()
+        }
+        (Format::Parquet, true) => {
+            let n = parquet::export_to_file(&store, &metas[0], &filter, path)
+                .with_context(|| format!("exporting to {}", path.display()))?;
+            vec![(metas[0].id.to_string(), n, None)]
+        }
+        (Format::Parquet, false) => {
+            let existing = match a.force {
+                true => parquet::Existing::Replace,
+                false => parquet::Existing::Refuse,
+            };
+            parquet::export_hive(&store, &metas, &filter, path, existing)
+                .with_context(|| format!("exporting to {}", path.display()))?
+                .into_iter()
+                .map(|w| (w.session, w.rows, Some(w.file)))
+                .collect()
+        }
+    };
+    let frames: u64 = written.iter().map(|(_, n, _)| n).sum();
     if a.json {
+        let sessions: Vec<serde_json::Value> = written
+            .iter()
+            .map(|(s, n, file)| {
+                let mut v = serde_json::json!({"session": s, "frames": n});
+                if let Some(f) = file {
+                    v["file"] = f.display().to_string().into();
+                }
+                v
+            })
+            .collect();
         let mut doc = serde_json::json!({
-            "frames": frames, "output": path.display().to_string(),
-            "sessions": written.iter().map(|(s, n)| serde_json::json!({"session": s, "frames": n})).collect::<Vec<_>>(),
+            "frames": frames, "output": path.display().to_string(), "sessions": sessions,
         });
         if single {
             doc["session"] = written[0].0.clone().into();

@@ -21,6 +21,7 @@ pub(crate) mod collect;
 pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod mod_sim;
+pub(crate) mod reload;
 pub(crate) mod repair;
 pub(crate) mod replay;
 pub(crate) mod report;
@@ -152,7 +153,7 @@ pub struct Signals {
 impl Signals {
     /// Installed before anything else starts, so a SIGHUP (a closed terminal, `systemctl
     /// reload`) never kills the process with the discovery file left behind: SIGINT and SIGTERM
-    /// shut down cleanly, SIGHUP is logged and ignored.
+    /// shut down cleanly; SIGHUP makes `serve` re-read its identities (other commands log it).
     pub fn install() -> anyhow::Result<Signals> {
         use anyhow::Context;
         use tokio::signal::unix::{signal, SignalKind};
@@ -164,16 +165,33 @@ impl Signals {
         })
     }
 
-    /// Waits for SIGINT or SIGTERM; returns its name.
+    /// Waits for SIGINT or SIGTERM; returns its name. SIGHUP is logged and ignored (only
+    /// `serve` reloads, through [`Signals::next`]).
     pub async fn shutdown(&mut self) -> &'static str {
         loop {
-            tokio::select! {
-                _ = self.int.recv() => return "SIGINT",
-                _ = self.term.recv() => return "SIGTERM",
-                _ = self.hup.recv() => tracing::warn!(
-                    "SIGHUP received: reloading the configuration is not supported yet (token and identity reload is planned with issue 15); still running with the configuration it started with"
+            match self.next().await {
+                Signal::Shutdown(name) => return name,
+                Signal::Reload => tracing::warn!(
+                    "SIGHUP received: this command has nothing to reload; still running"
                 ),
             }
         }
     }
+
+    /// Waits for the next signal: SIGINT or SIGTERM (shut down) or SIGHUP (reload).
+    pub async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::Shutdown("SIGINT"),
+            _ = self.term.recv() => Signal::Shutdown("SIGTERM"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
+    }
+}
+
+/// What a signal asks for.
+pub enum Signal {
+    /// Shut down (the signal's name).
+    Shutdown(&'static str),
+    /// Re-read the configuration (SIGHUP).
+    Reload,
 }

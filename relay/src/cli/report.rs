@@ -15,7 +15,7 @@ pub struct ReportArgs {
     pub session: String,
     #[command(flatten)]
     pub dir: DataDir,
-    /// Where to write the page.
+    /// Where to write the page (`-`: standard output).
     #[arg(short, long, default_value = "report.html")]
     pub output: PathBuf,
 }
@@ -25,10 +25,14 @@ pub fn run(a: ReportArgs) -> Result<()> {
     let meta = super::sessions::resolve(&store, &a.session)?;
     let n = crate::report::write(&store, &meta, &a.output)
         .with_context(|| format!("writing the report to {}", a.output.display()))?;
+    let to = if crate::export::is_stdout(&a.output) {
+        "the report to stdout".to_string()
+    } else {
+        a.output.display().to_string()
+    };
     let _ = writeln!(
         std::io::stderr(),
-        "wrote {} ({n} bytes) for session {}",
-        a.output.display(),
+        "wrote {to} ({n} bytes) for session {}",
         meta.id
     );
     Ok(())

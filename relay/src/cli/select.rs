@@ -99,6 +99,11 @@ pub fn select(
             "which sessions? give session ids (or unique prefixes, or latest), --all, or a filter (--route, --since, --tag, --app)",
         ));
     }
+    if !ids.is_empty() && filters.all {
+        return Err(usage(
+            "give session ids or --all, not both (the other filters narrow either)",
+        ));
+    }
     let candidates = if ids.is_empty() {
         store.sessions()?
     } else {

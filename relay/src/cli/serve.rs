@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
 
-use super::{check_token, usage, Signals};
+use super::{check_token, usage, Signal, Signals};
 
 /// Route policies, from flags: each becomes the config key of the same name, over every route.
 #[derive(Args, Debug, Clone, Default, Serialize)]
@@ -33,6 +33,10 @@ pub struct PolicyFlags {
     #[arg(long, value_parser = outbox_bytes)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbox_bytes: Option<String>,
+    /// Recent events kept in memory for bridges that resume, 0 (off) to 1048576 [default: 16384].
+    #[arg(long, value_parser = resume_window_frames)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_window_frames: Option<usize>,
     /// Largest accepted frame body, e.g. 1MiB; 1KiB to 64MiB [default: 1MiB].
     #[arg(long, value_parser = max_body)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -187,6 +191,10 @@ fn max_body(s: &str) -> Result<String, String> {
 
 fn outbox_frames(s: &str) -> Result<usize, String> {
     units::parse_count_in(s, 1, limits::OUTBOX_FRAMES)
+}
+
+fn resume_window_frames(s: &str) -> Result<usize, String> {
+    units::parse_count_in(s, 0, limits::OUTBOX_FRAMES)
 }
 
 fn max_bridges(s: &str) -> Result<usize, String> {
@@ -374,7 +382,12 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         "recording off\n".to_string()
     };
     super::print_best_effort(&text);
-    let sig = signals.shutdown().await;
+    let sig = loop {
+        match signals.next().await {
+            Signal::Shutdown(name) => break name,
+            Signal::Reload => reload(&a, &cfg, &relay).await,
+        }
+    };
     tracing::info!("{sig} received: shutting down");
     // The discovery files go first: bridges stop finding a relay that is leaving, and they are
     // gone even if the shutdown overruns its bound.
@@ -393,4 +406,115 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         bail!("shutdown did not finish within {bound}");
     }
     Ok(())
+}
+
+/// SIGHUP: re-reads the config (file and flags) and swaps every running route's identities
+/// and leased tools (`bridge::reload`: unchanged identities stay connected, revoked or
+/// changed ones are disconnected with a notice). Everything else needs a restart, and the log
+/// says which changed settings are so ignored. A config that no longer loads changes nothing.
+async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
+    tracing::info!("SIGHUP received: reloading bridge identities and tokens");
+    let new = match a.relay_config() {
+        Ok(c) => c,
+        Err(e) => {
+            let why = super::one_line(&e);
+            tracing::error!("reload failed, nothing changed: {why}");
+            for r in &relay.routes {
+                r.access.note_reload(0, 0, Some(why.clone()));
+            }
+            return;
+        }
+    };
+    for route in &relay.routes {
+        let Some(rc) = new.routes.iter().find(|r| r.name == route.cfg.name) else {
+            tracing::warn!(route = %route.cfg.name, "reload: this route is no longer in the configuration; it keeps serving as it is until a restart");
+            route.access.note_reload(
+                0,
+                0,
+                Some("the route is no longer in the configuration".into()),
+            );
+            continue;
+        };
+        let done = crate::bridge::reload(route, rc).await;
+        let table = route.access.table();
+        let names: Vec<&str> = table.names().collect();
+        tracing::info!(
+            route = %route.cfg.name,
+            kept = done.kept,
+            disconnected = done.revoked,
+            "reload: identities now {:?} plus the route token",
+            names
+        );
+        route.access.note_reload(done.kept, done.revoked, None);
+        let ignored = ignored_route_changes(&route.cfg, rc);
+        if !ignored.is_empty() {
+            tracing::warn!(route = %route.cfg.name, "reload: changed settings ignored until a restart: {}", ignored.join(", "));
+        }
+    }
+    for r in new
+        .routes
+        .iter()
+        .filter(|r| !relay.routes.iter().any(|x| x.cfg.name == r.name))
+    {
+        tracing::warn!(route = %r.name, "reload: new routes are started only by a restart; ignored");
+    }
+    let ignored = ignored_global_changes(running, &new);
+    if !ignored.is_empty() {
+        tracing::warn!(
+            "reload: changed settings ignored until a restart: {}",
+            ignored.join(", ")
+        );
+    }
+}
+
+/// The route settings that differ between `old` and `new` but that a reload does not apply.
+fn ignored_route_changes(old: &crate::RouteConfig, new: &crate::RouteConfig) -> Vec<&'static str> {
+    let token = !(old.token_generated && new.token_generated) && old.token != new.token;
+    let diffs = [
+        ("token", token),
+        ("upstream", old.upstream != new.upstream),
+        ("upstream_token", old.upstream_token != new.upstream_token),
+        ("listen", old.listen != new.listen),
+        ("on_slow", old.on_slow != new.on_slow),
+        ("outbox_frames", old.outbox_frames != new.outbox_frames),
+        ("outbox_bytes", old.outbox_bytes != new.outbox_bytes),
+        (
+            "request_timeout",
+            old.request_timeout != new.request_timeout,
+        ),
+        ("frame_timeout", old.frame_timeout != new.frame_timeout),
+        ("write_deadline", old.write_deadline != new.write_deadline),
+        ("subscribe_all", old.subscribe_all != new.subscribe_all),
+        ("max_body", old.max_body != new.max_body),
+        ("max_bridges", old.max_bridges != new.max_bridges),
+        ("record", old.record != new.record),
+        ("tags", old.tags != new.tags),
+    ];
+    diffs.into_iter().filter(|d| d.1).map(|d| d.0).collect()
+}
+
+/// The relay-wide settings that differ between `old` and `new` (none is reloaded).
+fn ignored_global_changes(old: &RelayConfig, new: &RelayConfig) -> Vec<&'static str> {
+    let diffs = [
+        ("data_dir", old.data_dir != new.data_dir),
+        ("durability", old.durability != new.durability),
+        ("compression", old.compression != new.compression),
+        (
+            "wal_compression",
+            old.wal_compression != new.wal_compression,
+        ),
+        (
+            "on_record_error",
+            old.on_record_error != new.on_record_error,
+        ),
+        ("retain", old.retain != new.retain),
+        ("metrics", old.metrics != new.metrics),
+        ("allow_remote", old.allow_remote != new.allow_remote),
+        (
+            "shutdown_timeout",
+            old.shutdown_timeout != new.shutdown_timeout,
+        ),
+        ("bridge_file", old.bridge_file != new.bridge_file),
+    ];
+    diffs.into_iter().filter(|d| d.1).map(|d| d.0).collect()
 }

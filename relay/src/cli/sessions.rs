@@ -53,13 +53,25 @@ pub enum SessionsCmd {
         #[arg(value_name = "KEY=VALUE", value_parser = gabp_storage::parse_tag)]
         set: Vec<(String, String)>,
         /// Remove this tag (repeatable).
-        #[arg(long, value_name = "KEY")]
+        #[arg(long, value_name = "KEY", value_parser = parse_tag_key)]
         remove: Vec<String>,
     },
 }
 
+/// `--remove KEY`: a key that could have been set (removing one that could not is a typo).
+fn parse_tag_key(s: &str) -> Result<String, String> {
+    gabp_storage::catalog::check_tag(s, "")?;
+    Ok(s.to_string())
+}
+
 /// A session by id, unique prefix or `latest`; an ambiguous prefix lists its candidates.
+/// An empty id is a usage error (it would otherwise be a prefix of every session).
 pub fn resolve(store: &Store, query: &str) -> Result<SessionMeta> {
+    if query.trim().is_empty() {
+        return Err(super::usage(
+            "a session id must not be empty: give an id, a unique prefix, or latest",
+        ));
+    }
     match store.resolve(query) {
         Err(StoreError::Ambiguous(_)) => {
             let q = query.to_ascii_lowercase();

@@ -41,11 +41,11 @@ pub struct StatusArgs {
 }
 
 /// One relay to ask.
-struct Target {
-    route: String,
+pub(super) struct Target {
+    pub(super) route: String,
     addr: String,
     token: String,
-    pid: Option<u32>,
+    pub(super) pid: Option<u32>,
 }
 
 /// The discovery files to read: the one given, the route's, or every `bridge-*.json`.
@@ -81,7 +81,7 @@ fn discovery_files(a: &StatusArgs) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
+pub(super) fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
     if let Some(addr) = &a.address {
         addr.parse::<Addr>()
             .map_err(|e| usage(format!("--address: {e}")))?;
@@ -95,6 +95,7 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
         }]);
     }
     let mut out = Vec::new();
+    let mut stale = Vec::new();
     for path in discovery_files(a)? {
         let Ok(bytes) = std::fs::read(&path) else {
             bail!("no running relay found: cannot read {}", path.display());
@@ -106,7 +107,7 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
         };
         match discovery::holder(&path) {
             Holder::Stale(pid) => {
-                tracing::warn!(path = %path.display(), pid, "skipping a discovery file left by a relay that is no longer running");
+                stale.push((path, pid));
                 continue;
             }
             Holder::Live(_) | Holder::Free => {}
@@ -118,14 +119,26 @@ fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
             pid: discovery::recorded_pid(&path),
         });
     }
+    // One line either way: the error names the stale files itself; beside live relays each
+    // stale file is a warning.
     if out.is_empty() {
-        bail!("no running relay found: every discovery file was left by a relay that is gone");
+        let files: Vec<String> = stale
+            .iter()
+            .map(|(p, pid)| format!("{} (pid {pid})", p.display()))
+            .collect();
+        bail!(
+            "no running relay found: {} left by a relay that is gone",
+            files.join(", ")
+        );
+    }
+    for (path, pid) in stale {
+        tracing::warn!(path = %path.display(), pid, "skipping a discovery file left by a relay that is no longer running");
     }
     Ok(out)
 }
 
 /// Asks one relay for its status; `launch` identifies this connection so it can be left out.
-async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
+pub(super) async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
     let addr: Addr = t.addr.parse().map_err(anyhow::Error::msg)?;
     let mut c = tokio::time::timeout(wait, Client::connect(&addr))
         .await
@@ -239,29 +252,38 @@ fn render(docs: &[Value]) -> Result<()> {
         return Ok(());
     }
     outln!(
-        "\n{:<16} {:>5} {:<24} {:<22} {:>5} {:>14} {:>12} {:>9} {:>10}",
+        "\n{:<16} {:>5} {:<16} {:<8} {:<24} {:<22} {:>5} {:>14} {:>12} {:>9} {:>10} {:>7}",
         "ROUTE",
         "CONN",
+        "NAME",
+        "ROLE",
         "BRIDGE",
         "PEER",
         "SUBS",
         "QUEUE (events)",
         "QUEUE SIZE",
         "DROPPED",
-        "DELIVERED"
+        "DELIVERED",
+        "REFUSED"
     );
     for (route, b) in bridges {
         outln!(
-            "{:<16} {:>5} {:<24} {:<22} {:>5} {:>14} {:>12} {:>9} {:>10}",
+            "{:<16} {:>5} {:<16} {:<8} {:<24} {:<22} {:>5} {:>14} {:>12} {:>9} {:>10} {:>7}",
             s(route),
             n(&b["conn"]),
+            s(&b["name"]),
+            s(&b["role"]),
             s(&b["bridgeVersion"]),
             s(&b["peer"]),
             b["subscriptions"].as_array().map_or(0, Vec::len),
             n(&b["queueEvents"]),
             b["queueBytes"].as_u64().map_or("-".into(), display::bytes),
             n(&b["dropped"]),
-            n(&b["delivered"])
+            n(&b["delivered"]),
+            ["denied", "rateLimited", "leaseRefused"]
+                .iter()
+                .map(|k| b[*k].as_u64().unwrap_or(0))
+                .sum::<u64>()
         );
     }
     Ok(())

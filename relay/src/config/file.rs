@@ -15,6 +15,7 @@ use super::trust::{check_trusted, io_text, read_token_file};
 use super::units::{self, num_or_text};
 use super::{limits, OnRecordError, OnSlow, RelayConfig, Retention, RouteConfig, Upstream};
 use crate::auth;
+use crate::identity::{self, Identity, Role, ToolRules};
 use gabp_rt::Addr;
 
 /// The TOML form of a config file (and of the flags layered over it).
@@ -101,10 +102,40 @@ pub struct FileRoute {
     pub max_body: Option<String>,
     /// Bridges at once.
     pub max_bridges: Option<usize>,
+    /// Recent events kept for resuming bridges (0 turns the window off).
+    pub resume_window_frames: Option<usize>,
+    /// Bytes of recent events kept for resuming bridges (`16MiB` or a number).
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub resume_window_bytes: Option<String>,
     /// Record this route.
     pub record: Option<bool>,
     /// Labels on every session of this route (`tags = { experiment = "ppo-42" }`).
     pub tags: Option<std::collections::BTreeMap<String, String>>,
+    /// Named bridge identities (`[[route.bridge]]` tables).
+    #[serde(default, rename = "bridge")]
+    pub bridges: Vec<FileBridge>,
+    /// Tool globs only the holder of the route's `relay/lease` may call.
+    pub leased: Option<Vec<String>>,
+}
+
+/// One `[[route.bridge]]` table: a named bridge identity.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileBridge {
+    /// Its name (in recordings, stats, status, metrics and logs).
+    pub name: String,
+    /// Its token.
+    pub token: Option<String>,
+    /// File holding its token.
+    pub token_file: Option<PathBuf>,
+    /// `control` (the default) or `observe`.
+    pub role: Option<String>,
+    /// Allow and `!deny` globs over tool names.
+    pub tools: Option<Vec<String>>,
+    /// Calls per second to the mod.
+    pub calls_per_second: Option<f64>,
+    /// Channels it may subscribe to at once.
+    pub max_subscriptions: Option<usize>,
 }
 
 /// A config error that names where it is.
@@ -165,6 +196,20 @@ fn line_of(text: &str, key: &str, from: usize) -> Option<usize> {
                 .strip_prefix(key)
                 .is_some_and(|r| r.trim_start().starts_with('='))
         })
+        .map(|(i, _)| i + 1)
+}
+
+/// The 1-based line of the `b`-th `[[route.bridge]]` header (0 is the first) of the file's
+/// `index`-th route, if any.
+fn bridge_header(text: &str, index: usize, b: usize) -> Option<usize> {
+    let from = route_header(text, index)?;
+    let squeezed = |l: &str| l.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    text.lines()
+        .enumerate()
+        .skip(from)
+        .take_while(|(_, l)| !squeezed(l).starts_with("[[route]]"))
+        .filter(|(_, l)| squeezed(l).starts_with("[[route.bridge]]"))
+        .nth(b)
         .map(|(i, _)| i + 1)
 }
 
@@ -381,6 +426,22 @@ impl FileConfig {
                 ));
             }
         }
+        for (i, r) in out.iter().enumerate() {
+            if let Some(first) = out[..i]
+                .iter()
+                .find(|o| same_listener(&o.listen, &r.listen))
+            {
+                return Err(self.field_error(
+                    file,
+                    Some((i, &r.name)),
+                    "listen",
+                    format!(
+                        "{} is also route \"{}\"'s listen address: each route needs its own",
+                        r.listen, first.name
+                    ),
+                ));
+            }
+        }
         Ok(out)
     }
 
@@ -466,6 +527,22 @@ impl FileConfig {
         rc.max_body = size(&r.max_body, "max_body", limits::MAX_BODY)?.unwrap_or(rc.max_body);
         rc.max_bridges =
             count(r.max_bridges, "max_bridges", limits::MAX_BRIDGES)?.unwrap_or(rc.max_bridges);
+        if let Some(n) = r.resume_window_frames {
+            if n > limits::OUTBOX_FRAMES {
+                let most = limits::OUTBOX_FRAMES;
+                return Err(err(
+                    "resume_window_frames",
+                    format!("expected a whole number from 0 to {most}"),
+                ));
+            }
+            rc.resume_window_frames = n;
+        }
+        rc.resume_window_bytes = size(
+            &r.resume_window_bytes,
+            "resume_window_bytes",
+            limits::OUTBOX_BYTES,
+        )?
+        .unwrap_or(rc.resume_window_bytes);
         rc.request_timeout =
             timeout(&r.request_timeout, "request_timeout")?.unwrap_or(rc.request_timeout);
         rc.frame_timeout = timeout(&r.frame_timeout, "frame_timeout")?.unwrap_or(rc.frame_timeout);
@@ -486,7 +563,155 @@ impl FileConfig {
             }
             rc.tags = tags.clone();
         }
+        if let Some(globs) = &r.leased {
+            if let Some(g) = globs.iter().find(|g| g.is_empty() || g.starts_with('!')) {
+                return Err(err(
+                    "leased",
+                    format!("{g:?} is not a tool glob (no empty or `!` globs here)"),
+                ));
+            }
+            rc.leased = globs.clone();
+        }
+        rc.identities = self.identities(index, r, file, &rc.token)?;
         Ok(rc)
+    }
+
+    /// An error about `field` of the `b`-th `[[route.bridge]]` of the `index`-th route.
+    fn bridge_error(
+        &self,
+        file: &str,
+        (index, route): (usize, &str),
+        (b, name): (usize, &str),
+        field: &str,
+        m: String,
+    ) -> ConfigError {
+        let at = bridge_header(&self.text, index, b)
+            .and_then(|from| line_of(&self.text, field, from))
+            .map(|l| format!("line {l}: "))
+            .unwrap_or_default();
+        ConfigError {
+            file: file.into(),
+            message: format!("{at}route {route:?}, bridge {name:?}, field {field}: {m}"),
+        }
+    }
+
+    /// The route's `[[route.bridge]]` identities, checked: names unique, well-formed and not
+    /// `default`; exactly one of token and token_file; no token shared with another identity
+    /// or with the route's own `token`.
+    fn identities(
+        &self,
+        index: usize,
+        r: &FileRoute,
+        file: &str,
+        route_token: &str,
+    ) -> Result<Vec<Identity>, ConfigError> {
+        let mut out: Vec<Identity> = Vec::new();
+        for (b, fb) in r.bridges.iter().enumerate() {
+            let err = |field: &str, m: String| {
+                self.bridge_error(file, (index, &r.name), (b, &fb.name), field, m)
+            };
+            let valid_name = !fb.name.is_empty()
+                && fb.name.len() <= identity::MAX_NAME
+                && fb
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+            if !valid_name {
+                return Err(err(
+                    "name",
+                    format!(
+                        "expected 1 to {} letters, digits, `_`, `-` or `.`",
+                        identity::MAX_NAME
+                    ),
+                ));
+            }
+            if fb.name == identity::DEFAULT_NAME {
+                return Err(err(
+                    "name",
+                    "\"default\" names the route's own token; choose another name".into(),
+                ));
+            }
+            if out
+                .iter()
+                .any(|i| i.name.as_deref() == Some(fb.name.as_str()))
+            {
+                return Err(err("name", "bridge names must be unique in a route".into()));
+            }
+            let token = match (&fb.token, &fb.token_file) {
+                (Some(t), None) if t.trim().is_empty() => {
+                    return Err(err("token", "must not be empty".into()))
+                }
+                (Some(t), None) => t.clone(),
+                (None, Some(p)) => read_token_file(p).map_err(|m| err("token_file", m))?,
+                (None, None) => return Err(err("name", "set one of token and token_file".into())),
+                _ => return Err(err("token", "set only one of token and token_file".into())),
+            };
+            let token_field = if fb.token.is_some() {
+                "token"
+            } else {
+                "token_file"
+            };
+            if index < self.from_file {
+                let at = err(token_field, String::new());
+                auth::warn_if_short(
+                    &token,
+                    &format!("{}: {}", at.file, at.message.trim_end_matches(": ")),
+                );
+            }
+            let shared =
+                token == route_token || out.iter().any(|i| auth::token_matches(i.token(), &token));
+            if shared {
+                return Err(err(
+                    token_field,
+                    "this token is already another identity's; every identity needs its own".into(),
+                ));
+            }
+            let role = match &fb.role {
+                Some(r) => r.parse::<Role>().map_err(|m| err("role", m))?,
+                None => Role::Control,
+            };
+            let mut id = Identity::named(fb.name.clone(), token, role);
+            if let Some(globs) = &fb.tools {
+                id.tools = ToolRules::parse(globs).map_err(|m| err("tools", m))?;
+            }
+            if let Some(rate) = fb.calls_per_second {
+                if !(rate > 0.0 && rate <= identity::MAX_RATE) {
+                    return Err(err(
+                        "calls_per_second",
+                        format!("expected a number above 0, at most {}", identity::MAX_RATE),
+                    ));
+                }
+                id.calls_per_second = Some(rate);
+            }
+            if let Some(n) = fb.max_subscriptions {
+                if n == 0 || n > limits::MAX_SUBSCRIPTIONS {
+                    return Err(err(
+                        "max_subscriptions",
+                        format!(
+                            "expected a whole number from 1 to {}",
+                            limits::MAX_SUBSCRIPTIONS
+                        ),
+                    ));
+                }
+                id.max_subscriptions = Some(n);
+            }
+            out.push(id);
+        }
+        Ok(out)
+    }
+}
+
+/// Whether two routes' listen addresses would collide at bind: the same unix path, or the same
+/// TCP port on the same address or where either is a wildcard (port 0 is a fresh port each).
+fn same_listener(a: &Addr, b: &Addr) -> bool {
+    match (a, b) {
+        (Addr::Unix(x), Addr::Unix(y)) => x == y,
+        (Addr::Tcp(x), Addr::Tcp(y)) => {
+            x.port() != 0
+                && x.port() == y.port()
+                && (x.ip() == y.ip() || x.ip().is_unspecified() || y.ip().is_unspecified())
+        }
+        _ => false,
     }
 }
 
@@ -577,6 +802,30 @@ mod tests {
             e.to_string(),
             "r.toml: line 12: route \"a\", field name: route names must be unique (the first is at line 1)"
         );
+    }
+
+    #[test]
+    fn two_routes_on_one_listen_address_are_a_config_error() {
+        let route = |name: &str, listen: &str| {
+            format!(
+                "[[route]]\nname = \"{name}\"\nupstream = \"127.0.0.1:1\"\nlisten = \"{listen}\"\n"
+            )
+        };
+        let routes = |a: &str, b: &str| {
+            FileConfig::parse(&format!("{}\n{}", route("a", a), route("b", b)), "r.toml")
+                .expect("parses")
+                .routes("r.toml")
+        };
+        let e = routes("127.0.0.1:7400", "127.0.0.1:7400").expect_err("same address");
+        assert_eq!(
+            e.to_string(),
+            "r.toml: line 9: route \"b\", field listen: 127.0.0.1:7400 is also route \"a\"'s listen address: each route needs its own"
+        );
+        routes("0.0.0.0:7400", "127.0.0.1:7400").expect_err("a wildcard covers it");
+        routes("unix:/tmp/r.sock", "unix:/tmp/r.sock").expect_err("same path");
+        routes("127.0.0.1:0", "127.0.0.1:0").expect("port 0 is a fresh port each");
+        routes("127.0.0.1:7400", "127.0.0.2:7400").expect("different addresses");
+        routes("127.0.0.1:7400", "127.0.0.1:7401").expect("different ports");
     }
 
     #[test]

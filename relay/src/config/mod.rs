@@ -33,6 +33,8 @@ pub mod limits {
     pub const MAX_BRIDGES: usize = 1 << 16;
     /// The size part of `retain`: 1 PiB.
     pub const RETAIN_BYTES: u64 = 1 << 50;
+    /// A bridge identity's `max_subscriptions`: 1,048,576.
+    pub const MAX_SUBSCRIPTIONS: usize = 1 << 20;
     /// The smallest `max_body` and `outbox_bytes`: 1 KiB.
     pub const MIN_SIZE: usize = 1024;
 }
@@ -155,10 +157,19 @@ pub struct RouteConfig {
     pub max_subscriptions: usize,
     /// Bridges connected at once.
     pub max_bridges: usize,
+    /// Recent events kept in memory for bridges that resume (0: none; history then comes from
+    /// the recording only).
+    pub resume_window_frames: usize,
+    /// Bytes of recent events kept in memory for bridges that resume.
+    pub resume_window_bytes: usize,
     /// Record this route.
     pub record: bool,
     /// Tags on every session this route records.
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Named bridge identities (`[[route.bridge]]`), beside the implicit one of `token`.
+    pub identities: Vec<crate::identity::Identity>,
+    /// Tool globs only the holder of the route's `relay/lease` may call.
+    pub leased: Vec<String>,
 }
 
 impl RouteConfig {
@@ -188,8 +199,12 @@ impl RouteConfig {
             max_pending: 1024,
             max_subscriptions: 1024,
             max_bridges: 256,
+            resume_window_frames: 16 * 1024,
+            resume_window_bytes: 16 << 20,
             record: true,
             tags: Default::default(),
+            identities: Vec::new(),
+            leased: Vec::new(),
         }
     }
 }

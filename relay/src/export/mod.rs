@@ -3,13 +3,14 @@
 //! This module owns what a frame becomes in every format: [`Row`] (its number, times,
 //! direction, bridge, kind, method, id, channel, seqs, error code and payload), which frames
 //! are exported ([`ExportFilter`]: channels, offsets, or the span between two marks), and the
-//! atomic file write. The format is [`jsonl`] (one frame per line); the row is what a
-//! columnar format would write too.
+//! atomic file write. The formats are [`jsonl`] (one frame per line) and [`parquet`] (one row
+//! per frame, columns, a Hive-partitioned directory for many sessions); both write this row.
 //!
 //! A mark is a bridge's `relay/mark {label, data?}` request: recorded as a frame like any
 //! other, exported with kind `mark`, its label and data.
 
 pub mod jsonl;
+pub mod parquet;
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -74,6 +75,8 @@ pub struct Row<'a> {
     pub channel: Option<&'a str>,
     /// The bridge's name (its `bridgeVersion`), for a bridge's frames.
     pub bridge: Option<&'a str>,
+    /// The bridge's configured identity name (`BridgeInfo.name`), when it has one.
+    pub bridge_name: Option<&'a str>,
     /// What the frame is.
     pub kind: Kind,
     /// A request's method.
@@ -103,15 +106,15 @@ impl Classifier {
             .channel
             .and_then(|c| meta.channels.get(c as usize))
             .map(String::as_str);
-        let bridge = (rec.conn != 0)
+        let info = (rec.conn != 0)
             .then(|| meta.bridges.iter().find(|b| b.conn == rec.conn))
-            .flatten()
-            .map(|b| b.bridge_version.as_str());
+            .flatten();
         let mut row = Row {
             frame: n,
             rec,
             channel,
-            bridge,
+            bridge: info.map(|b| b.bridge_version.as_str()),
+            bridge_name: info.and_then(|b| b.name.as_deref()),
             kind: Kind::Other,
             method: None,
             id: None,
@@ -263,11 +266,17 @@ fn mark_span(
 /// Writes into a private temporary file beside `path`, renamed over it only once `write`
 /// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
 /// followed. A FIFO, device or socket at `path` (`/dev/stdout`, a named pipe) is written
-/// into, never replaced by a file.
+/// into, never replaced by a file. `-` is standard output.
 pub fn write_atomically<T, E: From<std::io::Error>>(
     path: &std::path::Path,
     write: impl FnOnce(&mut std::fs::File) -> Result<T, E>,
 ) -> Result<T, E> {
+    if is_stdout(path) {
+        use std::os::fd::AsFd;
+        // A second descriptor of stdout: same file position and flags (`>>` still appends).
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        return write(&mut std::fs::File::from(fd));
+    }
     if let Ok(md) = std::fs::symlink_metadata(path) {
         let t = md.file_type();
         if !(t.is_file() || t.is_dir() || t.is_symlink()) {
@@ -288,6 +297,11 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     Ok(out)
 }
 
+/// Whether `-o PATH` means standard output (`-`, as for most command-line tools).
+pub fn is_stdout(path: &std::path::Path) -> bool {
+    path.as_os_str() == "-"
+}
+
 /// Why an export failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -297,6 +311,9 @@ pub enum ExportError {
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    /// The Parquet encoder failed (not an I/O error: those are [`ExportError::Io`]).
+    #[error("writing parquet: {0}")]
+    Parquet(String),
     /// A `--channel` the session never saw.
     #[error("the session has no channel {0:?}")]
     UnknownChannel(String),

@@ -31,6 +31,9 @@ pub struct DropRun {
     pub to: u64,
     /// Events dropped (`to - from + 1` unless runs were merged across a gap).
     pub count: u64,
+    /// Why, as the notice says it: the slow-bridge policy (`drop-oldest`), or `not-retained`
+    /// for history a resume asked for that the relay no longer holds.
+    pub policy: &'static str,
 }
 
 /// One queued frame: a shared event, or a control frame (a response or the relay's own reply).

@@ -275,6 +275,44 @@ impl Outbox {
         }
     }
 
+    /// Waits until at most `frames` events and `bytes` of event bytes are queued (or the outbox
+    /// closes): a resuming bridge's history is streamed as the socket drains.
+    pub async fn events_below(&self, frames: usize, bytes: usize) {
+        loop {
+            let notified = self.space.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let st = self.state.lock();
+                if st.closed || (st.events <= frames && st.event_bytes <= bytes) {
+                    return;
+                }
+            }
+            self.wake.notify_one();
+            notified.await;
+        }
+    }
+
+    /// Announces events the bridge will never get (a resume asked for history the relay no
+    /// longer holds): a `relay/dropped` notice with `policy` `not-retained`, written before
+    /// the frames queued after it. Returns false if the outbox is closed.
+    pub fn push_gap(&self, channel: Arc<str>, from: u64, to: u64) -> bool {
+        let mut st = self.state.lock();
+        if st.closed {
+            return false;
+        }
+        st.drops.push(DropRun {
+            channel,
+            from,
+            to,
+            count: to - from + 1,
+            policy: "not-retained",
+        });
+        drop(st);
+        self.wake.notify_one();
+        true
+    }
+
     /// Returns true the first time it is called after a wake; the caller then owns one wake.
     pub fn mark_for_wake(&self) -> bool {
         !self.wake_pending.swap(true, Ordering::AcqRel)
@@ -399,9 +437,11 @@ impl Outbox {
     }
 }
 
+const DROP_OLDEST: &str = "drop-oldest";
+
 fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
     if let Some(run) = drops.iter_mut().rev().find(|r| r.channel == ev.channel) {
-        if run.to + 1 == ev.seq {
+        if run.to + 1 == ev.seq && run.policy == DROP_OLDEST {
             run.to = ev.seq;
             run.count += 1;
             return;
@@ -412,6 +452,7 @@ fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
         from: ev.seq,
         to: ev.seq,
         count: 1,
+        policy: DROP_OLDEST,
     });
 }
 

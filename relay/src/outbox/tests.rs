@@ -47,7 +47,8 @@ fn ordered_notices_keep_their_place_and_are_never_dropped() {
             channel: "a".into(),
             from: 0,
             to: 2,
-            count: 3
+            count: 3,
+            policy: "drop-oldest",
         }]
     );
 }
@@ -68,7 +69,8 @@ fn drop_oldest_keeps_newest_and_records_runs() {
             channel: "a".into(),
             from: 0,
             to: 1,
-            count: 2
+            count: 2,
+            policy: "drop-oldest",
         }]
     );
     assert_eq!(b.frames.len(), 4, "control frames are never dropped");

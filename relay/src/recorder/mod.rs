@@ -118,7 +118,9 @@ struct Shared {
     /// so that the queue can still be drained and the relay exit within it.
     give_up_at: Mutex<Option<Instant>>,
     policy: OnRecordError,
-    /// The store for the shipper, emptied while the writer reopens it (see `ship::shipper`).
+    /// The store, for reads of what is committed (a resume's history, the shipper's chunks):
+    /// emptied while the thread reopens it, and a reader holds its clone only for one bounded
+    /// read.
     store: crate::ship::shipper::StoreSlot,
     /// Shipping's status, when the relay ships.
     ship: std::sync::OnceLock<Arc<crate::ship::shipper::ShipStatus>>,
@@ -201,6 +203,13 @@ impl Recorder {
                 shared,
             },
         )
+    }
+
+    /// The store, to read what is committed (on a blocking thread, never an async worker;
+    /// drop it after one bounded read: the recorder cannot reopen the store while it is held).
+    /// `None` while the recorder is reopening it.
+    pub fn store(&self) -> Option<Store> {
+        self.shared.store.lock().clone()
     }
 
     /// The recorder's health now.

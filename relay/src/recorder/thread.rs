@@ -49,6 +49,15 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
     }
 }
 
+/// Reopens the store, taking it from readers (resume, shipper) meanwhile: a handle there would
+/// keep the old database, and RocksDB's lock, open.
+fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
+    drop(shared.store.lock().take());
+    let r = w.reopen();
+    *shared.store.lock() = w.store().cloned();
+    r
+}
+
 /// Notes a failed commit in the health record, the gauge and (rate-limited) the log.
 pub(super) fn note_failure(shared: &Shared, e: &gabp_storage::StoreError, what: &str) {
     let line = e.to_string();
@@ -210,15 +219,6 @@ pub(super) fn commit_with_policy(
     }
 }
 
-/// Reopens the store, taking it from the shipper's slot first (a handle there would keep the
-/// old database, and its lock, open) and putting the new one there after.
-fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
-    shared.store.lock().take();
-    let r = w.reopen();
-    *shared.store.lock() = w.store().cloned();
-    r
-}
-
 pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared: &Shared) {
     lower_own_priority();
     let lost = metrics::counter!("gabp_record_lost_frames_total");
@@ -273,6 +273,7 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
             let _ = done.send(());
         }
     }
+    drop(shared.store.lock().take());
     if gave_up {
         return;
     }

@@ -203,7 +203,7 @@ async fn forward(route: &Route, req: Request<'_>) -> Result<(), Refusal> {
         ));
     }
     if route.recorder.is_some() {
-        let rec = auth::redact(&out, &route.cfg.secrets());
+        let rec = auth::redact(&out, &route.access.table().secrets());
         drop(out);
         route
             .record(

@@ -308,7 +308,7 @@ impl Reader<'_> {
                         outbox.push_control(wire);
                         let conn = *conn;
                         // A mod may echo a bridge's arguments: no secret is recorded.
-                        let body = crate::auth::redact(&body, &route.cfg.secrets());
+                        let body = crate::auth::redact(&body, &route.access.table().secrets());
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
                             conn,

@@ -13,6 +13,7 @@ pub use tokio::process::{Child, Command};
 
 pub mod faults;
 pub mod hostile;
+pub mod identities;
 pub mod storage;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
@@ -207,4 +208,46 @@ pub fn cpu_ticks(pid: u32) -> u64 {
 pub fn free_addr() -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr")
+}
+
+/// Records a short session through `serve` with a bridge attached; returns the data dir.
+pub async fn record_a_session() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = start_mod(Some(2000.0));
+    let data = dir.path().join("data");
+    let s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+    ])
+    .await;
+    let (mut c, _) = gabp_sim::Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    for _ in 0..20 {
+        c.next_event().await.expect("event");
+    }
+    c.call(
+        "tools/call",
+        serde_json::json!({"name": "sim/echo", "arguments": {}}),
+    )
+    .await
+    .expect("call");
+    sigterm(&s.child);
+    let mut child = s.child;
+    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("stopped")
+        .expect("status");
+    assert!(st.success());
+    sim.stop();
+    dir
 }

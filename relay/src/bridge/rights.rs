@@ -1,0 +1,204 @@
+//! A welcomed bridge's rights: which identity its hello's token names, what it may send
+//! (role, tool globs, the lease, its rate), the per-bridge refusal counters and metrics, and
+//! reload's revocations.
+//!
+//! A refused request was already recorded (like every request); its error reply is recorded
+//! too, it is counted on the bridge (`relay/status`: `denied`, `rateLimited`, `leaseRefused`)
+//! and in `gabp_bridge_refusals_by_identity_total{route,bridge,reason}`, and it never reaches
+//! the mod. Metric labels are identity names from the config only (`default` for the route's
+//! own token), never anything a bridge sends.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_storage::Direction;
+use serde_json::{json, Value};
+
+use super::reader::BridgeReader;
+use crate::auth;
+use crate::config::RouteConfig;
+use crate::identity::{Denial, Identity, Table};
+use crate::lease::Lease;
+use crate::route::{BridgeState, Route};
+
+/// The per-bridge notice sent just before a revoked bridge is closed.
+pub const REVOKED_CHANNEL: &str = "relay/revoked";
+
+fn connected_gauge(route: &Route, name: &str) -> metrics::Gauge {
+    metrics::gauge!("gabp_identity_bridges_connected", "route" => route.cfg.name.clone(), "bridge" => name.to_string())
+}
+
+fn refused(route: &Route, bridge: &BridgeState, reason: &'static str) {
+    let name = bridge.access.label();
+    metrics::counter!("gabp_bridge_refusals_by_identity_total", "route" => route.cfg.name.clone(), "bridge" => name, "reason" => reason).increment(1);
+}
+
+/// A bridge leaves: its identity's connected gauge goes down.
+pub(super) fn left(route: &Route, bridge: &BridgeState) {
+    if let Some(id) = bridge.access.identity() {
+        connected_gauge(route, id.label()).decrement(1.0);
+    }
+}
+
+impl BridgeReader {
+    /// The identity whose token `presented` is (constant time over every identity).
+    pub(super) fn identify(&self, presented: &str) -> Option<Arc<Identity>> {
+        self.route.access.table().find(presented)
+    }
+
+    /// The bridge is welcomed as `id`.
+    pub(super) fn admitted(&self, id: Arc<Identity>) {
+        connected_gauge(&self.route, id.label()).increment(1.0);
+        self.bridge.access.set(id);
+    }
+
+    /// The channels this bridge may subscribe to at once.
+    pub(super) fn subscription_cap(&self) -> usize {
+        let route_cap = self.route.cfg.max_subscriptions;
+        self.bridge
+            .access
+            .identity()
+            .and_then(|i| i.max_subscriptions)
+            .map_or(route_cap, |n| n.min(route_cap))
+    }
+
+    /// Checks a request bound for the mod (or `relay/lease`) against the bridge's rights, the
+    /// lease and its rate; on refusal the error is sent and `true` returned.
+    pub(super) async fn refuse(
+        &mut self,
+        id: &str,
+        method: &str,
+        params: impl Fn() -> Value,
+    ) -> bool {
+        let route = self.route.clone();
+        let Some(me) = self.bridge.access.identity() else {
+            return false;
+        };
+        let table = route.access.table();
+        let wants_tool =
+            method == "tools/call" && (me.tools != Default::default() || table.has_leased());
+        let tool = wants_tool
+            .then(|| params()["name"].as_str().map(String::from))
+            .flatten();
+        if let Err(Denial::Forbidden(why)) = me.check(method, tool.as_deref()) {
+            self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
+            refused(&route, &self.bridge, "denied");
+            tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %me.label(), %method, "request refused: {why}");
+            self.reply_error(Some(id), ErrorCode::Forbidden, &why).await;
+            return true;
+        }
+        if let Some(tool) = tool.as_deref().filter(|t| table.leased(t)) {
+            if let Err((code, why, data)) = route.lease.check(self.bridge.conn, tool) {
+                self.bridge
+                    .access
+                    .lease_refused
+                    .fetch_add(1, Ordering::Relaxed);
+                refused(&route, &self.bridge, "lease_held");
+                self.reply_error_data(Some(id), code, &why, data).await;
+                return true;
+            }
+        }
+        if method.starts_with("relay/") {
+            return false;
+        }
+        if let Err(wait) = self.bridge.access.take_call() {
+            self.bridge.access.limited.fetch_add(1, Ordering::Relaxed);
+            refused(&route, &self.bridge, "rate_limited");
+            let ms = wait.as_millis().max(1) as u64;
+            let rate = me.calls_per_second.unwrap_or_default();
+            let why = format!(
+                "slow down: bridge {:?} is limited to {rate} calls per second; retry after {ms} ms",
+                me.label()
+            );
+            self.reply_error_data(
+                Some(id),
+                ErrorCode::SlowDown,
+                &why,
+                Some(json!({"retryAfterMs": ms})),
+            )
+            .await;
+            return true;
+        }
+        false
+    }
+
+    /// `relay/lease {action, ttlMs?}`: see `crate::lease`.
+    pub(super) async fn lease(&mut self, id: &str, params: &Value) {
+        if self.refuse(id, "relay/lease", || Value::Null).await {
+            return;
+        }
+        let name = self.bridge.access.label();
+        match Lease::request(&self.route.clone(), &self.bridge, &name, params).await {
+            Ok(answer) => self.reply(message::result_response(id, answer)).await,
+            Err((code, why, data)) => {
+                if code == ErrorCode::LeaseHeld {
+                    self.bridge
+                        .access
+                        .lease_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    refused(&self.route, &self.bridge, "lease_held");
+                }
+                self.reply_error_data(Some(id), code, &why, data).await
+            }
+        }
+    }
+}
+
+/// What a reload did to one route's bridges.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    /// Welcomed bridges whose identity is unchanged (kept, with the new rights).
+    pub kept: usize,
+    /// Bridges disconnected: their identity was removed or its token changed.
+    pub revoked: usize,
+}
+
+/// Replaces `route`'s identities with those of `cfg` (the re-read config). A welcomed bridge
+/// whose identity still exists with the same token stays connected and gets the new rights
+/// (role, tools, rate, subscriptions cap); one whose identity is gone or whose token changed
+/// gets a `relay/revoked` notice and is closed. The route's own token (the one in its discovery
+/// file, which `status` and `mcp` use) and the mod's token are not reloaded.
+pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
+    let table = Table::new(
+        &route.cfg.token,
+        &cfg.identities,
+        &route.cfg.upstream_token,
+        &cfg.leased,
+    );
+    let mut out = Reloaded::default();
+    let mut notices = Vec::new();
+    {
+        route.access.replace(table.clone());
+        for b in route.bridges.lock().values() {
+            let Some(old) = b.access.identity() else {
+                continue;
+            };
+            let reason = match table.by_name(old.name.as_deref()) {
+                Some(new) if auth::token_matches(new.token(), old.token()) => {
+                    b.access.set(new.clone());
+                    out.kept += 1;
+                    continue;
+                }
+                Some(_) => "token-changed",
+                None => "identity-removed",
+            };
+            out.revoked += 1;
+            let body = message::event(
+                REVOKED_CHANNEL,
+                0,
+                json!({"bridge": old.label(), "reason": reason, "tNs": gabp_rt::clock::now_ns()}),
+            );
+            b.outbox.push_control(frame_bytes(&body));
+            b.access.revoked.cancel();
+            tracing::warn!(route = %route.cfg.name, conn = b.conn, bridge = %old.label(), "bridge disconnected on reload: {reason}");
+            notices.push((b.conn, body));
+        }
+    }
+    for (conn, body) in notices {
+        route
+            .record_current(Direction::RelayToBridge, conn, body, true)
+            .await;
+    }
+    out
+}

@@ -1,0 +1,547 @@
+//! Bridge identities: who a bridge is (the token it presented), what it may do (its role and
+//! tool globs), how fast (a token bucket), and the reload that swaps the set while bridges
+//! stay connected.
+//!
+//! A route's identities are its `[[route.bridge]]` tables plus the implicit one of its single
+//! `token` (`--token`): role `control`, no name (`default` in metrics and messages). A hello's
+//! token is compared with every identity's, in constant time and without stopping at a match,
+//! so the time taken does not tell which identity (if any) matched.
+//!
+//! Rights, checked before anything reaches the mod (see [`Identity::check`]):
+//! - `observe` may subscribe, list tools, read status and mark the recording; of the mod's
+//!   methods it may call only [`OBSERVE_METHODS`] (reads). No `tools/call`, no `attention/ack`,
+//!   no `relay/lease`.
+//! - `tools` globs apply to `tools/call`'s tool name: a name is allowed when no `!deny` glob
+//!   matches it and, if there is any allow glob, at least one allow glob matches it. Deny
+//!   wins; order does not matter. `*` matches any run of characters (`/` included), `?` one.
+//! - `calls_per_second` bounds every request that would reach the mod (token bucket, burst of
+//!   one second's worth, at least 1).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
+use tokio_util::sync::CancellationToken;
+
+/// What the implicit identity (the route's single token) is called in metrics and messages.
+pub const DEFAULT_NAME: &str = "default";
+/// Mod methods an `observe` bridge may call: reads only.
+pub const OBSERVE_METHODS: &[&str] = &[
+    "tools/list",
+    "events/list",
+    "resources/list",
+    "resources/read",
+    "attention/current",
+    "state/get",
+];
+/// Longest identity name (names become metric labels).
+pub const MAX_NAME: usize = 64;
+/// Highest `calls_per_second`.
+pub const MAX_RATE: f64 = 1_000_000.0;
+
+/// What a bridge may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Everything.
+    #[default]
+    Control,
+    /// Subscribe, list, status; no tool calls, no attention acks, no lease.
+    Observe,
+}
+
+impl Role {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Observe => "observe",
+        }
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Role, String> {
+        match s {
+            "control" => Ok(Role::Control),
+            "observe" => Ok(Role::Observe),
+            _ => Err(format!("unknown role {s:?}: expected control or observe")),
+        }
+    }
+}
+
+/// Whether `name` matches `glob` (`*` any run of characters, `?` exactly one).
+pub fn glob_matches(glob: &str, name: &str) -> bool {
+    let (g, n): (Vec<char>, Vec<char>) = (glob.chars().collect(), name.chars().collect());
+    // Iterative wildcard match with one backtrack point: linear in practice, never exponential.
+    let (mut gi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if gi < g.len() && (g[gi] == '?' || g[gi] == n[ni]) {
+            gi += 1;
+            ni += 1;
+        } else if gi < g.len() && g[gi] == '*' {
+            star = Some(gi);
+            mark = ni;
+            gi += 1;
+        } else if let Some(s) = star {
+            gi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    g[gi..].iter().all(|&c| c == '*')
+}
+
+/// Allow and deny globs over tool names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolRules {
+    allow: Vec<String>,
+    deny: Vec<String>,
+}
+
+impl ToolRules {
+    /// Rules from config globs (`!` marks a deny); an empty or bare `!` glob is an error.
+    pub fn parse(globs: &[String]) -> Result<ToolRules, String> {
+        let mut r = ToolRules::default();
+        for g in globs {
+            let (deny, pat) = match g.strip_prefix('!') {
+                Some(p) => (true, p),
+                None => (false, g.as_str()),
+            };
+            if pat.is_empty() {
+                return Err(format!("empty glob {g:?}"));
+            }
+            if deny {
+                r.deny.push(pat.into());
+            } else {
+                r.allow.push(pat.into());
+            }
+        }
+        Ok(r)
+    }
+
+    /// `None` if `tool` is allowed, else the rule that refuses it (as the config wrote it).
+    pub fn refusal(&self, tool: &str) -> Option<String> {
+        if let Some(d) = self.deny.iter().find(|d| glob_matches(d, tool)) {
+            return Some(format!("\"!{d}\""));
+        }
+        if !self.allow.is_empty() && !self.allow.iter().any(|a| glob_matches(a, tool)) {
+            let list: Vec<String> = self.allow.iter().map(|a| format!("{a:?}")).collect();
+            return Some(format!("tools = [{}]", list.join(", ")));
+        }
+        None
+    }
+}
+
+/// One bridge identity (its `Debug` leaves the token out).
+#[derive(Clone, PartialEq)]
+pub struct Identity {
+    /// Its name; `None` for the route's single token.
+    pub name: Option<String>,
+    token: String,
+    /// Its role.
+    pub role: Role,
+    /// Its tool globs.
+    pub tools: ToolRules,
+    /// Calls per second to the mod, if bounded.
+    pub calls_per_second: Option<f64>,
+    /// Channels it may subscribe to at once, if lower than the route's bound.
+    pub max_subscriptions: Option<usize>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field("tools", &self.tools)
+            .field("calls_per_second", &self.calls_per_second)
+            .field("max_subscriptions", &self.max_subscriptions)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a request was refused by a bridge's rights.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// Outside its role or tool globs: the message names the rule.
+    Forbidden(String),
+}
+
+impl Identity {
+    /// A named identity from the config.
+    pub fn named(name: String, token: String, role: Role) -> Identity {
+        Identity {
+            name: Some(name),
+            token,
+            role,
+            tools: ToolRules::default(),
+            calls_per_second: None,
+            max_subscriptions: None,
+        }
+    }
+
+    /// The route's single token: control, unnamed, unbounded.
+    pub fn implicit(token: String) -> Identity {
+        Identity {
+            name: None,
+            token,
+            role: Role::Control,
+            tools: ToolRules::default(),
+            calls_per_second: None,
+            max_subscriptions: None,
+        }
+    }
+
+    /// The token (never logged or recorded).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Its name for metrics, logs and messages ([`DEFAULT_NAME`] for the implicit one).
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(DEFAULT_NAME)
+    }
+
+    /// Whether this identity may send `method` (`tool`: `tools/call`'s tool name) to the mod
+    /// or to the relay's `relay/lease`; the refusal names the rule.
+    pub fn check(&self, method: &str, tool: Option<&str>) -> Result<(), Denial> {
+        let who = self.label();
+        if self.role == Role::Observe {
+            let read = OBSERVE_METHODS.contains(&method);
+            if !read {
+                return Err(Denial::Forbidden(format!(
+                    "bridge {who:?} has role observe, which may not call {method}"
+                )));
+            }
+        }
+        if method == "tools/call" {
+            let tool = tool.unwrap_or_default();
+            if let Some(rule) = self.tools.refusal(tool) {
+                return Err(Denial::Forbidden(format!(
+                    "bridge {who:?} may not call tool {tool:?}: refused by {rule}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A token bucket: `rate` per second, holding at most `burst`.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: f64) -> Bucket {
+        let burst = rate.max(1.0);
+        Bucket {
+            rate,
+            burst,
+            tokens: burst,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one token, or says how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
+        }
+    }
+}
+
+/// A connected bridge's identity and its counters (held by `route::BridgeState`).
+#[derive(Debug, Default)]
+pub struct BridgeAccess {
+    identity: Mutex<Option<Arc<Identity>>>,
+    bucket: Mutex<Option<Bucket>>,
+    /// Requests refused by its rights.
+    pub denied: AtomicU64,
+    /// Requests refused by its rate.
+    pub limited: AtomicU64,
+    /// Requests refused because another bridge holds the lease.
+    pub lease_refused: AtomicU64,
+    /// Cancelled when its identity is revoked: the bridge is closed after its notice.
+    pub revoked: CancellationToken,
+}
+
+impl BridgeAccess {
+    /// Its identity, once its hello succeeded.
+    pub fn identity(&self) -> Option<Arc<Identity>> {
+        self.identity.lock().clone()
+    }
+
+    /// Sets (or, on reload, replaces) its identity; a new rate starts a full bucket.
+    pub fn set(&self, id: Arc<Identity>) {
+        let mut bucket = self.bucket.lock();
+        let same_rate = self
+            .identity
+            .lock()
+            .as_ref()
+            .is_some_and(|old| old.calls_per_second == id.calls_per_second);
+        if !same_rate || bucket.is_none() {
+            *bucket = id.calls_per_second.map(Bucket::new);
+        }
+        *self.identity.lock() = Some(id);
+    }
+
+    /// Takes one call from its rate, or says how long to wait.
+    pub fn take_call(&self) -> Result<(), Duration> {
+        match self.bucket.lock().as_mut() {
+            Some(b) => b.take(Instant::now()),
+            None => Ok(()),
+        }
+    }
+
+    /// Its name for metrics and logs (`default` for the route token, `-` before hello).
+    pub fn label(&self) -> String {
+        self.identity()
+            .map_or_else(|| "-".into(), |i| i.label().to_string())
+    }
+
+    /// Its role's name, once known.
+    pub fn role(&self) -> Option<&'static str> {
+        self.identity().map(|i| i.role.as_str())
+    }
+
+    /// Its per-bridge counters as `(denied, rate limited, lease refused)`.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.denied.load(Ordering::Relaxed),
+            self.limited.load(Ordering::Relaxed),
+            self.lease_refused.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A route's identities: the implicit one first, then the config's (its `Debug` shows no
+/// secret).
+#[derive(Clone)]
+pub struct Table {
+    list: Vec<Arc<Identity>>,
+    /// Every bridge token and the mod's: what redaction removes from anything recorded.
+    secrets: Vec<String>,
+    /// Tool globs only the lease holder may call.
+    leased: Vec<String>,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("list", &self.list)
+            .field("leased", &self.leased)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Table {
+    /// The table of a route's implicit identity (its `token`) and its named ones, with the
+    /// mod's token among the secrets and the route's leased globs.
+    pub fn of(cfg: &crate::config::RouteConfig) -> Table {
+        Table::new(
+            &cfg.token,
+            &cfg.identities,
+            &cfg.upstream_token,
+            &cfg.leased,
+        )
+    }
+
+    /// The table of `implicit` (the route token) and `named`, with `upstream_token` among the
+    /// secrets and `leased` the globs only the lease holder may call.
+    pub fn new(
+        implicit: &str,
+        named: &[Identity],
+        upstream_token: &str,
+        leased: &[String],
+    ) -> Table {
+        let mut list = vec![Arc::new(Identity::implicit(implicit.to_string()))];
+        list.extend(named.iter().cloned().map(Arc::new));
+        let mut secrets: Vec<String> = list.iter().map(|i| i.token.clone()).collect();
+        secrets.push(upstream_token.to_string());
+        Table {
+            list,
+            secrets,
+            leased: leased.to_vec(),
+        }
+    }
+
+    /// Whether `tool` is one only the lease holder may call.
+    pub fn leased(&self, tool: &str) -> bool {
+        self.leased.iter().any(|g| glob_matches(g, tool))
+    }
+
+    /// Whether any tool is leased.
+    pub fn has_leased(&self) -> bool {
+        !self.leased.is_empty()
+    }
+
+    /// The identity whose token is `presented`. Every identity is compared, each in constant
+    /// time, and the index is chosen without a branch: no early exit tells which one matched.
+    pub fn find(&self, presented: &str) -> Option<Arc<Identity>> {
+        let mut index = 0u32;
+        let mut any = Choice::from(0);
+        for (i, id) in self.list.iter().enumerate() {
+            let (e, p) = (id.token.as_bytes(), presented.as_bytes());
+            // Only lengths can leak (they are public: 32 hex digits when generated).
+            let hit = Choice::from(u8::from(e.len() == p.len())) & e.ct_eq(p);
+            index.conditional_assign(&(i as u32), hit);
+            any |= hit;
+        }
+        bool::from(any).then(|| self.list[index as usize].clone())
+    }
+
+    /// The identity named `name` (`None`: the implicit one).
+    pub fn by_name(&self, name: Option<&str>) -> Option<&Arc<Identity>> {
+        self.list.iter().find(|i| i.name.as_deref() == name)
+    }
+
+    /// The configured names, in config order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.list.iter().filter_map(|i| i.name.as_deref())
+    }
+
+    /// The secrets, as redaction takes them.
+    pub fn secrets(&self) -> Vec<&str> {
+        self.secrets.iter().map(String::as_str).collect()
+    }
+}
+
+/// A route's current identity table, replaced whole on reload, and what the reloads did.
+#[derive(Debug)]
+pub struct RouteAccess {
+    table: Mutex<Arc<Table>>,
+    reloads: Mutex<serde_json::Value>,
+}
+
+impl RouteAccess {
+    /// Access for a route's configuration.
+    pub fn new(cfg: &crate::config::RouteConfig) -> RouteAccess {
+        RouteAccess {
+            table: Mutex::new(Arc::new(Table::of(cfg))),
+            reloads: Mutex::new(serde_json::json!({"count": 0})),
+        }
+    }
+
+    /// Notes a reload's outcome (`relay/status` shows it as `reload`: count, kept, revoked,
+    /// error, tNs), so `gabp-relay reload` can tell the operator what happened.
+    pub fn note_reload(&self, kept: usize, revoked: usize, error: Option<String>) {
+        let mut r = self.reloads.lock();
+        let count = r["count"].as_u64().unwrap_or(0) + 1;
+        *r = serde_json::json!({
+            "count": count,
+            "kept": kept,
+            "revoked": revoked,
+            "error": error,
+            "tNs": gabp_rt::clock::now_ns(),
+        });
+    }
+
+    /// The last reload, as `relay/status` shows it.
+    pub fn reload_status(&self) -> serde_json::Value {
+        self.reloads.lock().clone()
+    }
+
+    /// The current table.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.lock().clone()
+    }
+
+    /// Replaces the table; returns the old one.
+    pub fn replace(&self, table: Table) -> Arc<Table> {
+        std::mem::replace(&mut *self.table.lock(), Arc::new(table))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_runs_and_single_characters() {
+        assert!(glob_matches("inventory/*", "inventory/list"));
+        assert!(glob_matches("inventory/*", "inventory/a/b"));
+        assert!(!glob_matches("inventory/*", "inventorylist"));
+        assert!(glob_matches("*", ""));
+        assert!(glob_matches("a?c", "abc"));
+        assert!(!glob_matches("a?c", "ac"));
+        assert!(glob_matches("*/get*", "state/getAll"));
+        assert!(!glob_matches("move/*", "admin/move/x"));
+        assert!(glob_matches("*move*", "admin/move/x"));
+        // A long hostile name stays linear.
+        assert!(!glob_matches("*a*a*a*a*b", &"a".repeat(10_000)));
+    }
+
+    #[test]
+    fn deny_wins_whatever_the_order() {
+        let r = ToolRules::parse(&["!admin/*".into(), "*".into()]).expect("valid");
+        assert!(r.refusal("admin/kick").is_some());
+        assert!(r.refusal("inventory/list").is_none());
+        let r = ToolRules::parse(&["inventory/*".into(), "!inventory/drop".into()]).expect("ok");
+        assert_eq!(
+            r.refusal("inventory/drop").as_deref(),
+            Some("\"!inventory/drop\"")
+        );
+        assert_eq!(
+            r.refusal("move/north").as_deref(),
+            Some("tools = [\"inventory/*\"]")
+        );
+        assert!(r.refusal("inventory/list").is_none());
+        assert!(ToolRules::parse(&["!".into()]).is_err());
+        assert!(ToolRules::default().refusal("anything").is_none());
+    }
+
+    #[test]
+    fn observe_reads_only() {
+        let o = Identity::named("watcher".into(), "t".repeat(32), Role::Observe);
+        assert!(o.check("tools/list", None).is_ok());
+        assert!(o.check("state/get", None).is_ok());
+        for m in ["tools/call", "attention/ack", "relay/lease", "custom/write"] {
+            assert!(o.check(m, Some("x")).is_err(), "{m}");
+        }
+        let c = Identity::implicit("t".repeat(32));
+        assert!(c.check("attention/ack", None).is_ok());
+        assert!(c.check("relay/lease", None).is_ok());
+    }
+
+    #[test]
+    fn tokens_find_their_identity() {
+        let a = Identity::named("a".into(), "a".repeat(32), Role::Control);
+        let b = Identity::named("b".into(), "b".repeat(32), Role::Observe);
+        let t = Table::new(&"z".repeat(32), &[a, b], "mod", &["move/*".into()]);
+        assert!(t.leased("move/north") && !t.leased("look"));
+        assert_eq!(t.find(&"b".repeat(32)).expect("b").label(), "b");
+        assert_eq!(
+            t.find(&"z".repeat(32)).expect("implicit").label(),
+            "default"
+        );
+        assert!(t.find(&"c".repeat(32)).is_none());
+        assert!(t.find("").is_none());
+        assert!(t.secrets().contains(&"mod"));
+    }
+
+    #[test]
+    fn buckets_refill_at_their_rate() {
+        let mut b = Bucket::new(2.0);
+        let t0 = b.at;
+        assert!(b.take(t0).is_ok());
+        assert!(b.take(t0).is_ok());
+        let wait = b.take(t0).expect_err("empty");
+        assert!(wait <= Duration::from_millis(500) && wait > Duration::from_millis(400));
+        assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
+    }
+}

@@ -1,0 +1,284 @@
+//! The controller lease: `relay/lease` gives one `control` bridge at a time the right to call
+//! the tools its route marks `leased`.
+//!
+//! `relay/lease {action: "acquire"|"renew"|"release", ttlMs?}` (ttlMs from 1 to 3,600,000,
+//! default 30,000). Acquire succeeds when the lease is free, expired or already this bridge's
+//! (then it is a renew); renew and release only for the holder. The lease ends when its
+//! holder releases it, disconnects, or lets it expire. Every change is recorded (as a
+//! relay-to-bridge event frame of the bridge that caused it) and sent as an event on the
+//! `relay/lease` channel, `{change, holder, conn, untilNs, tNs}` with `change` one of
+//! `acquired`, `renewed`, `released`, `expired`, `holder-left`, to every bridge that subscribes
+//! to anything (like `relay/session`), in order.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_rt::clock::now_ns;
+use gabp_storage::Direction;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+use crate::route::{BridgeState, Route};
+
+/// The channel lease changes are sent on.
+pub const CHANNEL: &str = "relay/lease";
+/// A lease's time to live when the request gives none.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// The longest time to live one request may ask for.
+pub const MAX_TTL_MS: u64 = 3_600_000;
+
+#[derive(Debug, Clone)]
+struct Holder {
+    conn: u32,
+    name: String,
+    until: Instant,
+    until_ns: u64,
+}
+
+impl Holder {
+    /// "planner (conn 3) until 2026-11-30T19:50:01.234Z".
+    fn describe(&self) -> String {
+        format!(
+            "{} (conn {}) until {}",
+            self.name,
+            self.conn,
+            time(self.until_ns)
+        )
+    }
+}
+
+/// An instant as RFC 3339 UTC to the millisecond.
+fn time(ns: u64) -> String {
+    jiff::Timestamp::from_millisecond((ns / 1_000_000) as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| format!("{ns} ns"))
+}
+
+#[derive(Debug, Default)]
+struct State {
+    holder: Option<Holder>,
+    /// Bumped at every change, so a stale expiry timer does nothing.
+    generation: u64,
+}
+
+/// A route's lease.
+#[derive(Debug, Default)]
+pub struct Lease {
+    state: Mutex<State>,
+    /// Seq of the `relay/lease` channel.
+    seq: AtomicU64,
+}
+
+/// A refusal: the error code, its message, and data for the error.
+pub type Refusal = (ErrorCode, String, Option<Value>);
+
+impl Lease {
+    /// Whether bridge `conn` holds the lease now; otherwise the refusal for calling `tool`.
+    pub fn check(&self, conn: u32, tool: &str) -> Result<(), Refusal> {
+        let state = self.state.lock();
+        match &state.holder {
+            Some(h) if h.until > Instant::now() && h.conn == conn => Ok(()),
+            Some(h) if h.until > Instant::now() => Err((
+                ErrorCode::LeaseHeld,
+                format!("tool {tool:?} is leased: held by {}", h.describe()),
+                Some(json!({"holder": h.name, "conn": h.conn, "untilNs": h.until_ns})),
+            )),
+            _ => Err((
+                ErrorCode::LeaseHeld,
+                format!("tool {tool:?} is leased: acquire the lease with relay/lease first"),
+                Some(json!({"holder": null})),
+            )),
+        }
+    }
+
+    /// The lease as `relay/status` shows it.
+    pub fn status(&self) -> Value {
+        match &self.state.lock().holder {
+            Some(h) if h.until > Instant::now() => {
+                json!({"holder": h.name, "conn": h.conn, "untilNs": h.until_ns})
+            }
+            _ => Value::Null,
+        }
+    }
+
+    /// Answers a `relay/lease` request of `bridge` (named `name`).
+    pub async fn request(
+        route: &Arc<Route>,
+        bridge: &BridgeState,
+        name: &str,
+        params: &Value,
+    ) -> Result<Value, Refusal> {
+        let bad = |m: &str| (ErrorCode::InvalidParams, m.to_string(), None);
+        let ttl = match &params["ttlMs"] {
+            Value::Null => DEFAULT_TTL,
+            v => match v.as_u64() {
+                Some(ms) if (1..=MAX_TTL_MS).contains(&ms) => Duration::from_millis(ms),
+                _ => {
+                    return Err(bad(&format!(
+                        "ttlMs must be a whole number from 1 to {MAX_TTL_MS}"
+                    )))
+                }
+            },
+        };
+        let lease = &route.lease;
+        let now = Instant::now();
+        let conn = bridge.conn;
+        let mut events = Vec::new();
+        let answer = {
+            let mut st = lease.state.lock();
+            // An expired holder is gone, whether or not its timer has fired yet.
+            if let Some(h) = st.holder.clone().filter(|h| h.until <= now) {
+                st.holder = None;
+                st.generation += 1;
+                events.push(("expired", h));
+            }
+            match params["action"].as_str() {
+                Some(action @ ("acquire" | "renew")) => {
+                    match &st.holder {
+                        Some(h) if h.conn != conn => {
+                            return Err(held(h, "the lease is"));
+                        }
+                        None if action == "renew" => {
+                            return Err((
+                                ErrorCode::LeaseHeld,
+                                "the lease is not held: acquire it first".into(),
+                                Some(json!({"holder": null})),
+                            ))
+                        }
+                        _ => {}
+                    }
+                    let change = if st.holder.is_some() {
+                        "renewed"
+                    } else {
+                        "acquired"
+                    };
+                    let until_ns = now_ns() + ttl.as_nanos() as u64;
+                    let h = Holder {
+                        conn,
+                        name: name.to_string(),
+                        until: now + ttl,
+                        until_ns,
+                    };
+                    st.holder = Some(h.clone());
+                    st.generation += 1;
+                    expire_later(route, st.generation, h.until);
+                    events.push((change, h.clone()));
+                    json!({"held": true, "holder": h.name, "conn": conn, "untilNs": until_ns, "ttlMs": ttl.as_millis() as u64})
+                }
+                Some("release") => match st.holder.take() {
+                    Some(h) if h.conn == conn => {
+                        st.generation += 1;
+                        events.push(("released", h));
+                        json!({"held": false})
+                    }
+                    other => {
+                        st.holder = other;
+                        return Err(match &st.holder {
+                            Some(h) => held(h, "this bridge does not hold the lease; it is"),
+                            None => (
+                                ErrorCode::LeaseHeld,
+                                "the lease is not held".into(),
+                                Some(json!({"holder": null})),
+                            ),
+                        });
+                    }
+                },
+                _ => return Err(bad("relay/lease needs action: acquire, renew or release")),
+            }
+        };
+        for (change, h) in events {
+            lease.announce(route, change, &h, conn).await;
+        }
+        Ok(answer)
+    }
+
+    /// Ends the lease if bridge `conn` (which has just left) held it.
+    pub async fn holder_left(route: &Arc<Route>, conn: u32) {
+        let gone = {
+            let mut st = route.lease.state.lock();
+            match st.holder.take() {
+                Some(h) if h.conn == conn => {
+                    st.generation += 1;
+                    Some(h)
+                }
+                other => {
+                    st.holder = other;
+                    None
+                }
+            }
+        };
+        if let Some(h) = gone {
+            let change = if h.until <= Instant::now() {
+                "expired"
+            } else {
+                "holder-left"
+            };
+            route.lease.announce(route, change, &h, conn).await;
+        }
+    }
+
+    /// Sends a change to every subscribing bridge (in order with their events) and records it.
+    async fn announce(&self, route: &Route, change: &str, h: &Holder, conn: u32) {
+        let payload = json!({
+            "change": change,
+            "holder": h.name,
+            "conn": h.conn,
+            "untilNs": (change == "acquired" || change == "renewed").then_some(h.until_ns),
+            "tNs": now_ns(),
+        });
+        let body = {
+            // Seq taken and pushed under the bridges' lock: every bridge sees one order.
+            let bridges = route.bridges.lock();
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let body = message::event(CHANNEL, seq, payload);
+            let frame = Arc::new(crate::outbox::EventFrame {
+                channel: Arc::from(CHANNEL),
+                seq,
+                wire: frame_bytes(&body),
+                keep: true,
+            });
+            for b in bridges.values() {
+                if !b.subs.lock().is_empty() {
+                    b.outbox.push_ordered(frame.clone());
+                }
+            }
+            body
+        };
+        tracing::info!(route = %route.cfg.name, bridge = %h.name, conn = h.conn, "lease {change}");
+        route
+            .record_current(Direction::RelayToBridge, conn, body, true)
+            .await;
+    }
+}
+
+fn held(h: &Holder, what: &str) -> Refusal {
+    (
+        ErrorCode::LeaseHeld,
+        format!("{what} held by {}", h.describe()),
+        Some(json!({"holder": h.name, "conn": h.conn, "untilNs": h.until_ns})),
+    )
+}
+
+/// Ends the lease at `until` unless it changed meanwhile (generation) or the relay stops.
+fn expire_later(route: &Arc<Route>, generation: u64, until: Instant) {
+    let route = Arc::downgrade(route);
+    tokio::spawn(async move {
+        tokio::time::sleep_until(until.into()).await;
+        let Some(route) = route.upgrade() else {
+            return;
+        };
+        let gone = {
+            let mut st = route.lease.state.lock();
+            if st.generation != generation {
+                return;
+            }
+            st.generation += 1;
+            st.holder.take()
+        };
+        if let Some(h) = gone {
+            route.lease.announce(&route, "expired", &h, h.conn).await;
+        }
+    });
+}

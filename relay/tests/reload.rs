@@ -1,0 +1,136 @@
+//! Reloading identities through the real binary (issue 15): `gabp-relay reload` (SIGHUP to
+//! the relay found through its discovery file) re-reads the config; a bridge whose identity is
+//! unchanged stays connected, one that was removed or whose token changed gets a
+//! `relay/revoked` notice and is closed, the new token works and the old ones do not; a
+//! config that no longer loads changes nothing and is reported; ignored changes are logged.
+
+mod support;
+
+use serde_json::json;
+use support::identities::*;
+use support::*;
+
+const KEEP: &str = "keeper-token-0123456789abcdef";
+const GONE: &str = "goner-token-0123456789abcdef";
+const OLD: &str = "rotated-old-0123456789abcdef";
+const NEW: &str = "rotated-new-0123456789abcdef";
+
+/// The next message, which must be the revocation notice, then the end of the connection.
+async fn revoked(c: &mut Client, reason: &str) {
+    let notice = c
+        .next_message()
+        .await
+        .expect("read")
+        .expect("a notice before the close");
+    assert_eq!(notice["channel"], "relay/revoked", "{notice}");
+    assert_eq!(notice["payload"]["reason"], reason, "{notice}");
+    match c.next_message().await {
+        Ok(None) | Err(_) => {}
+        Ok(Some(m)) => panic!("still open after the notice: {m}"),
+    }
+}
+
+#[tokio::test]
+async fn reload_revokes_changed_identities_and_keeps_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let token_file = dir.path().join("rotated.token");
+    std::fs::write(&token_file, OLD).expect("token file");
+    let tables = |with_goner: bool, keeper_role: &str| {
+        let mut t = format!(
+            "[[route.bridge]]\nname = \"keeper\"\ntoken = \"{KEEP}\"\nrole = \"{keeper_role}\"\n\n[[route.bridge]]\nname = \"rotated\"\ntoken_file = \"{}\"\n\n",
+            token_file.display()
+        );
+        if with_goner {
+            t += &format!("[[route.bridge]]\nname = \"goner\"\ntoken = \"{GONE}\"\n");
+        }
+        t
+    };
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "", &tables(true, "control")),
+    );
+    let file = dir.path().join("bridge.json");
+    let f = file.to_str().expect("utf8");
+    let data = dir.path().join("data");
+    let relay = serve_config(&cfg, f, &["--data-dir", data.to_str().expect("utf8")]).await;
+    let (mut keeper, _) = bridge(&relay.addr, KEEP).await;
+    let (mut rotated, _) = bridge(&relay.addr, OLD).await;
+    let (mut goner, _) = bridge(&relay.addr, GONE).await;
+    keeper
+        .call("tools/call", call("sim/echo"))
+        .await
+        .expect("control");
+
+    // The goner is removed, the rotated token changes, the keeper becomes an observer, and a
+    // setting that needs a restart changes too.
+    std::fs::write(&token_file, NEW).expect("rotate");
+    let text = config_text(md.addr(), "outbox_frames = 999", &tables(false, "observe"));
+    config_file(dir.path(), "relay.toml", &text);
+    let out = output(&["reload", "--bridge-file", f]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(said, "route r: reloaded (1 kept, 2 disconnected)\n");
+
+    revoked(&mut goner, "identity-removed").await;
+    revoked(&mut rotated, "token-changed").await;
+    // The keeper is still connected, with its new rights.
+    keeper
+        .call("tools/list", json!({}))
+        .await
+        .expect("still connected");
+    let r = keeper
+        .request("tools/call", call("sim/echo"))
+        .await
+        .expect("answered");
+    assert_eq!(r["error"]["code"], -32006, "now an observer: {r}");
+
+    // The new token works; the old and removed ones do not.
+    bridge(&relay.addr, NEW).await;
+    for t in [OLD, GONE] {
+        let mut c = Client::connect(&relay.addr).await.expect("connect");
+        let err = c.hello(t).await.expect_err("refused");
+        assert!(err.to_string().contains("-31000"), "{err}");
+    }
+    relay
+        .wait_log("changed settings ignored until a restart: outbox_frames", 1)
+        .await;
+
+    // A config that no longer loads: reported in one line, nothing changes.
+    config_file(dir.path(), "relay.toml", "[[route]]\nname = 5\n");
+    let out = output(&["reload", "--bridge-file", f]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line = one_line(&out);
+    assert!(
+        line.contains("reload failed, nothing changed") && line.contains("line 2"),
+        "{line}"
+    );
+    keeper
+        .call("tools/list", json!({}))
+        .await
+        .expect("kept through a failed reload");
+    bridge(&relay.addr, NEW).await;
+
+    // SIGHUP itself (as `systemctl reload` sends it) does the same.
+    config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "", &tables(true, "control")),
+    );
+    signal(&relay.child, "HUP");
+    relay.wait_log("reload: identities now", 2).await;
+    bridge(&relay.addr, GONE).await;
+
+    let log = relay.log.lock().join("\n");
+    for t in [KEEP, GONE, OLD, NEW, BRIDGE_TOKEN] {
+        assert!(!log.contains(t), "a token in the log");
+    }
+    let (code, _) = relay.stop().await;
+    assert_eq!(code, Some(0));
+}
