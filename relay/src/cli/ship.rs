@@ -87,7 +87,19 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     let mut frames = 0;
     for id in &ids {
         let cursor = store.ship_cursor(*id)?;
-        let (_, after) = shipper::ship_session(&js, &store, *id, cursor, &target, &status).await?;
+        // A turn is bounded in time: go on until the session is caught up.
+        let mut after = cursor;
+        loop {
+            let before = after;
+            let (finished, c) =
+                shipper::ship_session(&js, &store, *id, after, &target, &status).await?;
+            after = c;
+            if finished
+                || (after.frames == before.frames && after.catalog_seq == before.catalog_seq)
+            {
+                break;
+            }
+        }
         frames += after.frames - cursor.frames;
     }
     outln!(

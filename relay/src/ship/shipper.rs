@@ -25,6 +25,9 @@ use super::{one_line, NatsFlags, FIRST, KIND};
 const WINDOW_CHUNKS: usize = 64;
 /// ... or about this many bytes.
 const WINDOW_BYTES: usize = 8 << 20;
+/// A live session at full rate is never caught up: its turn ends after this long, so that the
+/// round lets go of the store (the recorder may need to reopen it) and the lag is refreshed.
+const TURN: Duration = Duration::from_secs(1);
 
 /// Where the relay's store is to be found; empty while the recorder reopens it.
 pub type StoreSlot = Arc<Mutex<Option<Store>>>;
@@ -198,8 +201,9 @@ async fn blocking<T: Send + 'static>(
     .map_err(|e| anyhow!("cannot read the recording to ship it: {e}"))
 }
 
-/// Ships one session from its cursor as far as it is committed; returns whether it is
-/// finished (ended, every frame and its final catalog acknowledged) and the cursor.
+/// Ships one session from its cursor as far as it is committed, or for about [`TURN`] if that
+/// is less; returns whether it is finished (ended, every frame and its final catalog
+/// acknowledged) and the cursor.
 pub async fn ship_session(
     js: &jetstream::Context,
     store: &Store,
@@ -209,7 +213,11 @@ pub async fn ship_session(
     status: &ShipStatus,
 ) -> Result<(bool, ShipCursor)> {
     let subject = format!("{}.{}", target.flags.subject_prefix, id);
+    let turn = std::time::Instant::now();
     loop {
+        if turn.elapsed() >= TURN {
+            return Ok((false, cursor));
+        }
         // The snapshot is read before the chunks: an ended one then has every frame below.
         let (host, from) = (target.host.clone(), cursor.frames);
         let (_, (snap, chunks)) = blocking(store.clone(), move |s| {
