@@ -561,3 +561,150 @@ async fn deploy_files_for_a_fleet_are_valid() {
         assert!(unit.contains(hardening), "{hardening}");
     }
 }
+
+/// A plain HTTP/1.0 GET on loopback `port`: status line, headers and body.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Messages the collector cannot read, put in the stream before a real session's: a chunk that
+/// does not decode (on that very session, at a frame number of its own), a catalog that is not
+/// JSON, a kind it does not know, a subject naming no session. Each is one warning line and one
+/// count of the metric, terminated (nothing left pending, nothing redelivered), and the real
+/// session still arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected() {
+    let cluster = Cluster::new(1, true, "");
+    cluster.ready(true).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, archive) = (dir.path().join("a"), dir.path().join("archive"));
+    let sim = start_mod(Some(2000.0));
+    let up = sim.addr().to_string();
+    let mut r = serve(&[
+        "--upstream",
+        &up,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--data-dir",
+        a.to_str().expect("utf8"),
+    ])
+    .await;
+    recorded_beyond(&a, 1500).await;
+    stop(&mut r).await;
+    let id = listed(&a).await[0].0.clone();
+
+    let client = async_nats::connect(urls.as_str()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "GABP".into(),
+        subjects: vec!["gabp.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let bad: [(String, &[(&str, &str)], &[u8]); 4] = [
+        (
+            format!("gabp.{id}"),
+            &[("Gabp-Kind", "chunk"), ("Gabp-First", "900000000")],
+            b"\x01\x05\x00\x00\x00garbage",
+        ),
+        (
+            format!("gabp.{id}"),
+            &[("Gabp-Kind", "catalog")],
+            b"{not json",
+        ),
+        (format!("gabp.{id}"), &[("Gabp-Kind", "mystery")], b"?"),
+        (
+            "gabp.not-a-session".into(),
+            &[("Gabp-Kind", "chunk"), ("Gabp-First", "0")],
+            b"x",
+        ),
+    ];
+    for (subject, headers, body) in &bad {
+        let mut h = async_nats::HeaderMap::new();
+        for (k, v) in *headers {
+            h.insert(*k, *v);
+        }
+        js.publish_with_headers(subject.clone(), h, body.to_vec().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("ack");
+    }
+    backfill(&a, &urls).await;
+
+    let metrics = free_addr().port();
+    let log = dir.path().join("collect.log");
+    let mut col = relay()
+        .args([
+            "collect",
+            "--from",
+            &urls,
+            "--data-dir",
+            archive.to_str().expect("utf8"),
+            "--metrics",
+            &format!("127.0.0.1:{metrics}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn collect");
+    archive_equals(&archive, &[&a]).await;
+    // Counted: the metric reaches 4 (each is counted once, not per redelivery).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let page = loop {
+        let page = http_get(metrics, "/metrics").unwrap_or_default();
+        if page.contains("gabp_collect_rejected_messages_total 4") {
+            break page;
+        }
+        assert!(Instant::now() < deadline, "rejected count never 4: {page}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Terminated: nothing of them is pending or waiting for an ack.
+    let stream = js.get_stream("GABP").await.expect("stream");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = stream
+            .consumer_info("gabp-collector")
+            .await
+            .expect("consumer");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "messages left pending: {} unacked, {} undelivered",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        col.try_wait().expect("wait").is_none(),
+        "the collector goes on"
+    );
+    sigterm(&col);
+    let st = tokio::time::timeout(Duration::from_secs(30), col.wait())
+        .await
+        .expect("collector stops")
+        .expect("wait");
+    assert!(st.success(), "collector exit: {st}");
+    let text = std::fs::read_to_string(&log).expect("log");
+    let skipped: Vec<&str> = text.lines().filter(|l| l.contains("skipping")).collect();
+    assert_eq!(skipped.len(), 4, "one line each:\n{text}\n{page}");
+    assert!(
+        skipped.iter().any(|l| l.contains("unreadable chunk")),
+        "{text}"
+    );
+}

@@ -303,6 +303,17 @@ impl Store {
     }
 }
 
+/// What [`Ingest::chunk`] did with a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// Added to the batch.
+    New,
+    /// Already in the archive or the batch: nothing to do.
+    Known,
+    /// Not a chunk this version can read (why, one line): nothing written.
+    Undecodable(String),
+}
+
 /// A batch of chunks and catalog snapshots for an archive, written atomically by
 /// [`Ingest::commit`]. Applying anything already applied changes nothing.
 pub struct Ingest<'a> {
@@ -350,8 +361,8 @@ impl Ingest<'_> {
     }
 
     /// Adds one shipped chunk (stored as is, its channel runs indexed, the session's counts
-    /// raised); returns whether it was new.
-    pub fn chunk(&mut self, id: SessionId, first: u64, data: Bytes) -> Result<bool, StoreError> {
+    /// raised); returns what it did with it.
+    pub fn chunk(&mut self, id: SessionId, first: u64, data: Bytes) -> Result<Taken, StoreError> {
         let key = keys::frame_key(id, first);
         if self.chunks.contains_key(&(id, first))
             || self
@@ -360,9 +371,13 @@ impl Ingest<'_> {
                 .get_pinned_cf(self.store.cf(CF_FRAMES), key)?
                 .is_some()
         {
-            return Ok(false);
+            return Ok(Taken::Known);
         }
-        let recs = chunk::decode(data.clone())?;
+        // An undecodable chunk is the message's fault, not the archive's: nothing is written.
+        let recs = match chunk::decode(data.clone()) {
+            Ok(r) => r,
+            Err(e) => return Ok(Taken::Undecodable(e.to_string())),
+        };
         let mut runs: Vec<(u32, u64, u64, u32)> = Vec::new();
         for (i, r) in recs.iter().enumerate() {
             if let (Some(ch), Some(seq)) = (r.channel, r.relay_seq) {
@@ -388,7 +403,7 @@ impl Ingest<'_> {
         let c = self.counters(id)?;
         add_counts(c, &recs);
         self.chunks.insert((id, first), ());
-        Ok(true)
+        Ok(Taken::New)
     }
 
     /// Applies a catalog snapshot unless one at least as new was applied; returns whether it
@@ -537,7 +552,7 @@ mod tests {
         let mut ing = dst.ingest();
         ing.snapshot(&snap).expect("apply");
         for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
-            new += usize::from(ing.chunk(id, c.first, c.data).expect("ingest"));
+            new += usize::from(ing.chunk(id, c.first, c.data).expect("ingest") == Taken::New);
         }
         // The final snapshot again, after the chunks, as the shipper sends it.
         snap.seq = seq + 1;
@@ -576,6 +591,34 @@ mod tests {
         assert!(!ing.snapshot(&old).expect("apply"));
         ing.commit().expect("commit");
         assert!(dst.session(id).expect("d").expect("d").tags.is_empty());
+    }
+
+    #[test]
+    fn an_undecodable_chunk_is_refused_and_the_rest_of_its_batch_goes_in() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 700);
+        let mut snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        snap.seq = 1;
+        let mut ing = dst.ingest();
+        ing.snapshot(&snap).expect("apply");
+        for bad in [&b"\x09junk"[..], b"", &[1, 5, 0, 0, 0, 1][..]] {
+            let t = ing
+                .chunk(id, 1_000_000, Bytes::from(bad.to_vec()))
+                .expect("no db error");
+            assert!(matches!(t, Taken::Undecodable(_)), "{t:?}");
+        }
+        for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
+            assert_eq!(ing.chunk(id, c.first, c.data).expect("ingest"), Taken::New);
+        }
+        ing.commit().expect("commit");
+        let f = |st: &Store| st.frames(id).map(|r| r.expect("frame")).collect::<Vec<_>>();
+        assert_eq!(f(&src), f(&dst));
+        assert!(dst.check_session(id).expect("check").ok());
     }
 
     #[test]

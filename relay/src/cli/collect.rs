@@ -19,6 +19,9 @@ pub struct CollectArgs {
     /// The durable consumer's name (collectors sharing it share the work).
     #[arg(long, default_value = "gabp-collector")]
     pub durable: String,
+    /// Serve Prometheus metrics (frames collected, messages rejected) at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub nats: NatsFlags,
 }
@@ -27,6 +30,19 @@ pub async fn run(a: CollectArgs) -> Result<()> {
     crate::ship::check_urls(&a.from).map_err(|e| usage(format!("--from: {e}")))?;
     let mut signals = Signals::install()?;
     let cancel = CancellationToken::new();
+    if let Some(addr) = a.metrics {
+        let listener = crate::http::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+        if let Some(handle) = crate::metrics::install() {
+            tokio::spawn(crate::http::serve(
+                listener,
+                handle,
+                crate::http::Readiness::default(),
+                cancel.clone(),
+            ));
+        }
+    }
     let c = Collector {
         urls: a.from,
         flags: a.nats,

@@ -5,15 +5,19 @@
 //! frame, see `gabp_storage::ship`) and acknowledged only after that write is synced: a
 //! `kill -9` at any point loses nothing (unacknowledged messages come again) and doubles
 //! nothing (what is already there is skipped). Several collectors may share the durable
-//! consumer, each on its own archive.
+//! consumer, each on its own archive. A message that cannot be read (not a chunk or snapshot
+//! this version knows, or a chunk that does not decode) is logged on one line, counted in
+//! `gabp_collect_rejected_messages_total` and terminated, so it neither comes back forever nor
+//! holds up the rest.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::AckKind;
 use futures::StreamExt;
-use gabp_storage::ship::CatalogSnapshot;
+use gabp_storage::ship::{CatalogSnapshot, Taken};
 use gabp_storage::{SessionId, Store, StoreOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -162,23 +166,22 @@ impl Collector {
             if msgs.is_empty() {
                 continue;
             }
-            let items: Vec<Option<Item>> = msgs
-                .iter()
-                .map(|m| match parse(m) {
-                    Ok(i) => Some(i),
-                    Err(e) => {
-                        // Not ours to read: acknowledged so it does not come back forever.
-                        tracing::warn!("skipping a message on {}: {e}", m.subject);
-                        None
-                    }
-                })
-                .collect();
+            // A message that cannot be read is reported and terminated (JetStream will not
+            // deliver it again); the rest of the batch goes in as ever.
+            let mut bad: Vec<Option<String>> = vec![None; msgs.len()];
+            let mut items = Vec::with_capacity(msgs.len());
+            for (i, m) in msgs.iter().enumerate() {
+                match parse(m) {
+                    Ok(it) => items.push((i, it)),
+                    Err(e) => bad[i] = Some(e.to_string()),
+                }
+            }
             let s = store.clone();
-            let n =
-                tokio::task::spawn_blocking(move || -> Result<u64, gabp_storage::StoreError> {
+            let (n, undecodable) = tokio::task::spawn_blocking(
+                move || -> Result<(u64, Vec<(usize, String)>), gabp_storage::StoreError> {
                     let mut ing = s.ingest();
-                    let mut n = 0u64;
-                    for it in items.into_iter().flatten() {
+                    let (mut n, mut undecodable) = (0u64, Vec::new());
+                    for (i, it) in items {
                         match it {
                             Item::Chunk(id, first, data) => {
                                 let count = u32::from_le_bytes(
@@ -186,8 +189,12 @@ impl Collector {
                                         .and_then(|b| b.try_into().ok())
                                         .unwrap_or([0; 4]),
                                 );
-                                if ing.chunk(id, first, data)? {
-                                    n += u64::from(count);
+                                match ing.chunk(id, first, data)? {
+                                    Taken::New => n += u64::from(count),
+                                    Taken::Known => {}
+                                    Taken::Undecodable(why) => {
+                                        undecodable.push((i, format!("an unreadable chunk: {why}")))
+                                    }
                                 }
                             }
                             Item::Catalog(snap) => {
@@ -196,12 +203,28 @@ impl Collector {
                         }
                     }
                     ing.commit()?;
-                    Ok(n)
-                })
-                .await??;
+                    Ok((n, undecodable))
+                },
+            )
+            .await??;
+            for (i, why) in undecodable {
+                bad[i] = Some(why);
+            }
             // Acknowledged only now that the batch is durable in the archive.
-            for m in &msgs {
-                m.ack()
+            for (m, bad) in msgs.iter().zip(bad) {
+                let kind = match bad {
+                    None => AckKind::Ack,
+                    Some(why) => {
+                        let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                        tracing::warn!(
+                            "skipping message {seq} on {}, terminated: {why}",
+                            m.subject
+                        );
+                        metrics::counter!("gabp_collect_rejected_messages_total").increment(1);
+                        AckKind::Term
+                    }
+                };
+                m.ack_with(kind)
                     .await
                     .map_err(|e| anyhow!("acknowledging failed: {}", one_line(&e)))?;
             }
