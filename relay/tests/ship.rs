@@ -508,12 +508,10 @@ async fn no_jetstream_a_wrong_token_or_no_server_are_one_line_and_recording_goes
 }
 
 fn deploy_file(name: &str) -> (PathBuf, String) {
-    let p = PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR")
-            .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from),
-    )
-    .join("../deploy")
-    .join(name);
+    let p = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from)
+        .join("../deploy")
+        .join(name);
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     (p, text)
 }
@@ -613,7 +611,8 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
     })
     .await
     .expect("stream");
-    let bad: [(String, &[(&str, &str)], &[u8]); 4] = [
+    type Bad<'a> = (String, &'a [(&'a str, &'a str)], &'a [u8]);
+    let bad: [Bad; 4] = [
         (
             format!("gabp.{id}"),
             &[("Gabp-Kind", "chunk"), ("Gabp-First", "900000000")],
