@@ -43,6 +43,9 @@ pub(crate) enum Cmd {
     /// One bridge resumes (`relay.resume`) after missing --missed events, in alternate phases;
     /// reports the other bridges' delivery with and without it.
     Resume(crate::resume::ResumeArgs),
+    /// A relay without and with --ship (NATS JetStream) in alternate phases: throughput ratio,
+    /// shipping lag, and `gabp-relay collect`'s ingest rate.
+    Ship(crate::ship::ShipArgs),
     /// The baseline forwarder process (started by `run --baseline`).
     #[command(hide = true)]
     Forwarder(ForwarderArgs),

@@ -14,6 +14,7 @@ mod report_html;
 mod resume;
 mod run;
 mod scenario;
+mod ship;
 mod soak;
 mod target;
 
@@ -335,6 +336,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Ship(a) => ship::main(a).await,
         Cmd::Forwarder(a) => {
             let listen: Addr = a.listen.parse().map_err(|e: String| anyhow!(e))?;
             let upstream: Addr = a.upstream.parse().map_err(|e: String| anyhow!(e))?;

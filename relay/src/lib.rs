@@ -31,6 +31,7 @@
 //! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
 //! - [`identity`]: bridge identities, roles, tool globs and rates; [`lease`]: the controller
 //!   lease (`relay/lease`).
+//! - [`ship`]: shipping recordings to NATS JetStream and collecting them into an archive.
 //! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub(crate) mod auth;
@@ -54,6 +55,7 @@ pub mod replay;
 pub mod report;
 pub mod route;
 pub(crate) mod server;
+pub mod ship;
 pub(crate) mod socket;
 pub mod stats;
 pub(crate) mod transport;

@@ -328,6 +328,7 @@ impl Route {
             "recording": self.recorder.is_some(),
             "recorderLag": self.recorder.as_ref().map(|r| r.lag()),
             "recorderHealth": self.recorder.as_ref().map(|r| r.health()),
+            "ship": self.recorder.as_ref().and_then(|r| r.ship()),
             "session": session,
             "policy": { "onSlow": self.cfg.on_slow.as_str(), "outboxFrames": self.cfg.outbox_frames, "outboxBytes": self.cfg.outbox_bytes },
             "pendingRequests": self.pending.len(),

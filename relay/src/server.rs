@@ -133,17 +133,28 @@ impl Relay {
             let (rec, thread) = Recorder::start(store, cfg.on_record_error);
             let r = cfg.retain;
             if r.max_age.is_some() || r.max_bytes.is_some() {
-                let (rec, c) = (rec.clone(), cancel.clone());
+                let (rec, c, keep) = (rec.clone(), cancel.clone(), keep_unshipped(&cfg));
                 tracker.spawn(async move {
                     loop {
                         tokio::select! { _ = c.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(60)) => {} }
                         rec.send(crate::recorder::RecMsg::Retain {
                             max_age_ns: r.max_age.map(|d| d.as_nanos() as u64),
                             max_bytes: r.max_bytes,
+                            keep_unshipped: keep,
                         })
                         .await;
                     }
                 });
+            }
+            if let Some(target) = cfg.ship.clone() {
+                let status = Arc::new(crate::ship::shipper::ShipStatus::new(&target.urls));
+                rec.set_ship(status.clone());
+                tracker.spawn(crate::ship::shipper::run(
+                    target,
+                    rec.store_slot(),
+                    status,
+                    cancel.clone(),
+                ));
             }
             (Some(rec), Some(thread))
         } else {
@@ -233,17 +244,27 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
     if r.max_age.is_none() && r.max_bytes.is_none() {
         return;
     }
-    match store.apply_retention(
+    let (now, age) = (
         gabp_rt::clock::now_ns(),
         r.max_age.map(|d| d.as_nanos() as u64),
-        r.max_bytes,
-    ) {
+    );
+    let done = if keep_unshipped(cfg) {
+        store.apply_retention_shipped(now, age, r.max_bytes, false)
+    } else {
+        store.apply_retention(now, age, r.max_bytes)
+    };
+    match done {
         Ok(deleted) if !deleted.is_empty() => {
             tracing::info!(deleted = deleted.len(), "retention removed old sessions")
         }
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "retention failed"),
     }
+}
+
+/// Whether retention must keep sessions not fully shipped.
+fn keep_unshipped(cfg: &RelayConfig) -> bool {
+    cfg.ship.is_some() && !cfg.retain_unshipped
 }
 
 /// Serves `route` on `listener`: its backend, the bridge front, and the sweeper, all tracked by

@@ -12,6 +12,7 @@
 //! - [`reader`]: streaming reads of a session in arrival order, or one channel from a seq.
 //! - [`repair`]: `gabp-relay repair`, which copies a damaged data dir aside before fixing it.
 //! - [`check`]: verifies that a session's frames, index and catalog agree.
+//! - [`ship`]: the ship cursor, chunks read from it, catalog snapshots, idempotent ingest.
 //!
 //! The API is synchronous: the relay runs the writer on a dedicated thread, never on an async
 //! worker. Frames are keyed by (session id, frame number), never by the mod's seq, which
@@ -28,6 +29,7 @@ pub mod reader;
 pub mod repair;
 pub mod retention;
 pub mod sessions;
+pub mod ship;
 pub mod store;
 pub mod writer;
 

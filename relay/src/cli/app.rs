@@ -9,7 +9,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 use super::{
-    demo, export, mod_sim, reload, repair, replay, report, serve, sessions, stats, status, wrap,
+    collect, demo, export, mod_sim, reload, repair, replay, report, serve, sessions, ship, stats,
+    status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -51,6 +52,10 @@ enum Cmd {
     ModSim(mod_sim::ModSimArgs),
     /// Print a fresh 128-bit token.
     Token,
+    /// Send recorded sessions to a NATS JetStream cluster (backfill; shipping twice changes nothing).
+    Ship(ship::ShipArgs),
+    /// Write what relays ship to NATS JetStream into an archive data dir.
+    Collect(collect::CollectArgs),
     /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
     Mcp(crate::mcp::McpArgs),
 }
@@ -91,7 +96,8 @@ pub fn main() -> ! {
             std::process::exit(0);
         }
     };
-    gabp_rt::log::init("info");
+    // The NATS client logs its own (re)connections and errors: ours are the one line.
+    gabp_rt::log::init("info,async_nats=off");
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("gabp-relay")
@@ -133,6 +139,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,
         Cmd::Mcp(a) => crate::mcp::run(a).await?,
+        Cmd::Ship(a) => ship::run(a).await?,
+        Cmd::Collect(a) => collect::run(a).await?,
         Cmd::Token => {
             use std::io::Write;
             writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;

@@ -17,6 +17,7 @@ macro_rules! outln {
 }
 
 mod app;
+pub(crate) mod collect;
 pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod mod_sim;
@@ -27,6 +28,7 @@ pub(crate) mod report;
 pub(crate) mod select;
 pub(crate) mod serve;
 pub(crate) mod sessions;
+pub(crate) mod ship;
 pub(crate) mod stats;
 pub(crate) mod status;
 pub(crate) mod wrap;

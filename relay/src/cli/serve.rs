@@ -158,6 +158,8 @@ pub struct ServeArgs {
     pub globals: GlobalFlags,
     #[command(flatten)]
     pub policy: PolicyFlags,
+    #[command(flatten)]
+    pub ship: super::ship::ServeShip,
     /// With `--upstream stdio`: the mod's command and arguments.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -287,7 +289,11 @@ impl ServeArgs {
         let file = text.as_ref().map_or("command line", |(_, f)| f.as_str());
         let merged =
             FileConfig::layered(text.as_ref().map(|(t, f)| (t.as_str(), f.as_str())), layer)?;
-        let cfg = merged.relay_config(file)?;
+        let mut cfg = merged.relay_config(file)?;
+        if let Some(t) = self.ship.target()? {
+            cfg.ship = Some(t);
+        }
+        cfg.retain_unshipped |= self.ship.retain_unshipped;
         if cfg.routes.is_empty() {
             return Err(usage(
                 "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
@@ -359,6 +365,9 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     }
     for p in &bridge_files {
         text += &format!("bridge file {}\n", p.display());
+    }
+    if let Some(t) = &cfg.ship {
+        text += &format!("shipping to {}\n", crate::ship::shown(&t.urls));
     }
     text += &if cfg.records() {
         let durability = match cfg.durability {

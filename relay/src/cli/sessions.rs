@@ -174,7 +174,10 @@ pub fn run(a: SessionsArgs) -> Result<()> {
                 bail!("no session matches the selection");
             }
             if a.json {
-                let v: Vec<_> = list.iter().map(meta_json).collect();
+                let v: Vec<_> = list
+                    .iter()
+                    .map(|m| crate::ship::session_json(&store, m, meta_json(m)))
+                    .collect();
                 return super::print_json(&json!({ "sessions": v }));
             }
             outln!(

@@ -45,6 +45,8 @@ pub struct FileConfig {
     pub shutdown_timeout: Option<String>,
     /// Bridge discovery file.
     pub bridge_file: Option<PathBuf>,
+    /// Shipping to NATS JetStream (`[ship]`, the `serve --ship` flags).
+    pub ship: Option<crate::ship::FileShip>,
     /// Routes.
     #[serde(default, rename = "route")]
     pub routes: Vec<FileRoute>,
@@ -397,6 +399,10 @@ impl FileConfig {
         cfg.allow_remote = self.allow_remote.unwrap_or(false);
         cfg.allow_symlinked_data_dir = self.allow_symlinked_data_dir.unwrap_or(false);
         cfg.bridge_file = self.bridge_file.clone();
+        if let Some(s) = &self.ship {
+            cfg.retain_unshipped = s.retain_unshipped.unwrap_or(false);
+            cfg.ship = Some(s.target().map_err(|m| err("ship", m))?);
+        }
         Ok(cfg)
     }
 

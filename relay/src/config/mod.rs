@@ -272,6 +272,10 @@ pub struct RelayConfig {
     pub shutdown_timeout: Duration,
     /// Where to write the bridge discovery file, if anywhere.
     pub bridge_file: Option<PathBuf>,
+    /// Ship every recording to this NATS JetStream cluster (`--ship`).
+    pub ship: Option<crate::ship::shipper::Target>,
+    /// Let retention delete sessions not fully shipped.
+    pub retain_unshipped: bool,
 }
 
 impl RelayConfig {
@@ -291,6 +295,8 @@ impl RelayConfig {
             allow_remote: false,
             shutdown_timeout: Duration::from_secs(10),
             bridge_file: None,
+            ship: None,
+            retain_unshipped: false,
         }
     }
 

@@ -84,6 +84,8 @@ pub enum RecMsg {
         max_age_ns: Option<u64>,
         /// Delete oldest ended sessions beyond this many bytes.
         max_bytes: Option<u64>,
+        /// Keep sessions not fully shipped yet (shipping on, without `--retain-unshipped`).
+        keep_unshipped: bool,
     },
 }
 
@@ -116,9 +118,12 @@ struct Shared {
     /// so that the queue can still be drained and the relay exit within it.
     give_up_at: Mutex<Option<Instant>>,
     policy: OnRecordError,
-    /// The store, for reads of what is committed (a resume's history): emptied while the
-    /// thread reopens it, and a reader holds its clone only for one bounded read.
-    store: Mutex<Option<Store>>,
+    /// The store, for reads of what is committed (a resume's history, the shipper's chunks):
+    /// emptied while the thread reopens it, and a reader holds its clone only for one bounded
+    /// read.
+    store: crate::ship::shipper::StoreSlot,
+    /// Shipping's status, when the relay ships.
+    ship: std::sync::OnceLock<Arc<crate::ship::shipper::ShipStatus>>,
 }
 
 impl Shared {
@@ -178,7 +183,8 @@ impl Recorder {
             stopping: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
             policy,
-            store: Mutex::new(Some(store.clone())),
+            store: Arc::new(Mutex::new(Some(store.clone()))),
+            ship: std::sync::OnceLock::new(),
         });
         metrics::gauge!("gabp_recorder_healthy").set(1.0);
         let sh = shared.clone();
@@ -288,6 +294,21 @@ impl Recorder {
     /// Batches waiting in the queue (the recorder's lag).
     pub fn lag(&self) -> usize {
         self.tx.max_capacity() - self.tx.capacity()
+    }
+
+    /// Where the shipper finds the store (empty while the recorder reopens it).
+    pub fn store_slot(&self) -> crate::ship::shipper::StoreSlot {
+        self.shared.store.clone()
+    }
+
+    /// Shows `status` in relay/status from now on.
+    pub fn set_ship(&self, status: Arc<crate::ship::shipper::ShipStatus>) {
+        let _ = self.shared.ship.set(status);
+    }
+
+    /// Shipping's status, if the relay ships.
+    pub fn ship(&self) -> Option<crate::ship::shipper::ShipView> {
+        self.shared.ship.get().map(|s| s.view())
     }
 }
 

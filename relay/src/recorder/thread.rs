@@ -31,10 +31,15 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
         RecMsg::Retain {
             max_age_ns,
             max_bytes,
-        } => match w
-            .store()
-            .map(|s| s.apply_retention(gabp_rt::clock::now_ns(), max_age_ns, max_bytes))
-        {
+            keep_unshipped,
+        } => match w.store().map(|s| {
+            let now = gabp_rt::clock::now_ns();
+            if keep_unshipped {
+                s.apply_retention_shipped(now, max_age_ns, max_bytes, false)
+            } else {
+                s.apply_retention(now, max_age_ns, max_bytes)
+            }
+        }) {
             Some(Ok(deleted)) if !deleted.is_empty() => {
                 tracing::info!(deleted = deleted.len(), "retention removed old sessions")
             }
@@ -44,7 +49,8 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
     }
 }
 
-/// Reopens the store, taking it from readers meanwhile (RocksDB's lock must be free).
+/// Reopens the store, taking it from readers (resume, shipper) meanwhile: a handle there would
+/// keep the old database, and RocksDB's lock, open.
 fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
     drop(shared.store.lock().take());
     let r = w.reopen();
@@ -278,4 +284,5 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
     if let Some(Err(e)) = w.store().map(|s| s.sync()) {
         tracing::error!(error = %e, "final WAL sync failed");
     }
+    shared.store.lock().take();
 }

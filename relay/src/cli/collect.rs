@@ -1,0 +1,64 @@
+//! `gabp-relay collect`: write what relays ship into an archive data dir, until stopped.
+
+use anyhow::Result;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use super::{usage, Signals};
+use crate::ship::collect::Collector;
+use crate::ship::NatsFlags;
+
+#[derive(Args, Debug)]
+pub struct CollectArgs {
+    /// The NATS JetStream cluster: nats://HOST:PORT[,HOST:PORT…].
+    #[arg(long, value_name = "URLS")]
+    pub from: String,
+    /// The archive: an ordinary data dir every read command works on.
+    #[arg(long)]
+    pub data_dir: std::path::PathBuf,
+    /// The durable consumer's name (collectors sharing it share the work).
+    #[arg(long, default_value = "gabp-collector")]
+    pub durable: String,
+    /// Serve Prometheus metrics (frames collected, messages rejected) at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub nats: NatsFlags,
+}
+
+pub async fn run(a: CollectArgs) -> Result<()> {
+    crate::ship::check_urls(&a.from).map_err(|e| usage(format!("--from: {e}")))?;
+    let mut signals = Signals::install()?;
+    let cancel = CancellationToken::new();
+    if let Some(addr) = a.metrics {
+        let listener = crate::http::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+        if let Some(handle) = crate::metrics::install() {
+            tokio::spawn(crate::http::serve(
+                listener,
+                handle,
+                crate::http::Readiness::default(),
+                cancel.clone(),
+            ));
+        }
+    }
+    let c = Collector {
+        urls: a.from,
+        flags: a.nats,
+        durable: a.durable,
+        data_dir: a.data_dir,
+    };
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        let sig = signals.shutdown().await;
+        tracing::info!("{sig} received: stopping the collector");
+        stop.cancel();
+    });
+    super::print_best_effort(&format!(
+        "collecting from {} into {}\n",
+        crate::ship::shown(&c.urls),
+        c.data_dir.display()
+    ));
+    c.run(cancel).await
+}

@@ -1,0 +1,255 @@
+//! Shipping recordings to a NATS JetStream stream and collecting them from it (issue 14).
+//!
+//! - this module: the connection options every command shares, connecting, making sure the
+//!   stream exists, and the message format.
+//! - [`shipper`]: the relay's shipping task and `gabp-relay ship`'s backfill: committed chunks
+//!   and catalog snapshots, per session in order, the cursor advanced on JetStream's ack.
+//! - [`collect`]: `gabp-relay collect`, a durable pull consumer writing an archive.
+//!
+//! Messages go to `PREFIX.SESSION`, each with `Nats-Msg-Id` = session id and first frame
+//! number (`SESSION-FIRST` for a chunk, `SESSION-cSEQ` for the SEQth catalog snapshot), so the
+//! stream drops a re-sent message, and the collector's idempotent ingest drops what gets past
+//! its dedup window. The header `Gabp-Kind` says `chunk` (the body is the stored chunk
+//! unchanged, `Gabp-First` its first frame) or `catalog` (a JSON catalog snapshot).
+
+pub mod collect;
+pub mod shipper;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use async_nats::jetstream::{self, stream};
+use clap::Args;
+
+/// Header naming what a message carries.
+pub const KIND: &str = "Gabp-Kind";
+/// Header with a chunk's first frame number.
+pub const FIRST: &str = "Gabp-First";
+
+/// How to reach the NATS cluster and which stream to use (shared by serve, ship, collect).
+#[derive(Args, Debug, Clone, Default)]
+pub struct NatsFlags {
+    /// NATS credentials file (.creds) for the connection.
+    #[arg(long, value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+    /// NATS token for the connection.
+    #[arg(long, env = "GABP_NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// Require TLS, trusting this CA certificate (PEM) besides the system's.
+    #[arg(long, value_name = "PEM")]
+    pub nats_ca: Option<PathBuf>,
+    /// Require TLS to the NATS servers.
+    #[arg(long)]
+    pub nats_tls: bool,
+    /// JetStream stream name [default: GABP].
+    #[arg(long, default_value = "GABP")]
+    pub stream: String,
+    /// Subject prefix; messages go to PREFIX.SESSION [default: gabp].
+    #[arg(long, default_value = "gabp")]
+    pub subject_prefix: String,
+    /// Replicas of the stream when it is created, 1 to 5 [default: 1].
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+    pub replicas: u8,
+    /// The stream keeps messages this long when created, e.g. 7d [default: forever].
+    #[arg(long, value_parser = age)]
+    pub stream_max_age: Option<Duration>,
+    /// The stream keeps at most this many bytes when created, e.g. 50GiB [default: no limit].
+    #[arg(long, value_parser = size)]
+    pub stream_max_bytes: Option<u64>,
+}
+
+fn age(s: &str) -> Result<Duration, String> {
+    crate::config::units::parse_duration(s)
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    crate::config::units::parse_size(s)
+}
+
+/// `nats://user:pass@host:4222,…` as it may be shown: without credentials.
+pub fn shown(urls: &str) -> String {
+    urls.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(s), Some(a)) if a > s => format!("{}{}", &u[..s + 3], &u[a + 1..]),
+            (None, Some(a)) => u[a + 1..].to_string(),
+            _ => u.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Checks a `nats://…` list before anything starts (a usage error otherwise).
+pub fn check_urls(urls: &str) -> Result<(), String> {
+    for u in urls.split(',') {
+        let rest = u
+            .strip_prefix("nats://")
+            .or_else(|| u.strip_prefix("tls://"))
+            .ok_or_else(|| format!("{}: expected nats://HOST:PORT", shown(u)))?;
+        if rest.is_empty() {
+            return Err(format!("{}: expected nats://HOST:PORT", shown(u)));
+        }
+    }
+    Ok(())
+}
+
+/// Connects (one attempt, bounded) and returns a JetStream context on a stream that exists.
+pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream::Context> {
+    let mut o = async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(5))
+        .request_timeout(Some(Duration::from_secs(10)));
+    if let Some(t) = &f.nats_token {
+        o = o.token(t.clone());
+    }
+    if let Some(p) = &f.nats_creds {
+        o = o
+            .credentials_file(p)
+            .await
+            .map_err(|e| anyhow!("cannot read the NATS credentials file {}: {e}", p.display()))?;
+    }
+    if let Some(ca) = &f.nats_ca {
+        o = o.add_root_certificates(ca.clone()).require_tls(true);
+    } else if f.nats_tls {
+        o = o.require_tls(true);
+    }
+    let addrs: Vec<async_nats::ServerAddr> = urls
+        .split(',')
+        .map(|u| u.parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
+    let client = o.connect(addrs).await.map_err(|e| {
+        anyhow!(
+            "cannot connect to NATS at {}: {}",
+            shown(urls),
+            one_line(&e)
+        )
+    })?;
+    let js = jetstream::new(client);
+    // No account-info probe: async-nats 0.50 cannot parse a 2.9 server's answer to it. A
+    // server without JetStream fails the stream lookup below, with a line saying so.
+    let cfg = stream::Config {
+        name: f.stream.clone(),
+        subjects: vec![format!("{}.>", f.subject_prefix)],
+        storage: stream::StorageType::File,
+        num_replicas: f.replicas as usize,
+        max_age: f.stream_max_age.unwrap_or_default(),
+        max_bytes: f
+            .stream_max_bytes
+            .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    js.get_or_create_stream(cfg).await.map_err(|e| {
+        anyhow!(
+            "the NATS server at {} gave no JetStream stream {} (is JetStream enabled?): {}",
+            shown(urls),
+            f.stream,
+            one_line(&e)
+        )
+    })?;
+    Ok(js)
+}
+
+/// An error as one line.
+pub fn one_line(e: &dyn std::fmt::Display) -> String {
+    e.to_string().lines().next().unwrap_or("error").to_string()
+}
+
+/// This machine's host name, for the origin of shipped sessions.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `sessions --json`'s entry for `m` with what shipping knows: `ship` (frames and bytes not
+/// yet acknowledged, whether it is fully shipped) once the session was shipped at all, and
+/// `origin` (host, route, relay version) for a session collected from elsewhere.
+pub fn session_json(
+    store: &gabp_storage::Store,
+    m: &gabp_storage::SessionMeta,
+    mut v: serde_json::Value,
+) -> serde_json::Value {
+    if let Ok(c) = store.ship_cursor(m.id) {
+        let origin = store.origin(m.id).ok().flatten();
+        if c.catalog_seq > 0 && origin.is_none() {
+            v["ship"] = serde_json::json!({
+                "lagFrames": m.frames.saturating_sub(c.frames),
+                "lagBytes": m.bytes.saturating_sub(c.bytes),
+                "shipped": store.fully_shipped(m).unwrap_or(false),
+            });
+        }
+        if let Some(o) = origin {
+            v["origin"] = serde_json::json!({
+                "host": o.host, "route": o.route, "relayVersion": o.relay_version,
+            });
+        }
+    }
+    v
+}
+
+/// The config file's `[ship]` table: the same settings as `serve`'s shipping flags.
+#[derive(Debug, Default, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileShip {
+    /// `nats://HOST:PORT[,HOST:PORT…]`.
+    pub to: String,
+    /// Credentials file.
+    pub nats_creds: Option<PathBuf>,
+    /// A file holding the token (kept out of the config itself).
+    pub nats_token_file: Option<PathBuf>,
+    /// Require TLS.
+    pub nats_tls: Option<bool>,
+    /// CA certificate (PEM); implies TLS.
+    pub nats_ca: Option<PathBuf>,
+    /// Stream name.
+    pub stream: Option<String>,
+    /// Subject prefix.
+    pub subject_prefix: Option<String>,
+    /// Replicas when the stream is created.
+    pub replicas: Option<u8>,
+    /// Stream age limit when created, e.g. `"30d"`.
+    pub stream_max_age: Option<String>,
+    /// Stream size limit when created, e.g. `"500GiB"`.
+    pub stream_max_bytes: Option<String>,
+    /// Let retention delete sessions not fully shipped.
+    pub retain_unshipped: Option<bool>,
+}
+
+impl FileShip {
+    /// The shipping target this table describes (the message is one line).
+    pub fn target(&self) -> Result<shipper::Target, String> {
+        check_urls(&self.to)?;
+        let token = match &self.nats_token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let replicas = self.replicas.unwrap_or(1);
+        if !(1..=5).contains(&replicas) {
+            return Err(format!("replicas {replicas}: expected 1 to 5"));
+        }
+        Ok(shipper::Target {
+            urls: self.to.clone(),
+            flags: NatsFlags {
+                nats_creds: self.nats_creds.clone(),
+                nats_token: token,
+                nats_ca: self.nats_ca.clone(),
+                nats_tls: self.nats_tls.unwrap_or(false),
+                stream: self.stream.clone().unwrap_or_else(|| "GABP".into()),
+                subject_prefix: self.subject_prefix.clone().unwrap_or_else(|| "gabp".into()),
+                replicas,
+                stream_max_age: self.stream_max_age.as_deref().map(age).transpose()?,
+                stream_max_bytes: self.stream_max_bytes.as_deref().map(size).transpose()?,
+            },
+            host: host_name(),
+        })
+    }
+}

@@ -1,0 +1,678 @@
+//! Shipping recordings to another machine and taking them in there: the per-session ship
+//! cursor, committed chunks read in order from it, the catalog snapshot shipped with them,
+//! and the idempotent ingest a collector writes an archive with.
+//!
+//! Two more `catalog` parts, beside those of [`crate::keys`] (older relays skip them):
+//!
+//! | key                       | value                                    |
+//! |---------------------------|------------------------------------------|
+//! | session id (16) · 4       | [`ShipCursor`], 33 bytes (source side)   |
+//! | session id (16) · 5       | JSON [`Origin`] (archive side)           |
+//!
+//! Chunks are shipped exactly as stored (the encoding of [`crate::chunk`]), keyed by their
+//! first frame number, so an archive holds the same keys and values as its source. Ingest is
+//! keyed by (session, first frame): a chunk already there changes nothing, so re-applying a
+//! message after a crash or a redelivery neither loses nor doubles anything. A catalog
+//! snapshot carries a sequence number; one not newer than the last applied is skipped.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use rocksdb::{Direction as Scan, IteratorMode, WriteBatch};
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Counters, Gap, SessionMeta, SessionState};
+use crate::chunk::{self, Direction, FrameRecord};
+use crate::error::StoreError;
+use crate::keys::{self, Detail, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
+use crate::store::{Durability, Store};
+use crate::SessionId;
+
+const PART_SHIP: u8 = 4;
+const PART_ORIGIN: u8 = 5;
+
+fn part_key(id: SessionId, part: u8) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[..16].copy_from_slice(id.as_bytes());
+    k[16] = part;
+    k
+}
+
+/// How far a session has been shipped: what the destination acknowledged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ShipCursor {
+    /// Frames acknowledged (the next chunk to ship starts here).
+    pub frames: u64,
+    /// Body bytes of those frames.
+    pub bytes: u64,
+    /// Sequence number of the last catalog snapshot acknowledged (0: none yet).
+    pub catalog_seq: u64,
+    /// Fingerprint of that snapshot, so an unchanged catalog is not sent again.
+    pub catalog_hash: u64,
+}
+
+impl ShipCursor {
+    const LEN: usize = 33;
+    const VERSION: u8 = 1;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut v = [0u8; Self::LEN];
+        v[0] = Self::VERSION;
+        for (i, f) in [self.frames, self.bytes, self.catalog_seq, self.catalog_hash]
+            .iter()
+            .enumerate()
+        {
+            v[1 + 8 * i..9 + 8 * i].copy_from_slice(&f.to_be_bytes());
+        }
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<ShipCursor> {
+        if v.len() != Self::LEN || v[0] != Self::VERSION {
+            return None;
+        }
+        let f = |i: usize| u64::from_be_bytes(v[1 + 8 * i..9 + 8 * i].try_into().expect("8 bytes"));
+        Some(ShipCursor {
+            frames: f(0),
+            bytes: f(1),
+            catalog_seq: f(2),
+            catalog_hash: f(3),
+        })
+    }
+}
+
+/// Where an archived session was recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    /// The recording machine's host name.
+    pub host: String,
+    /// The route it was recorded on.
+    pub route: String,
+    /// The version of the relay that recorded it.
+    pub relay_version: String,
+}
+
+/// Everything of a session's catalog that is not frames: its entry (with welcome, channels,
+/// bridges, tags, state and counters), its gaps, and where it was recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CatalogSnapshot {
+    /// Increases with every change shipped; a collector applies only newer ones.
+    pub seq: u64,
+    /// The entry, with details.
+    pub meta: SessionMeta,
+    /// Frames lost under `continue`.
+    #[serde(default)]
+    pub gaps: Vec<Gap>,
+    /// Where it was recorded.
+    pub origin: Origin,
+}
+
+impl CatalogSnapshot {
+    /// A fingerprint of what a collector applies (not the sequence number, the origin or the
+    /// frame counts, which come from the chunks): FNV-1a over the JSON.
+    pub fn fingerprint(&self) -> u64 {
+        let mut m = self.meta.clone();
+        (m.frames, m.bytes, m.events, m.last_ns) = (0, 0, 0, 0);
+        let body = serde_json::to_vec(&(&m, &self.gaps)).expect("a catalog snapshot serializes");
+        body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+}
+
+/// One committed chunk, as stored.
+#[derive(Debug, Clone)]
+pub struct StoredChunk {
+    /// Its first frame number (its key).
+    pub first: u64,
+    /// Frames it holds.
+    pub frames: u64,
+    /// Body bytes of those frames.
+    pub bytes: u64,
+    /// The stored value, unchanged.
+    pub data: Bytes,
+}
+
+impl Store {
+    /// The ship cursor of a session (all zero before anything was acknowledged).
+    pub fn ship_cursor(&self, id: SessionId) -> Result<ShipCursor, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP))?
+        {
+            Some(v) => ShipCursor::decode(&v)
+                .ok_or_else(|| StoreError::Corrupt("ship cursor: bad length or version".into())),
+            None => Ok(ShipCursor::default()),
+        }
+    }
+
+    /// Records what the destination acknowledged (synced under `batch` durability).
+    pub fn set_ship_cursor(&self, id: SessionId, c: &ShipCursor) -> Result<(), StoreError> {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(self.opts.durability == Durability::Batch);
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP), c.encode());
+        self.db.write_opt(batch, &wo)?;
+        Ok(())
+    }
+
+    /// Committed chunks of `id` from the one starting at frame `from`, in order, up to `max`
+    /// chunks or about `max_bytes` (at least one chunk when there is one).
+    pub fn chunks_from(
+        &self,
+        id: SessionId,
+        from: u64,
+        max: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredChunk>, StoreError> {
+        let start = keys::frame_key(id, from);
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.fill_cache(false);
+        let mut out = Vec::new();
+        let mut size = 0;
+        for item in self.db.iterator_cf_opt(
+            self.cf(CF_FRAMES),
+            ro,
+            IteratorMode::From(&start, Scan::Forward),
+        ) {
+            let (k, v) = item?;
+            let Some((s, first)) = keys::parse_frame_key(&k) else {
+                break;
+            };
+            if s != id {
+                break;
+            }
+            let data = Bytes::from(v.into_vec());
+            let recs = chunk::decode(data.clone())?;
+            size += data.len();
+            out.push(StoredChunk {
+                first,
+                frames: recs.len() as u64,
+                bytes: recs.iter().map(|r| r.body.len() as u64).sum(),
+                data,
+            });
+            if out.len() >= max || size >= max_bytes {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The catalog snapshot of a session as it stands (`seq` 0: the shipper numbers it).
+    pub fn catalog_snapshot(
+        &self,
+        id: SessionId,
+        host: &str,
+    ) -> Result<Option<CatalogSnapshot>, StoreError> {
+        let Some(meta) = self.session(id)? else {
+            return Ok(None);
+        };
+        let gaps = self.gaps(id)?;
+        let origin = match self.origin(id)? {
+            // An archive shipped on keeps the first origin.
+            Some(o) => o,
+            None => Origin {
+                host: host.to_string(),
+                route: meta.route.clone(),
+                relay_version: meta.relay_version.clone(),
+            },
+        };
+        Ok(Some(CatalogSnapshot {
+            seq: 0,
+            meta,
+            gaps,
+            origin,
+        }))
+    }
+
+    /// Where an archived session was recorded, if it came from elsewhere.
+    pub fn origin(&self, id: SessionId) -> Result<Option<Origin>, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_ORIGIN))?
+        {
+            Some(v) => {
+                Ok(Some(serde_json::from_slice(&v).map_err(|e| {
+                    StoreError::Corrupt(format!("origin: {e}"))
+                })?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Frames and body bytes of `m` not yet acknowledged by the destination.
+    pub fn ship_lag(&self, m: &SessionMeta) -> Result<(u64, u64), StoreError> {
+        let c = self.ship_cursor(m.id)?;
+        Ok((
+            m.frames.saturating_sub(c.frames),
+            m.bytes.saturating_sub(c.bytes),
+        ))
+    }
+
+    /// Whether `m` is ended and every frame and its final catalog were acknowledged.
+    pub fn fully_shipped(&self, m: &SessionMeta) -> Result<bool, StoreError> {
+        if m.state != Some(SessionState::Ended) {
+            return Ok(false);
+        }
+        let c = self.ship_cursor(m.id)?;
+        if c.frames < m.frames || c.catalog_seq == 0 {
+            return Ok(false);
+        }
+        Ok(self
+            .catalog_snapshot(m.id, "")?
+            .is_some_and(|s| s.fingerprint() == c.catalog_hash))
+    }
+
+    /// Retention that keeps what has not been fully shipped (unless `retain_unshipped`):
+    /// deletes ended sessions older than `max_age_ns` or beyond `max_bytes` (oldest first).
+    pub fn apply_retention_shipped(
+        &self,
+        now_ns: u64,
+        max_age_ns: Option<u64>,
+        max_bytes: Option<u64>,
+        retain_unshipped: bool,
+    ) -> Result<Vec<SessionId>, StoreError> {
+        let sessions = self.sessions()?;
+        let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
+        let mut deleted = Vec::new();
+        for m in &sessions {
+            if m.state != Some(SessionState::Ended) {
+                continue;
+            }
+            let too_old = max_age_ns
+                .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
+            let too_big = max_bytes.is_some_and(|cap| total > cap);
+            if (too_old || too_big) && (retain_unshipped || self.fully_shipped(m)?) {
+                self.delete_session(m.id)?;
+                total -= m.bytes;
+                deleted.push(m.id);
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Starts a batch of idempotent writes into an archive.
+    pub fn ingest(&self) -> Ingest<'_> {
+        Ingest {
+            store: self,
+            batch: WriteBatch::default(),
+            counters: HashMap::new(),
+            chunks: HashMap::new(),
+            snaps: HashMap::new(),
+        }
+    }
+}
+
+/// What [`Ingest::chunk`] did with a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Taken {
+    /// Added to the batch.
+    New,
+    /// Already in the archive or the batch: nothing to do.
+    Known,
+    /// Not a chunk this version can read (why, one line): nothing written.
+    Undecodable(String),
+}
+
+/// A batch of chunks and catalog snapshots for an archive, written atomically by
+/// [`Ingest::commit`]. Applying anything already applied changes nothing.
+pub struct Ingest<'a> {
+    store: &'a Store,
+    batch: WriteBatch,
+    /// Counters of every session touched, as they will stand after the commit.
+    counters: HashMap<SessionId, Counters>,
+    /// Chunk keys written in this batch (not yet readable from the store).
+    chunks: HashMap<(SessionId, u64), ()>,
+    /// Highest snapshot seq per session in this batch.
+    snaps: HashMap<SessionId, u64>,
+}
+
+impl std::fmt::Debug for Ingest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl Ingest<'_> {
+    fn counters(&mut self, id: SessionId) -> Result<&mut Counters, StoreError> {
+        if !self.counters.contains_key(&id) {
+            let c = match self
+                .store
+                .db
+                .get_cf(self.store.cf(CF_CATALOG), keys::counters_key(id))?
+            {
+                Some(v) => Counters::decode(&v)
+                    .ok_or_else(|| StoreError::Corrupt("catalog counters".into()))?,
+                // None yet (or chunks came before the first snapshot): count what is stored.
+                None => {
+                    let mut c = Counters::default();
+                    for item in self.store.frames(id) {
+                        let (_, r) = item?;
+                        add_counts(&mut c, std::slice::from_ref(&r));
+                    }
+                    c
+                }
+            };
+            self.counters.insert(id, c);
+        }
+        Ok(self.counters.get_mut(&id).expect("inserted above"))
+    }
+
+    /// Adds one shipped chunk (stored as is, its channel runs indexed, the session's counts
+    /// raised); returns what it did with it.
+    pub fn chunk(&mut self, id: SessionId, first: u64, data: Bytes) -> Result<Taken, StoreError> {
+        let key = keys::frame_key(id, first);
+        if self.chunks.contains_key(&(id, first))
+            || self
+                .store
+                .db
+                .get_pinned_cf(self.store.cf(CF_FRAMES), key)?
+                .is_some()
+        {
+            return Ok(Taken::Known);
+        }
+        // An undecodable chunk is the message's fault, not the archive's: nothing is written.
+        let recs = match chunk::decode(data.clone()) {
+            Ok(r) => r,
+            Err(e) => return Ok(Taken::Undecodable(e.to_string())),
+        };
+        let mut runs: Vec<(u32, u64, u64, u32)> = Vec::new();
+        for (i, r) in recs.iter().enumerate() {
+            if let (Some(ch), Some(seq)) = (r.channel, r.relay_seq) {
+                match runs.iter_mut().find(|x| x.0 == ch) {
+                    Some(x) => x.3 += 1,
+                    None => runs.push((ch, seq, first + i as u64, 1)),
+                }
+            }
+        }
+        self.batch.put_cf(self.store.cf(CF_FRAMES), key, &data);
+        for (ch, seq, frame_no, count) in runs {
+            let e = IndexEntry {
+                frame_no,
+                chunk: first,
+                count,
+            };
+            self.batch.put_cf(
+                self.store.cf(CF_CHAN_INDEX),
+                keys::index_key(id, ch, seq),
+                e.encode(),
+            );
+        }
+        let c = self.counters(id)?;
+        add_counts(c, &recs);
+        self.chunks.insert((id, first), ());
+        Ok(Taken::New)
+    }
+
+    /// Applies a catalog snapshot unless one at least as new was applied; returns whether it
+    /// was applied. Counts of frames come from the chunks taken in, never from the snapshot.
+    pub fn snapshot(&mut self, snap: &CatalogSnapshot) -> Result<bool, StoreError> {
+        let id = snap.meta.id;
+        let applied = match self.snaps.get(&id) {
+            Some(s) => *s,
+            None => self.store.ship_cursor(id)?.catalog_seq,
+        };
+        if snap.seq <= applied {
+            return Ok(false);
+        }
+        let mut meta = snap.meta.clone();
+        let c = *self.counters(id)?;
+        meta.frames = c.frames;
+        meta.bytes = c.bytes;
+        meta.events = c.events;
+        meta.last_ns = c.last_ns.max(meta.started_ns);
+        let store = self.store;
+        crate::sessions::put_parts(store, &mut self.batch, &meta);
+        if let Some(details) = store.details_cf() {
+            for g in &snap.gaps {
+                self.batch.put_cf(
+                    details,
+                    keys::detail_key(id, Detail::Gap, g.frame),
+                    serde_json::to_vec(g).expect("a gap serializes"),
+                );
+            }
+        }
+        self.batch.put_cf(
+            store.cf(CF_CATALOG),
+            part_key(id, PART_ORIGIN),
+            serde_json::to_vec(&snap.origin).expect("an origin serializes"),
+        );
+        // On the archive side the cursor part remembers the last snapshot applied.
+        let cursor = ShipCursor {
+            catalog_seq: snap.seq,
+            ..ShipCursor::default()
+        };
+        self.batch.put_cf(
+            store.cf(CF_CATALOG),
+            part_key(id, PART_SHIP),
+            cursor.encode(),
+        );
+        self.snaps.insert(id, snap.seq);
+        let counters = self.counters.get_mut(&id).expect("read above");
+        counters.anomalies = meta.anomalies;
+        counters.record_errors = meta.record_errors;
+        counters.lost_frames = meta.lost_frames;
+        counters.last_ns = meta.last_ns;
+        Ok(true)
+    }
+
+    /// Writes everything added, atomically, synced under `batch` durability.
+    pub fn commit(mut self) -> Result<(), StoreError> {
+        let cf = self.store.cf(CF_CATALOG);
+        for (id, c) in &self.counters {
+            // Counters without a session record would make the catalog unreadable: a chunk
+            // that arrives first waits for its snapshot to write them (counted again then).
+            let has_record = self.snaps.contains_key(id)
+                || self
+                    .store
+                    .db
+                    .get_pinned_cf(cf, keys::session_key(*id))?
+                    .is_some();
+            if has_record {
+                self.batch.put_cf(cf, keys::counters_key(*id), c.encode());
+            }
+        }
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(self.store.opts.durability == Durability::Batch);
+        self.store.db.write_opt(self.batch, &wo)?;
+        Ok(())
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+}
+
+fn add_counts(c: &mut Counters, recs: &[FrameRecord]) {
+    for r in recs {
+        c.frames += 1;
+        c.bytes += r.body.len() as u64;
+        c.last_ns = c.last_ns.max(r.time_ns);
+        if r.dir == Direction::ModToRelay && r.channel.is_some() {
+            c.events += 1;
+        }
+    }
+}
+
+/// Whether the store has the `details` family (used by tests of archives).
+#[doc(hidden)]
+pub fn has_details(store: &Store) -> bool {
+    store.db.cf_handle(CF_DETAILS).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SessionWriter, StoreOptions};
+
+    fn record(store: &Store, frames: u64) -> SessionId {
+        let mut w = SessionWriter::new(store.clone());
+        let id = SessionId::now_v7();
+        w.begin(SessionMeta {
+            id,
+            route: "r".into(),
+            started_ns: 1,
+            relay_version: "t".into(),
+            channels: vec!["ch".into()],
+            ..SessionMeta::default()
+        });
+        for i in 0..frames {
+            let mut rec = FrameRecord::message(
+                Direction::ModToRelay,
+                0,
+                10 + i,
+                true,
+                Bytes::from(format!("{{\"n\":{i}}}")),
+            );
+            rec.channel = Some(0);
+            rec.relay_seq = Some(i);
+            rec.mod_seq = Some(i);
+            w.append(id, &rec);
+            if i % 300 == 0 {
+                w.commit().expect("commit");
+            }
+        }
+        w.end(id, crate::EndReason::Clean, 5000);
+        w.commit().expect("commit");
+        id
+    }
+
+    /// Ships everything of `id` from `src` into `dst` the way the relay does, returning how
+    /// many chunks were new.
+    fn ship(src: &Store, dst: &Store, id: SessionId, seq: u64) -> usize {
+        let mut new = 0;
+        let mut snap = src
+            .catalog_snapshot(id, "host")
+            .expect("snap")
+            .expect("some");
+        snap.seq = seq;
+        let mut ing = dst.ingest();
+        ing.snapshot(&snap).expect("apply");
+        for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
+            new += usize::from(ing.chunk(id, c.first, c.data).expect("ingest") == Taken::New);
+        }
+        // The final snapshot again, after the chunks, as the shipper sends it.
+        snap.seq = seq + 1;
+        ing.snapshot(&snap).expect("apply");
+        ing.commit().expect("commit");
+        new
+    }
+
+    #[test]
+    fn shipping_twice_changes_nothing_and_the_archive_equals_the_source() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 1000);
+        let chunks = src.chunk_keys(id).expect("keys").len();
+        assert!(chunks > 3, "several chunks: {chunks}");
+        assert_eq!(ship(&src, &dst, id, 1), chunks);
+        assert_eq!(ship(&src, &dst, id, 1), 0, "nothing new the second time");
+        let (s, d) = (
+            src.session(id).expect("s").expect("s"),
+            dst.session(id).expect("d").expect("d"),
+        );
+        assert_eq!(s, d);
+        assert!(dst.check_session(id).expect("check").ok());
+        assert_eq!(dst.origin(id).expect("origin").expect("some").host, "host");
+        let f = |st: &Store| st.frames(id).map(|r| r.expect("frame")).collect::<Vec<_>>();
+        assert_eq!(f(&src), f(&dst));
+        // A stale snapshot (older seq) is skipped.
+        let mut old = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        old.seq = 1;
+        old.meta.tags.insert("k".into(), "v".into());
+        let mut ing = dst.ingest();
+        assert!(!ing.snapshot(&old).expect("apply"));
+        ing.commit().expect("commit");
+        assert!(dst.session(id).expect("d").expect("d").tags.is_empty());
+    }
+
+    #[test]
+    fn an_undecodable_chunk_is_refused_and_the_rest_of_its_batch_goes_in() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 700);
+        let mut snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        snap.seq = 1;
+        let mut ing = dst.ingest();
+        ing.snapshot(&snap).expect("apply");
+        for bad in [&b"\x09junk"[..], b"", &[1, 5, 0, 0, 0, 1][..]] {
+            let t = ing
+                .chunk(id, 1_000_000, Bytes::from(bad.to_vec()))
+                .expect("no db error");
+            assert!(matches!(t, Taken::Undecodable(_)), "{t:?}");
+        }
+        for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
+            assert_eq!(ing.chunk(id, c.first, c.data).expect("ingest"), Taken::New);
+        }
+        ing.commit().expect("commit");
+        let f = |st: &Store| st.frames(id).map(|r| r.expect("frame")).collect::<Vec<_>>();
+        assert_eq!(f(&src), f(&dst));
+        assert!(dst.check_session(id).expect("check").ok());
+    }
+
+    #[test]
+    fn chunks_before_their_snapshot_are_counted_once_it_comes() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 700);
+        let mut ing = dst.ingest();
+        for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
+            ing.chunk(id, c.first, c.data).expect("ingest");
+        }
+        ing.commit().expect("commit");
+        assert!(dst.sessions().expect("list").is_empty(), "no record yet");
+        ship(&src, &dst, id, 5);
+        assert_eq!(
+            src.session(id).expect("s").expect("s"),
+            dst.session(id).expect("d").expect("d")
+        );
+        assert!(dst.check_session(id).expect("check").ok());
+    }
+
+    #[test]
+    fn the_cursor_survives_a_reopen_and_guards_retention() {
+        let a = tempfile::tempdir().expect("tmp");
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 50);
+        let m = src.session(id).expect("s").expect("s");
+        assert!(!src.fully_shipped(&m).expect("q"));
+        assert_eq!(src.ship_lag(&m).expect("lag"), (50, m.bytes));
+        assert!(src
+            .apply_retention_shipped(u64::MAX, Some(0), None, false)
+            .expect("retain")
+            .is_empty());
+        let snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        let c = ShipCursor {
+            frames: 50,
+            bytes: m.bytes,
+            catalog_seq: 3,
+            catalog_hash: snap.fingerprint(),
+        };
+        src.set_ship_cursor(id, &c).expect("set");
+        drop(src);
+        let src = Store::open(a.path(), StoreOptions::default()).expect("reopen");
+        assert_eq!(src.ship_cursor(id).expect("cursor"), c);
+        assert_eq!(src.ship_lag(&m).expect("lag"), (0, 0));
+        assert!(src.fully_shipped(&m).expect("q"));
+        assert_eq!(
+            src.apply_retention_shipped(u64::MAX, Some(0), None, false)
+                .expect("retain"),
+            vec![id]
+        );
+    }
+}
