@@ -707,3 +707,86 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
         "{text}"
     );
 }
+
+/// Sends `n` `relay/mark`s of `size` bytes of data back to back (so the recorder commits them
+/// together), then waits for every answer.
+async fn big_marks(c: &mut Client, n: usize, size: usize) {
+    let ids: Vec<String> = (0..n).map(|_| gabp_sim::client::new_id()).collect();
+    for id in &ids {
+        let params = serde_json::json!({"label": "big", "data": "x".repeat(size)});
+        c.send_body(&gabp_proto::message::request(id, "relay/mark", params))
+            .await
+            .expect("send");
+    }
+    for id in &ids {
+        let r = c.response_to(id).await.expect("answer");
+        assert!(r["error"].is_null(), "{r}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_one_line() {
+    // A server that takes messages of at most 64 KiB (headers included).
+    let mut cluster = Cluster::new(1, true, "max_payload: 65536");
+    cluster.ready(true).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, archive) = (dir.path().join("a"), dir.path().join("archive"));
+    let sim = start_mod(Some(200.0));
+    let mut r = serve_shipping(&sim, &a, &urls, "big", "1").await;
+    let mut col = collector(&urls, &archive);
+    let (mut c, _) = Client::connect_hello(&r.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    // 40 frames of 30 KB committed together: chunks far over the limit, each frame under it.
+    big_marks(&mut c, 40, 30_000).await;
+    let recorded = frames(&a).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while frames(&archive).await < recorded {
+        assert!(Instant::now() < deadline, "big chunks were never shipped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One frame larger than any message: that session waits, named, and the relay goes on.
+    big_marks(&mut c, 1, 100_000).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let line = loop {
+        let st = c
+            .call("relay/status", serde_json::json!({}))
+            .await
+            .expect("status");
+        let e = st.to_string();
+        if e.contains("cannot be shipped") {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no stuck session in {st}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(line.contains("max_payload"), "{line}");
+    let seen = frames(&a).await;
+    recorded_beyond(&a, seen + 200).await;
+    drop(c);
+    stop(&mut r).await;
+    // The backfill says the same in one line and fails.
+    let (code, err) = ship_err(&a, &urls, &[]).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot be shipped") && err.contains("max_payload"),
+        "{err}"
+    );
+    // With the limit raised, everything ships and the archive equals the source.
+    kill9(&mut col);
+    let _ = col.wait();
+    cluster.nodes[0].kill();
+    let conf = std::fs::read_to_string(&cluster.nodes[0].conf).expect("conf");
+    std::fs::write(
+        &cluster.nodes[0].conf,
+        conf.replace("max_payload: 65536", "max_payload: 1048576"),
+    )
+    .expect("conf");
+    cluster.start_all();
+    cluster.ready(true).await;
+    let mut col = collector(&urls, &archive);
+    backfill(&a, &urls).await;
+    archive_equals(&archive, &[&a]).await;
+    kill9(&mut col);
+}

@@ -11,6 +11,8 @@ use crate::error::StoreError;
 
 const VERSION: u8 = 1;
 const HEADER: usize = 38;
+/// The chunk's own prefix (version and record count) before its first record.
+pub const CHUNK_PREFIX: usize = 5;
 const HAS_CHANNEL: u8 = 1;
 const HAS_MOD_SEQ: u8 = 2;
 const HAS_RELAY_SEQ: u8 = 4;
@@ -92,6 +94,11 @@ impl FrameRecord {
             body,
         }
     }
+}
+
+/// The encoded size of `r` alone in a chunk (prefix included).
+pub fn encoded_len(r: &FrameRecord) -> usize {
+    CHUNK_PREFIX + HEADER + r.body.len()
 }
 
 /// Builds one chunk.

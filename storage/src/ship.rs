@@ -133,6 +133,79 @@ pub struct StoredChunk {
     pub data: Bytes,
 }
 
+/// A frame too large for any message the destination takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "frame {frame} is {size} bytes encoded, over the {limit}-byte message limit of the destination"
+)]
+pub struct Oversize {
+    /// Its frame number.
+    pub frame: u64,
+    /// Its encoded size, alone in a chunk.
+    pub size: usize,
+    /// The limit it does not fit.
+    pub limit: usize,
+}
+
+impl StoredChunk {
+    /// This chunk as chunks of at most `limit` encoded bytes each, in order: itself when it
+    /// fits, else its frames re-encoded in runs (a message is the unit a destination takes,
+    /// and a recorder chunk may be larger than its `max_payload`). A single frame that does not
+    /// fit alone is an [`Oversize`] error.
+    pub fn split(self, limit: usize) -> Result<Vec<StoredChunk>, SplitError> {
+        if self.data.len() <= limit {
+            return Ok(vec![self]);
+        }
+        let recs = chunk::decode(self.data.clone())?;
+        let mut out = Vec::new();
+        let mut b = chunk::ChunkBuilder::default();
+        let (mut first, mut bytes) = (self.first, 0u64);
+        for (i, r) in recs.iter().enumerate() {
+            let size = chunk::encoded_len(r);
+            if !b.is_empty() && b.len() + size - chunk::CHUNK_PREFIX > limit {
+                let frames = u64::from(b.count());
+                out.push(StoredChunk {
+                    first,
+                    frames,
+                    bytes,
+                    data: b.finish(),
+                });
+                (first, bytes) = (first + frames, 0);
+            }
+            if size > limit {
+                return Err(SplitError::Oversize(Oversize {
+                    frame: self.first + i as u64,
+                    size,
+                    limit,
+                }));
+            }
+            b.push(r);
+            bytes += r.body.len() as u64;
+        }
+        if !b.is_empty() {
+            let frames = u64::from(b.count());
+            out.push(StoredChunk {
+                first,
+                frames,
+                bytes,
+                data: b.finish(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Why [`StoredChunk::split`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SplitError {
+    /// One frame alone is over the limit.
+    #[error(transparent)]
+    Oversize(#[from] Oversize),
+    /// The stored chunk could not be decoded.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 impl Store {
     /// The ship cursor of a session (all zero before anything was acknowledged).
     pub fn ship_cursor(&self, id: SessionId) -> Result<ShipCursor, StoreError> {
@@ -591,6 +664,62 @@ mod tests {
         assert!(!ing.snapshot(&old).expect("apply"));
         ing.commit().expect("commit");
         assert!(dst.session(id).expect("d").expect("d").tags.is_empty());
+    }
+
+    #[test]
+    fn chunks_split_to_a_message_limit_make_the_same_archive() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 1000);
+        let stored = src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks");
+        let biggest = stored.iter().map(|c| c.data.len()).max().expect("some");
+        let limit = 1000;
+        assert!(biggest > 4 * limit, "chunks to split: {biggest}");
+        let mut ing = dst.ingest();
+        let mut snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        snap.seq = 1;
+        ing.snapshot(&snap).expect("apply");
+        let mut next = 0;
+        for c in stored {
+            let (frames, bytes, size) = (c.frames, c.bytes, c.data.len());
+            let parts = c.split(limit).expect("split");
+            assert_eq!(
+                parts.len() > 1,
+                size > limit,
+                "split only when over the limit"
+            );
+            assert_eq!(parts.iter().map(|p| p.frames).sum::<u64>(), frames);
+            assert_eq!(parts.iter().map(|p| p.bytes).sum::<u64>(), bytes);
+            for p in parts {
+                assert!(p.data.len() <= limit, "{} > {limit}", p.data.len());
+                assert_eq!(p.first, next, "parts are contiguous");
+                next += p.frames;
+                assert_eq!(ing.chunk(id, p.first, p.data).expect("ingest"), Taken::New);
+            }
+        }
+        snap.seq = 2;
+        ing.snapshot(&snap).expect("apply");
+        ing.commit().expect("commit");
+        assert!(dst.check_session(id).expect("check").ok());
+        let f = |st: &Store| st.frames(id).map(|r| r.expect("frame")).collect::<Vec<_>>();
+        assert_eq!(f(&src), f(&dst));
+        assert_eq!(
+            src.session(id).expect("s").expect("s"),
+            dst.session(id).expect("d").expect("d")
+        );
+        // A frame that cannot fit alone is named.
+        let c = src
+            .chunks_from(id, 0, 1, usize::MAX)
+            .expect("chunks")
+            .remove(0);
+        match c.split(40) {
+            Err(SplitError::Oversize(o)) => assert_eq!((o.frame, o.limit), (0, 40)),
+            other => panic!("expected an oversize frame, got {other:?}"),
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use async_nats::jetstream::{self, message::PublishMessage as Publish};
-use gabp_storage::ship::{CatalogSnapshot, ShipCursor};
+use gabp_storage::ship::{CatalogSnapshot, Oversize, ShipCursor, SplitError};
 use gabp_storage::{SessionId, SessionState, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -28,6 +28,18 @@ const WINDOW_BYTES: usize = 8 << 20;
 /// A live session at full rate is never caught up: its turn ends after this long, so that the
 /// round lets go of the store (the recorder may need to reopen it) and the lag is refreshed.
 const TURN: Duration = Duration::from_secs(1);
+/// Room left in each message for its headers (id, kind, first frame) under the server's
+/// `max_payload`, which counts headers and payload together.
+const HEADER_ROOM: usize = 1024;
+
+/// A session that cannot be shipped while the servers' `max_payload` stays what it is: one of
+/// its frames does not fit any message. It waits (its lag shows it); the others ship.
+#[derive(Debug, thiserror::Error)]
+#[error("session {session} cannot be shipped: {oversize}; raise max_payload on the NATS servers (up to 64 MiB, deploy/nats-cluster.conf) and reconnect; the other sessions ship")]
+pub struct Stuck {
+    session: SessionId,
+    oversize: Oversize,
+}
 
 /// Where the relay's store is to be found; empty while the recorder reopens it.
 pub type StoreSlot = Arc<Mutex<Option<Store>>>;
@@ -116,8 +128,10 @@ pub async fn run(
             let js = super::connect(&target.urls, &target.flags, "gabp-relay shipper").await?;
             status.connected.store(true, Ordering::Relaxed);
             *status.last_error.lock() = None;
+            // Sessions waiting for a larger max_payload: tried again after a reconnect.
+            let mut stuck = HashSet::new();
             loop {
-                let moved = ship_round(&js, &slot, &target, &status, &mut done).await?;
+                let moved = ship_round(&js, &slot, &target, &status, &mut done, &mut stuck).await?;
                 if !moved {
                     // Nothing behind: look again shortly (off the hot path, a cheap catalog scan).
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -152,6 +166,7 @@ async fn ship_round(
     target: &Target,
     status: &ShipStatus,
     done: &mut HashSet<SessionId>,
+    stuck: &mut HashSet<SessionId>,
 ) -> Result<bool> {
     let Some(store) = slot.lock().clone() else {
         return Ok(false);
@@ -177,8 +192,24 @@ async fn ship_round(
     }
     status.set_lag(lag.0, lag.1);
     for (m, c) in work {
+        if stuck.contains(&m.id) {
+            continue;
+        }
         let before = c.frames;
-        let (finished, cursor) = ship_session(js, &s, m.id, c, target, status).await?;
+        let (finished, cursor) = match ship_session(js, &s, m.id, c, target, status).await {
+            Ok(done) => done,
+            Err(e) => match e.downcast::<Stuck>() {
+                Ok(st) => {
+                    let line = st.to_string();
+                    tracing::warn!("{line}");
+                    metrics::counter!("gabp_ship_stuck_sessions_total").increment(1);
+                    *status.last_error.lock() = Some(line);
+                    stuck.insert(m.id);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            },
+        };
         moved |= cursor.frames != before;
         if finished {
             done.insert(m.id);
@@ -240,6 +271,26 @@ pub async fn ship_session(
                 snap.meta.state == Some(SessionState::Ended) && cursor.frames >= snap.meta.frames;
             return Ok((finished, cursor));
         }
+        // A recorder chunk may be larger than a message may be: ship it in runs of frames.
+        let limit = js.client().max_payload().saturating_sub(HEADER_ROOM);
+        let mut parts = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            match c.split(limit) {
+                Ok(p) => parts.extend(p),
+                // What came before it ships first; the next window starts at it and fails.
+                Err(_) if !parts.is_empty() => break,
+                Err(SplitError::Oversize(oversize)) => {
+                    return Err(anyhow::Error::new(Stuck {
+                        session: id,
+                        oversize,
+                    }))
+                }
+                Err(SplitError::Store(e)) => {
+                    return Err(anyhow!("cannot read the recording to ship it: {e}"))
+                }
+            }
+        }
+        let chunks = parts;
         // Send the window, then wait for every ack in order.
         let mut acks = Vec::with_capacity(chunks.len());
         for c in &chunks {
