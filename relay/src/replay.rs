@@ -111,7 +111,14 @@ impl Recording {
             0
         };
         let plays = |c: u32| channels.as_ref().is_none_or(|w| w.contains(&c));
-        let events = store.count_events(meta.id, from_frame, plays)?;
+        // The catalog counts exactly the frames the index holds (the recorder indexes every
+        // event it records, and records nothing else on a channel), so a whole-session replay
+        // needs no index scan: opening costs the same for any session length.
+        let events = if channels.is_none() && from_frame == 0 {
+            meta.events
+        } else {
+            store.count_events(meta.id, from_frame, plays)?
+        };
         let plan = ReplayPlan {
             store: Arc::new(store),
             meta: meta.clone(),
@@ -124,6 +131,20 @@ impl Recording {
             events,
         };
         Ok(Recording { meta, plan })
+    }
+
+    /// Waits (at most `bound`) until nothing but this recording holds its store: every reader
+    /// of the replay has stopped. A process that exits while a thread still uses RocksDB can
+    /// abort in RocksDB's static destructors (`pthread lock: Invalid argument`).
+    pub async fn readers_stopped(&self, bound: Duration) -> bool {
+        let until = tokio::time::Instant::now() + bound;
+        while Arc::strong_count(&self.plan.store) > 1 {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 
     /// Recorded events one pass replays (after `--from` and `--channel`).

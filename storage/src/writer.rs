@@ -201,6 +201,12 @@ impl SessionWriter {
             o.chunk_first = frame_no;
         }
         o.chunk.push(rec);
+        // A session's `events` counter is also its index's size (replay relies on it).
+        debug_assert_eq!(
+            rec.channel.is_some(),
+            rec.relay_seq.is_some() && rec.dir == Direction::ModToRelay,
+            "only the mod's events have a channel"
+        );
         if let (Some(ch), Some(seq)) = (rec.channel, rec.relay_seq) {
             match o.runs.iter_mut().find(|r| r.0 == ch) {
                 Some(run) => run.3 += 1,

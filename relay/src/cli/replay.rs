@@ -93,9 +93,10 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     };
     super::print_best_effort(&text);
     let cancel = tokio_util::sync::CancellationToken::new();
+    let rec = std::sync::Arc::new(rec);
     let mut server = tokio::spawn(crate::replay::serve(
         listener,
-        std::sync::Arc::new(rec),
+        rec.clone(),
         opts,
         cancel.clone(),
     ));
@@ -106,6 +107,10 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
             server.await??;
         }
         served = &mut server => served??,
+    }
+    // The store closes here, before the process exits, once its readers have let go.
+    if !rec.readers_stopped(std::time::Duration::from_secs(3)).await {
+        tracing::warn!("a reader of the recording did not stop within 3 s");
     }
     Ok(())
 }
