@@ -775,7 +775,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
     );
     // With the limit raised, everything ships and the archive equals the source.
     kill9(&mut col);
-    let _ = col.wait();
+    let _ = col.wait().await;
     cluster.nodes[0].kill();
     let conf = std::fs::read_to_string(&cluster.nodes[0].conf).expect("conf");
     std::fs::write(
