@@ -232,7 +232,7 @@ async fn blocking<T: Send + 'static>(
     .map_err(|e| anyhow!("cannot read the recording to ship it: {e}"))
 }
 
-/// Ships one session from its cursor as far as it is committed, or for about [`TURN`] if that
+/// Ships one session from its cursor as far as it is committed, or for about a second (`TURN`) if that
 /// is less; returns whether it is finished (ended, every frame and its final catalog
 /// acknowledged) and the cursor.
 pub async fn ship_session(
