@@ -95,9 +95,16 @@ async fn status_shows_a_relay_whose_mod_is_down_and_then_connected() {
             .any(|l| l.starts_with("idle ") && l.contains(" connected ")),
         "{table}"
     );
+    let token = s.token.clone().expect("generated token printed");
+    // `withoutMod` is a boolean: anything else is refused, not taken as false.
+    let mut c = Client::connect(&s.addr).await.expect("connect");
+    let typo = serde_json::json!({"token": token, "bridgeVersion": "typo/1", "platform": "linux",
+        "launchId": "l", "relay": {"withoutMod": "yes"}});
+    let r = c.request("session/hello", typo).await.expect("answer");
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    drop(c);
     // A relay-only connection of its own: the mod is refused to it.
     let mut c = Client::connect(&s.addr).await.expect("connect");
-    let token = s.token.clone().expect("generated token printed");
     let hello = serde_json::json!({"token": token, "bridgeVersion": "looker/1", "platform": "linux",
         "launchId": "l", "relay": {"withoutMod": true}});
     let w = c.request("session/hello", hello).await.expect("hello");

@@ -66,7 +66,16 @@ impl BridgeReader {
                 )
                 .await;
         }
-        let relay_only = p["relay"]["withoutMod"] == true;
+        let relay_only = match &p["relay"]["withoutMod"] {
+            Value::Null => false,
+            Value::Bool(b) => *b,
+            _ => {
+                let why = "relay.withoutMod must be true or false";
+                return self
+                    .reply_error(Some(id), ErrorCode::InvalidParams, why)
+                    .await;
+            }
+        };
         let session = match route.current() {
             Some(s) => Some(s),
             // A relay-only bridge is not kept waiting for a mod it does not talk to.

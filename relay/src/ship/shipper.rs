@@ -6,7 +6,7 @@
 //! down the relay records as ever and the task reconnects with backoff, then catches up. It
 //! holds the store only for one round, so the recorder can still reopen it after an I/O error.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,8 +128,9 @@ pub async fn run(
             let js = super::connect(&target.urls, &target.flags, "gabp-relay shipper").await?;
             status.connected.store(true, Ordering::Relaxed);
             *status.last_error.lock() = None;
-            // Sessions waiting for a larger max_payload: tried again after a reconnect.
-            let mut stuck = HashSet::new();
+            // Sessions waiting for a larger max_payload, with the limit they did not fit:
+            // tried again once the servers' limit is another (a reconfigured cluster).
+            let mut stuck = HashMap::new();
             loop {
                 let moved = ship_round(&js, &slot, &target, &status, &mut done, &mut stuck).await?;
                 if !moved {
@@ -151,12 +152,34 @@ pub async fn run(
             last_logged = Some(line.clone());
         }
         *status.last_error.lock() = Some(line);
+        // While NATS cannot be reached the lag still grows with the recording: keep it true.
+        if let Some((frames, bytes)) = lag_of(&slot, &done).await {
+            status.set_lag(frames, bytes);
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// Frames and bytes recorded but not acknowledged, over every session not known finished.
+async fn lag_of(slot: &StoreSlot, done: &HashSet<SessionId>) -> Option<(u64, u64)> {
+    let store = slot.lock().clone()?;
+    let skip = done.clone();
+    let read = blocking(store, move |s| {
+        let mut lag = (0u64, 0u64);
+        for m in s.sessions()? {
+            if !skip.contains(&m.id) {
+                let c = s.ship_cursor(m.id)?;
+                lag.0 += m.frames.saturating_sub(c.frames);
+                lag.1 += m.bytes.saturating_sub(c.bytes);
+            }
+        }
+        Ok(lag)
+    });
+    read.await.ok().map(|(_, lag)| lag)
 }
 
 /// Ships what every unfinished session has behind; returns whether anything moved.
@@ -166,7 +189,7 @@ async fn ship_round(
     target: &Target,
     status: &ShipStatus,
     done: &mut HashSet<SessionId>,
-    stuck: &mut HashSet<SessionId>,
+    stuck: &mut HashMap<SessionId, usize>,
 ) -> Result<bool> {
     let Some(store) = slot.lock().clone() else {
         return Ok(false);
@@ -192,7 +215,8 @@ async fn ship_round(
     }
     status.set_lag(lag.0, lag.1);
     for (m, c) in work {
-        if stuck.contains(&m.id) {
+        let limit = js.client().max_payload();
+        if stuck.get(&m.id).is_some_and(|&at| at == limit) {
             continue;
         }
         let before = c.frames;
@@ -204,7 +228,7 @@ async fn ship_round(
                     tracing::warn!("{line}");
                     metrics::counter!("gabp_ship_stuck_sessions_total").increment(1);
                     *status.last_error.lock() = Some(line);
-                    stuck.insert(m.id);
+                    stuck.insert(m.id, limit);
                     continue;
                 }
                 Err(e) => return Err(e),
