@@ -349,7 +349,9 @@ async fn two_relays_ship_through_faults_and_the_archive_equals_both() {
     recorded_beyond(&a, seen + 1000).await;
     stop(&mut ra).await;
     stop(&mut rb).await;
-    // What the relays had not shipped when they stopped goes by backfill, with the same ids.
+    // What the relays had not shipped when they stopped goes by backfill, with the same ids
+    // (once the two nodes left have a JetStream leader again).
+    cluster.ready(true).await;
     for d in [&a, &b] {
         assert!(backfill(d, &urls).await.contains("shipped"));
     }

@@ -46,6 +46,9 @@ pub async fn accept_loop(route: Arc<Route>, listener: Listener, tracker: TaskTra
             }
         };
         tracker.spawn(super::serve(route.clone(), conn, gate.arrive(), closer));
+        // Let the connections already accepted read before the next one is: under a flood of
+        // new connections an honest bridge's hello is read before newer ones evict it.
+        tokio::task::yield_now().await;
     }
 }
 
