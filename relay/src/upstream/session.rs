@@ -246,6 +246,9 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     // subscribing meanwhile either is in the hub's list read below or sees this session and
     // subscribes upstream itself (the set of upstream channels decides who sends, under its
     // lock), so no subscription falls between two sessions.
+    // Bridges of an earlier session hear of this one before it is published: one welcomed
+    // into this session (it waits for the publication) must not be told it started again.
+    route.notify_bridges(json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
     route.session.send_replace(Some(info.clone()));
     let want: Vec<String> = {
         let mut up = route.upstream_channels.lock();
@@ -272,7 +275,6 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     }
     route.metrics.upstream_connected.set(1.0);
     tracing::info!(route = %route.cfg.name, session = %id, app = %welcome["app"]["name"], channels = info.advertised.len(), "mod connected; session started");
-    route.notify_bridges(json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
 
     let reason = super::reader::read_loop(route, &info, &mut frames).await;
 
