@@ -140,7 +140,16 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream:
         duplicate_window: Duration::from_secs(120),
         ..Default::default()
     };
-    js.get_or_create_stream(cfg).await.map_err(|e| {
+    // A cluster electing a new leader (a node just lost) answers nothing for a few seconds:
+    // a timed-out lookup is tried twice more before it is an error.
+    let mut tries = 0;
+    let found = loop {
+        match js.get_or_create_stream(cfg.clone()).await {
+            Err(e) if tries < 2 && one_line(&e).contains("timed out") => tries += 1,
+            other => break other,
+        }
+    };
+    found.map_err(|e| {
         anyhow!(
             "the NATS server at {} gave no JetStream stream {} (is JetStream enabled?): {}",
             shown(urls),
