@@ -2,7 +2,8 @@
 //!
 //! [`Relay::start`] brings everything up and returns a handle; `gabp-relay serve` and the
 //! integration tests both use it. Shutdown follows one deadline: stop accepting, let each
-//! connection finish its frame, flush writers, end sessions, drain and sync the recorder.
+//! connection finish its frame, flush writers, end sessions, drain and sync the recorder, then
+//! ship what it wrote last (when shipping).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +60,7 @@ pub struct Relay {
     cancel: CancellationToken,
     tracker: TaskTracker,
     recorder_thread: Option<RecorderThread>,
+    shipper: Option<crate::ship::shipper::Running>,
     shutdown_timeout: Duration,
 }
 
@@ -115,7 +117,7 @@ impl Relay {
             }
             None => None,
         };
-        let (recorder, recorder_thread) = if cfg.records() {
+        let (recorder, recorder_thread, shipper) = if cfg.records() {
             crate::recorder::private_file_modes();
             let store = Store::open(
                 &cfg.data_dir,
@@ -146,19 +148,14 @@ impl Relay {
                     }
                 });
             }
-            if let Some(target) = cfg.ship.clone() {
+            let shipper = cfg.ship.clone().map(|target| {
                 let status = Arc::new(crate::ship::shipper::ShipStatus::new(&target.urls));
                 rec.set_ship(status.clone());
-                tracker.spawn(crate::ship::shipper::run(
-                    target,
-                    rec.store_slot(),
-                    status,
-                    cancel.clone(),
-                ));
-            }
-            (Some(rec), Some(thread))
+                crate::ship::shipper::Running::start(target, rec.store_slot(), status)
+            });
+            (Some(rec), Some(thread), shipper)
         } else {
-            (None, None)
+            (None, None, None)
         };
         let mut routes = Vec::new();
         let mut addrs = Vec::new();
@@ -187,6 +184,7 @@ impl Relay {
             cancel,
             tracker,
             recorder_thread,
+            shipper,
             shutdown_timeout: cfg.shutdown_timeout,
         })
     }
@@ -219,12 +217,20 @@ impl Relay {
                 Ok(Ok(n)) => unrecorded = n,
                 _ => {
                     tracing::error!("recorder did not finish within the shutdown bound");
+                    if let Some(s) = self.shipper.take() {
+                        s.stop();
+                    }
                     return ShutdownReport {
                         clean: false,
                         unrecorded,
                     };
                 }
             }
+        }
+        // What the recorder wrote last (the final frames, every session's end) ships now,
+        // within what is left of the bound; the rest waits for the next run.
+        if let Some(s) = self.shipper.take() {
+            s.finish(deadline).await;
         }
         ShutdownReport { clean, unrecorded }
     }

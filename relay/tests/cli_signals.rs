@@ -204,3 +204,73 @@ async fn replay_backs_off_when_out_of_descriptors() {
         .expect("status");
     assert_eq!(status.code(), Some(0));
 }
+
+/// A stop signal that arrives while a long-running command is still starting, before its
+/// handlers are installed, ends it cleanly once they are: the stop signals are held pending
+/// from the first line of `main`. Reproduced exactly by starting the process with them blocked
+/// and the signal already pending (without the fix it would never be seen: the command ran on).
+#[tokio::test]
+async fn a_stop_signal_sent_while_starting_ends_cleanly() {
+    let dir = record_a_session().await;
+    let data = dir.path().join("data");
+    let (d, fresh, archive) = (
+        data.to_str().expect("utf8").to_string(),
+        dir.path().join("fresh").to_str().expect("utf8").to_string(),
+        dir.path()
+            .join("archive")
+            .to_str()
+            .expect("utf8")
+            .to_string(),
+    );
+    let nowhere = format!("nats://127.0.0.1:{}", free_addr().port());
+    let cases: [&[&str]; 4] = [
+        &[
+            "replay",
+            "latest",
+            "--data-dir",
+            &d,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &["collect", "--from", &nowhere, "--data-dir", &archive],
+        &[
+            "serve",
+            "--upstream",
+            "127.0.0.1:1",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-bridge-file",
+            "--data-dir",
+            &fresh,
+        ],
+        &["mod-sim", "--listen", "127.0.0.1:0"],
+    ];
+    // Python blocks the signals, makes one pending, and execs the relay in its place.
+    const LAUNCH: &str = "import os, signal, sys
+stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+os.execv(sys.argv[2], sys.argv[2:])";
+    for args in cases {
+        for name in ["SIGINT", "SIGTERM"] {
+            let mut cmd = Command::new("python3");
+            cmd.args(["-c", LAUNCH, name, BIN])
+                .args(args)
+                .env_remove("GABP_RELAY_TOKEN")
+                .env_remove("GABP_RELAY_DATA_DIR")
+                .kill_on_drop(true)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+                .await
+                .unwrap_or_else(|_| panic!("{args:?} never saw the {name} sent while it started"))
+                .expect("ran");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{args:?} {name}: {err}");
+            assert!(
+                err.contains(name),
+                "{args:?} says it stopped on {name}: {err}"
+            );
+        }
+    }
+}

@@ -193,3 +193,98 @@ async fn an_output_at_in_or_around_the_data_dir_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Shipping's usage mistakes (issue 14's stranger review) exit 2 before anything connects:
+/// an out-of-range port, names NATS refuses, NATS settings without `--ship`; and `--help`
+/// shows each default once.
+#[tokio::test]
+async fn shipping_mistakes_exit_2_and_defaults_show_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf8");
+    let serve = [
+        "serve",
+        "--upstream",
+        "127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-bridge-file",
+        "--data-dir",
+        d,
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:99999",
+                "--data-dir",
+                d,
+            ],
+            "99999",
+        ),
+        (
+            vec!["ship", "--all", "--to", "nats://:4222", "--data-dir", d],
+            "nats://",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222",
+                "--stream",
+                "a.b",
+                "--data-dir",
+                d,
+            ],
+            "--stream",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222",
+                "--subject-prefix",
+                "a.*",
+                "--data-dir",
+                d,
+            ],
+            "--subject-prefix",
+        ),
+        (
+            vec![
+                "collect",
+                "--from",
+                "nats://127.0.0.1:4222",
+                "--durable",
+                "a.b",
+                "--data-dir",
+                d,
+            ],
+            "--durable",
+        ),
+        (
+            [&serve[..], &["--nats-token", "abcdefabcdefabcdef"]].concat(),
+            "--ship",
+        ),
+        ([&serve[..], &["--stream", "OTHER"]].concat(), "--ship"),
+        ([&serve[..], &["--retain-unshipped"]].concat(), "--ship"),
+    ];
+    for (args, names) in cases {
+        let out = output_in(dir.path(), &args).await;
+        let line = usage_error(&out, &format!("{args:?}"));
+        assert!(line.contains(names), "{args:?}: {line}");
+        assert!(!line.contains("abcdefabcdef"), "no secret: {line}");
+    }
+    assert!(!data.exists(), "nothing was recorded");
+    for cmd in ["ship", "collect", "serve"] {
+        let out = output_in(dir.path(), &[cmd, "--help"]).await;
+        let help = String::from_utf8_lossy(&out.stdout);
+        for line in help.lines() {
+            assert!(line.matches("[default:").count() <= 1, "{cmd}: {line}");
+        }
+    }
+}

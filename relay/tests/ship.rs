@@ -426,10 +426,63 @@ async fn the_whole_cluster_down_and_back_shipping_catches_up() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A clean stop ships what was recorded last and the session's end: no backfill needed.
     stop(&mut r).await;
-    backfill(&a, &urls).await;
     archive_equals(&archive, &[&a]).await;
     kill9(&mut col);
+}
+
+/// `ship --all` of `data` to `urls`: how many new frames it says it sent.
+async fn shipped_new(data: &Path, urls: &str) -> u64 {
+    let said = backfill(data, urls).await;
+    said.trim()
+        .rsplit(": ")
+        .next()
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("ship said {said:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_destination_gets_every_session_and_a_stream_made_again_gets_it_again() {
+    let (mut first, second) = (Cluster::new(1, true, ""), Cluster::new(1, true, ""));
+    first.ready(true).await;
+    second.ready(true).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, archive1, archive2) = (
+        dir.path().join("a"),
+        dir.path().join("archive1"),
+        dir.path().join("archive2"),
+    );
+    let sim = start_mod(Some(2000.0));
+    let mut r = serve_shipping(&sim, &a, &first.urls(), "solo", "1").await;
+    recorded_beyond(&a, 1500).await;
+    stop(&mut r).await;
+    let total = frames(&a).await;
+    // The relay shipped everything to the first cluster, the session's end included.
+    assert_eq!(shipped_new(&a, &first.urls()).await, 0);
+    let mut col = collector(&first.urls(), &archive1);
+    archive_equals(&archive1, &[&a]).await;
+    kill9(&mut col);
+    // Another cluster is another destination: it gets every frame, once.
+    assert_eq!(shipped_new(&a, &second.urls()).await, total);
+    assert_eq!(shipped_new(&a, &second.urls()).await, 0);
+    let mut col = collector(&second.urls(), &archive2);
+    archive_equals(&archive2, &[&a]).await;
+    kill9(&mut col);
+    let v = sessions(&a).await;
+    let ship = &v["sessions"][0]["ship"];
+    assert_eq!(ship["destinations"], 2, "{v}");
+    assert_eq!(ship["lagFrames"], 0, "{v}");
+    assert_eq!(ship["shipped"], true, "{v}");
+    // The first cluster loses its stream (its store wiped): the stream made again is a new
+    // destination, and gets everything again.
+    first.nodes[0].kill();
+    let store = first.nodes[0].conf.with_file_name("n0");
+    std::fs::remove_dir_all(&store).expect("wipe the JetStream store");
+    first.start_all();
+    first.ready(true).await;
+    assert_eq!(shipped_new(&a, &first.urls()).await, total);
 }
 
 /// `gabp-relay ship` against `urls` with `extra` flags: its exit and stderr.
@@ -831,8 +884,8 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A clean stop ships what was recorded last and the session's end: no backfill needed.
     stop(&mut r).await;
-    backfill(&a, &urls).await;
     archive_equals(&archive, &[&a]).await;
     kill9(&mut col);
 }

@@ -1,13 +1,18 @@
-//! Shipping recordings to another machine and taking them in there: the per-session ship
-//! cursor, committed chunks read in order from it, the catalog snapshot shipped with them,
-//! and the idempotent ingest a collector writes an archive with.
+//! Shipping recordings to another machine and taking them in there: the ship cursor of each
+//! session per destination, committed chunks read in order from it, the catalog snapshot
+//! shipped with them, and the idempotent ingest a collector writes an archive with.
 //!
-//! Two more `catalog` parts, beside those of [`crate::keys`] (older relays skip them):
+//! More `catalog` parts, beside those of [`crate::keys`] (older relays skip them):
 //!
-//! | key                       | value                                    |
-//! |---------------------------|------------------------------------------|
-//! | session id (16) · 4       | [`ShipCursor`], 33 bytes (source side)   |
-//! | session id (16) · 5       | JSON [`Origin`] (archive side)           |
+//! | key                                | value                                         |
+//! |------------------------------------|-----------------------------------------------|
+//! | session id (16) · 4                | [`ShipCursor`] of the last snapshot applied (archive side; a source's from before destinations, no longer read) |
+//! | session id (16) · 5                | JSON [`Origin`] (archive side)                |
+//! | session id (16) · 6 · destination (8) | [`ShipCursor`], 33 bytes (source side)    |
+//!
+//! A cursor belongs to one [`Destination`]: shipping the same recordings to another cluster
+//! or stream starts from the beginning there, and a session counts as shipped (for
+//! retention) once any destination acknowledged all of it.
 //!
 //! Chunks are shipped exactly as stored (the encoding of [`crate::chunk`]), keyed by their
 //! first frame number, so an archive holds the same keys and values as its source. Ingest is
@@ -28,14 +33,59 @@ use crate::keys::{self, Detail, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_DETAIL
 use crate::store::{Durability, Store};
 use crate::SessionId;
 
-const PART_SHIP: u8 = 4;
+const PART_INGESTED: u8 = 4;
 const PART_ORIGIN: u8 = 5;
+const PART_SHIP_TO: u8 = 6;
 
 fn part_key(id: SessionId, part: u8) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[..16].copy_from_slice(id.as_bytes());
     k[16] = part;
     k
+}
+
+fn cursor_key(id: SessionId, to: Destination) -> [u8; 25] {
+    let mut k = [0u8; 25];
+    k[..17].copy_from_slice(&part_key(id, PART_SHIP_TO));
+    k[17..].copy_from_slice(&to.0.to_be_bytes());
+    k
+}
+
+/// Where sessions are shipped to, as an identity: the stream (its name and when it was
+/// created, so a stream deleted and made again, or one of the same name on another cluster,
+/// is another destination) and the subject prefix the messages go under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Destination(pub u64);
+
+impl Destination {
+    /// The destination of messages under `subject_prefix` in stream `stream`, created at
+    /// `created_ns` (nanoseconds since the epoch, as the server reports it).
+    pub fn new(stream: &str, created_ns: i128, subject_prefix: &str) -> Destination {
+        let mut h = Fnv::default();
+        h.write(stream.as_bytes());
+        h.write(&[0]);
+        h.write(&created_ns.to_be_bytes());
+        h.write(subject_prefix.as_bytes());
+        Destination(h.0)
+    }
+}
+
+/// FNV-1a: a fingerprint that stays the same across versions and machines (std's hasher
+/// does not promise to).
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
 }
 
 /// How far a session has been shipped: what the destination acknowledged.
@@ -114,9 +164,9 @@ impl CatalogSnapshot {
         let mut m = self.meta.clone();
         (m.frames, m.bytes, m.events, m.last_ns) = (0, 0, 0, 0);
         let body = serde_json::to_vec(&(&m, &self.gaps)).expect("a catalog snapshot serializes");
-        body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        let mut h = Fnv::default();
+        h.write(&body);
+        h.0
     }
 }
 
@@ -207,24 +257,62 @@ pub enum SplitError {
 }
 
 impl Store {
-    /// The ship cursor of a session (all zero before anything was acknowledged).
-    pub fn ship_cursor(&self, id: SessionId) -> Result<ShipCursor, StoreError> {
-        match self
-            .db
-            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP))?
-        {
+    /// The ship cursor of a session at a destination (all zero before it acknowledged anything).
+    pub fn ship_cursor(&self, id: SessionId, to: Destination) -> Result<ShipCursor, StoreError> {
+        match self.db.get_cf(self.cf(CF_CATALOG), cursor_key(id, to))? {
             Some(v) => ShipCursor::decode(&v)
                 .ok_or_else(|| StoreError::Corrupt("ship cursor: bad length or version".into())),
             None => Ok(ShipCursor::default()),
         }
     }
 
-    /// Records what the destination acknowledged (synced under `batch` durability).
-    pub fn set_ship_cursor(&self, id: SessionId, c: &ShipCursor) -> Result<(), StoreError> {
+    /// Every ship cursor of a session, one per destination it was shipped to.
+    pub fn ship_cursors(
+        &self,
+        id: SessionId,
+    ) -> Result<Vec<(Destination, ShipCursor)>, StoreError> {
+        let prefix = part_key(id, PART_SHIP_TO);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(
+            self.cf(CF_CATALOG),
+            IteratorMode::From(&prefix, Scan::Forward),
+        ) {
+            let (k, v) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            let to = k[17..]
+                .try_into()
+                .map(|b| Destination(u64::from_be_bytes(b)))
+                .map_err(|_| StoreError::Corrupt("ship cursor: bad key".into()))?;
+            let c = ShipCursor::decode(&v)
+                .ok_or_else(|| StoreError::Corrupt("ship cursor: bad length or version".into()))?;
+            out.push((to, c));
+        }
+        Ok(out)
+    }
+
+    /// The cursor of the destination that acknowledged most of a session (`None`: never
+    /// shipped anywhere).
+    pub fn furthest_ship_cursor(&self, id: SessionId) -> Result<Option<ShipCursor>, StoreError> {
+        Ok(self
+            .ship_cursors(id)?
+            .into_iter()
+            .map(|(_, c)| c)
+            .max_by_key(|c| (c.frames, c.catalog_seq)))
+    }
+
+    /// Records what a destination acknowledged (synced under `batch` durability).
+    pub fn set_ship_cursor(
+        &self,
+        id: SessionId,
+        to: Destination,
+        c: &ShipCursor,
+    ) -> Result<(), StoreError> {
         let mut wo = rocksdb::WriteOptions::default();
         wo.set_sync(self.opts.durability == Durability::Batch);
         let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_CATALOG), part_key(id, PART_SHIP), c.encode());
+        batch.put_cf(self.cf(CF_CATALOG), cursor_key(id, to), c.encode());
         self.db.write_opt(batch, &wo)?;
         Ok(())
     }
@@ -298,6 +386,19 @@ impl Store {
         }))
     }
 
+    /// Sequence number of the last catalog snapshot an archive applied for `id` (0: none).
+    fn ingested_catalog_seq(&self, id: SessionId) -> Result<u64, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_CATALOG), part_key(id, PART_INGESTED))?
+        {
+            Some(v) => ShipCursor::decode(&v)
+                .map(|c| c.catalog_seq)
+                .ok_or_else(|| StoreError::Corrupt("ingest cursor: bad length or version".into())),
+            None => Ok(0),
+        }
+    }
+
     /// Where an archived session was recorded, if it came from elsewhere.
     pub fn origin(&self, id: SessionId) -> Result<Option<Origin>, StoreError> {
         match self
@@ -313,27 +414,43 @@ impl Store {
         }
     }
 
-    /// Frames and body bytes of `m` not yet acknowledged by the destination.
-    pub fn ship_lag(&self, m: &SessionMeta) -> Result<(u64, u64), StoreError> {
-        let c = self.ship_cursor(m.id)?;
+    /// Frames and body bytes of `m` not yet acknowledged by destination `to`, or, with no
+    /// destination named, by the one that acknowledged most.
+    pub fn ship_lag(
+        &self,
+        m: &SessionMeta,
+        to: Option<Destination>,
+    ) -> Result<(u64, u64), StoreError> {
+        let c = match to {
+            Some(to) => self.ship_cursor(m.id, to)?,
+            None => self.furthest_ship_cursor(m.id)?.unwrap_or_default(),
+        };
         Ok((
             m.frames.saturating_sub(c.frames),
             m.bytes.saturating_sub(c.bytes),
         ))
     }
 
-    /// Whether `m` is ended and every frame and its final catalog were acknowledged.
+    /// Whether `m` is ended and some destination acknowledged every frame and its final
+    /// catalog.
     pub fn fully_shipped(&self, m: &SessionMeta) -> Result<bool, StoreError> {
         if m.state != Some(SessionState::Ended) {
             return Ok(false);
         }
-        let c = self.ship_cursor(m.id)?;
-        if c.frames < m.frames || c.catalog_seq == 0 {
+        let cursors = self.ship_cursors(m.id)?;
+        if !cursors
+            .iter()
+            .any(|(_, c)| c.frames >= m.frames && c.catalog_seq > 0)
+        {
             return Ok(false);
         }
-        Ok(self
-            .catalog_snapshot(m.id, "")?
-            .is_some_and(|s| s.fingerprint() == c.catalog_hash))
+        let Some(snap) = self.catalog_snapshot(m.id, "")? else {
+            return Ok(false);
+        };
+        let final_hash = snap.fingerprint();
+        Ok(cursors.iter().any(|(_, c)| {
+            c.frames >= m.frames && c.catalog_seq > 0 && c.catalog_hash == final_hash
+        }))
     }
 
     /// Retention that keeps what has not been fully shipped (unless `retain_unshipped`):
@@ -485,7 +602,7 @@ impl Ingest<'_> {
         let id = snap.meta.id;
         let applied = match self.snaps.get(&id) {
             Some(s) => *s,
-            None => self.store.ship_cursor(id)?.catalog_seq,
+            None => self.store.ingested_catalog_seq(id)?,
         };
         if snap.seq <= applied {
             return Ok(false);
@@ -512,15 +629,15 @@ impl Ingest<'_> {
             part_key(id, PART_ORIGIN),
             serde_json::to_vec(&snap.origin).expect("an origin serializes"),
         );
-        // On the archive side the cursor part remembers the last snapshot applied.
-        let cursor = ShipCursor {
+        // The archive remembers the last snapshot applied (in a cursor, as older versions did).
+        let applied = ShipCursor {
             catalog_seq: snap.seq,
             ..ShipCursor::default()
         };
         self.batch.put_cf(
             store.cf(CF_CATALOG),
-            part_key(id, PART_SHIP),
-            cursor.encode(),
+            part_key(id, PART_INGESTED),
+            applied.encode(),
         );
         self.snaps.insert(id, snap.seq);
         let counters = self.counters.get_mut(&id).expect("read above");
@@ -779,8 +896,9 @@ mod tests {
         let src = Store::open(a.path(), StoreOptions::default()).expect("open");
         let id = record(&src, 50);
         let m = src.session(id).expect("s").expect("s");
+        let to = Destination::new("GABP", 1, "gabp");
         assert!(!src.fully_shipped(&m).expect("q"));
-        assert_eq!(src.ship_lag(&m).expect("lag"), (50, m.bytes));
+        assert_eq!(src.ship_lag(&m, Some(to)).expect("lag"), (50, m.bytes));
         assert!(src
             .apply_retention_shipped(u64::MAX, Some(0), None, false)
             .expect("retain")
@@ -792,16 +910,62 @@ mod tests {
             catalog_seq: 3,
             catalog_hash: snap.fingerprint(),
         };
-        src.set_ship_cursor(id, &c).expect("set");
+        src.set_ship_cursor(id, to, &c).expect("set");
         drop(src);
         let src = Store::open(a.path(), StoreOptions::default()).expect("reopen");
-        assert_eq!(src.ship_cursor(id).expect("cursor"), c);
-        assert_eq!(src.ship_lag(&m).expect("lag"), (0, 0));
+        assert_eq!(src.ship_cursor(id, to).expect("cursor"), c);
+        assert_eq!(src.ship_lag(&m, Some(to)).expect("lag"), (0, 0));
         assert!(src.fully_shipped(&m).expect("q"));
         assert_eq!(
             src.apply_retention_shipped(u64::MAX, Some(0), None, false)
                 .expect("retain"),
             vec![id]
         );
+    }
+
+    #[test]
+    fn each_destination_has_its_own_cursor() {
+        let a = tempfile::tempdir().expect("tmp");
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 40);
+        let m = src.session(id).expect("s").expect("s");
+        // The same stream name made again, or on another cluster, is another destination.
+        let (first, again, other_prefix) = (
+            Destination::new("GABP", 1_000, "gabp"),
+            Destination::new("GABP", 2_000, "gabp"),
+            Destination::new("GABP", 1_000, "lab"),
+        );
+        assert_ne!(first, again);
+        assert_ne!(first, other_prefix);
+        let snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        let all = ShipCursor {
+            frames: 40,
+            bytes: m.bytes,
+            catalog_seq: 2,
+            catalog_hash: snap.fingerprint(),
+        };
+        src.set_ship_cursor(id, first, &all).expect("set");
+        let half = ShipCursor {
+            frames: 20,
+            ..ShipCursor::default()
+        };
+        src.set_ship_cursor(id, other_prefix, &half).expect("set");
+        assert_eq!(
+            src.ship_cursor(id, again).expect("c"),
+            ShipCursor::default()
+        );
+        assert_eq!(src.ship_lag(&m, Some(again)).expect("lag"), (40, m.bytes));
+        assert_eq!(src.ship_lag(&m, Some(other_prefix)).expect("lag").0, 20);
+        assert_eq!(src.ship_lag(&m, None).expect("lag"), (0, 0));
+        let mut cursors = src.ship_cursors(id).expect("cursors");
+        cursors.sort_by_key(|(_, c)| c.frames);
+        assert_eq!(cursors, vec![(other_prefix, half), (first, all)]);
+        // Shipped whole to one destination is shipped; another session's cursors are its own.
+        assert!(src.fully_shipped(&m).expect("q"));
+        let other = record(&src, 5);
+        assert!(src.ship_cursors(other).expect("cursors").is_empty());
+        // Deleting the session deletes its cursors.
+        src.delete_session(id).expect("rm");
+        assert!(src.ship_cursors(id).expect("cursors").is_empty());
     }
 }

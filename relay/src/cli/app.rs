@@ -60,6 +60,22 @@ enum Cmd {
     Mcp(crate::mcp::McpArgs),
 }
 
+impl Cmd {
+    /// Whether the command installs stop-signal handlers ([`super::Signals::install`]) on the
+    /// main thread before anything else; the others let the signals act as usual at once.
+    fn handles_signals(&self) -> bool {
+        matches!(
+            self,
+            Cmd::Serve(_)
+                | Cmd::Demo(_)
+                | Cmd::Replay(_)
+                | Cmd::Wrap(_)
+                | Cmd::ModSim(_)
+                | Cmd::Collect(_)
+        )
+    }
+}
+
 /// A clap usage error as one line, like every other error: its first paragraph (which for a
 /// missing argument lists the arguments on indented lines of their own) joined, without the
 /// usage line and the hint to see --help that follow it.
@@ -84,6 +100,7 @@ pub fn one_line(rendered: &str) -> String {
 
 /// The `gabp-relay` binary's `main`: parses, runs the command, exits with its code.
 pub fn main() -> ! {
+    super::hold_stop_signals();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) if e.use_stderr() => {
@@ -96,6 +113,9 @@ pub fn main() -> ! {
             std::process::exit(0);
         }
     };
+    if !cli.cmd.handles_signals() {
+        super::release_stop_signals();
+    }
     // The NATS client logs its own (re)connections and errors: ours are the one line.
     gabp_rt::log::init("info,async_nats=off");
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -17,7 +17,7 @@ pub struct CollectArgs {
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
     /// The durable consumer's name (collectors sharing it share the work).
-    #[arg(long, default_value = "gabp-collector")]
+    #[arg(long, default_value = "gabp-collector", value_parser = crate::ship::nats_name)]
     pub durable: String,
     /// Serve Prometheus metrics (frames collected, messages rejected) at HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]

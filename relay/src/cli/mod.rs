@@ -150,19 +150,55 @@ pub struct Signals {
     hup: tokio::signal::unix::Signal,
 }
 
+/// SIGINT, SIGTERM and SIGHUP.
+fn stop_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    set
+}
+
+/// Holds the stop signals pending, from the first line of `main` (and in every thread started
+/// meanwhile) until the command installs its handlers or [`release_stop_signals`] is called: a
+/// signal sent while the process starts is then handled like one sent later, not the default
+/// death of a half-started process (a `replay` or `collect` stopped in its first milliseconds).
+pub fn hold_stop_signals() {
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&stop_signals()),
+        None,
+    );
+}
+
+/// Lets the stop signals act on this (the main) thread again: a command without handlers of
+/// its own then stops as any program does; one with handlers gets the pending signal there.
+/// Threads started while they were held keep them held, so the signal reaches this thread.
+pub fn release_stop_signals() {
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_UNBLOCK,
+        Some(&stop_signals()),
+        None,
+    );
+}
+
 impl Signals {
     /// Installed before anything else starts, so a SIGHUP (a closed terminal, `systemctl
     /// reload`) never kills the process with the discovery file left behind: SIGINT and SIGTERM
     /// shut down cleanly; SIGHUP makes `serve` re-read its identities (other commands log it).
+    /// A signal held since the process started ([`hold_stop_signals`]) arrives here.
     pub fn install() -> anyhow::Result<Signals> {
         use anyhow::Context;
         use tokio::signal::unix::{signal, SignalKind};
         let on = |k| signal(k).context("cannot install the signal handlers");
-        Ok(Signals {
+        let signals = Signals {
             int: on(SignalKind::interrupt())?,
             term: on(SignalKind::terminate())?,
             hup: on(SignalKind::hangup())?,
-        })
+        };
+        release_stop_signals();
+        Ok(signals)
     }
 
     /// Waits for SIGINT or SIGTERM; returns its name. SIGHUP is logged and ignored (only

@@ -60,6 +60,8 @@ pub async fn run(a: ModSimArgs) -> Result<()> {
         ..gabp_sim::ModSimConfig::default()
     };
     if a.stdio {
+        // Spoken to over stdio by a relay that owns its lifetime: signals act as usual.
+        super::release_stop_signals();
         tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
         return Ok(());
     }
@@ -77,7 +79,8 @@ pub async fn run(a: ModSimArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "simulated mod listening on {}", sim.addr()).and_then(|()| out.flush());
     drop(out);
-    signals.shutdown().await;
+    let sig = signals.shutdown().await;
+    tracing::info!("{sig} received: stopping the simulated mod");
     sim.stop();
     Ok(())
 }

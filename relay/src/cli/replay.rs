@@ -102,7 +102,8 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     ));
     // A recording found unreadable while serving ends the replay with its one line.
     tokio::select! {
-        _ = signals.shutdown() => {
+        sig = signals.shutdown() => {
+            tracing::info!("{sig} received: stopping the replay");
             cancel.cancel();
             server.await??;
         }

@@ -293,6 +293,11 @@ impl ServeArgs {
         if let Some(t) = self.ship.target()? {
             cfg.ship = Some(t);
         }
+        if self.ship.retain_unshipped && cfg.ship.is_none() {
+            return Err(usage(
+                "--retain-unshipped applies to shipping: pass --ship too (or a [ship] table in the config file)",
+            ));
+        }
         cfg.retain_unshipped |= self.ship.retain_unshipped;
         if cfg.routes.is_empty() {
             return Err(usage(

@@ -31,6 +31,11 @@ impl ServeShip {
     /// The shipping target, if any (a usage error for a malformed address).
     pub fn target(&self) -> Result<Option<Target>> {
         let Some(urls) = &self.ship else {
+            if let Some(name) = self.nats.given().first() {
+                return Err(usage(format!(
+                    "{name} applies to shipping: pass --ship too (a config file's [ship] table takes its own settings)"
+                )));
+            }
             return Ok(None);
         };
         crate::ship::check_urls(urls).map_err(|e| usage(format!("--ship: {e}")))?;
@@ -77,7 +82,7 @@ pub async fn run(a: ShipArgs) -> Result<()> {
             .map(|q| store.resolve(q).map(|m| m.id))
             .collect::<Result<_, _>>()?
     };
-    let js = crate::ship::connect(&a.to, &a.nats, "gabp-relay ship").await?;
+    let conn = crate::ship::connect(&a.to, &a.nats, "gabp-relay ship").await?;
     let target = Target {
         urls: a.to.clone(),
         flags: a.nats.clone(),
@@ -86,13 +91,15 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     let status = Arc::new(ShipStatus::new(&a.to));
     let mut frames = 0;
     for id in &ids {
-        let cursor = store.ship_cursor(*id)?;
+        // Each destination (a stream, as created) has its own cursor: shipping to a new one
+        // sends everything.
+        let cursor = store.ship_cursor(*id, conn.to)?;
         // A turn is bounded in time: go on until the session is caught up.
         let mut after = cursor;
         loop {
             let before = after;
             let (finished, c) =
-                shipper::ship_session(&js, &store, *id, after, &target, &status).await?;
+                shipper::ship_session(&conn, &store, *id, after, &target, &status).await?;
             after = c;
             if finished
                 || (after.frames == before.frames && after.catalog_seq == before.catalog_seq)

@@ -284,5 +284,10 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
     if let Some(Err(e)) = w.store().map(|s| s.sync()) {
         tracing::error!(error = %e, "final WAL sync failed");
     }
-    shared.store.lock().take();
+    // The shipper ships what was committed last (it lets go of the store when done).
+    *shared.store.lock() = if shared.ship.get().is_some() {
+        w.store().cloned()
+    } else {
+        None
+    };
 }

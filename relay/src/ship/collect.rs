@@ -111,7 +111,9 @@ impl Collector {
     }
 
     async fn consume(&self, store: &Store) -> Result<()> {
-        let js = super::connect(&self.urls, &self.flags, "gabp-relay collector").await?;
+        let js = super::connect(&self.urls, &self.flags, "gabp-relay collector")
+            .await?
+            .js;
         let stream = js.get_stream(&self.flags.stream).await.map_err(|e| {
             anyhow!(
                 "cannot open the stream {}: {}",

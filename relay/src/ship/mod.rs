@@ -21,6 +21,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use async_nats::jetstream::{self, stream};
 use clap::Args;
+use gabp_storage::ship::Destination;
 
 /// Header naming what a message carries.
 pub const KIND: &str = "Gabp-Kind";
@@ -42,13 +43,13 @@ pub struct NatsFlags {
     /// Require TLS to the NATS servers.
     #[arg(long)]
     pub nats_tls: bool,
-    /// JetStream stream name [default: GABP].
-    #[arg(long, default_value = "GABP")]
+    /// JetStream stream name.
+    #[arg(long, default_value = "GABP", value_parser = nats_name)]
     pub stream: String,
-    /// Subject prefix; messages go to PREFIX.SESSION [default: gabp].
-    #[arg(long, default_value = "gabp")]
+    /// Subject prefix; messages go to PREFIX.SESSION.
+    #[arg(long, default_value = "gabp", value_parser = subject_prefix)]
     pub subject_prefix: String,
-    /// Replicas of the stream when it is created, 1 to 5 [default: 1].
+    /// Replicas of the stream when it is created, 1 to 5.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
     pub replicas: u8,
     /// The stream keeps messages this long when created, e.g. 7d [default: forever].
@@ -57,6 +58,58 @@ pub struct NatsFlags {
     /// The stream keeps at most this many bytes when created, e.g. 50GiB [default: no limit].
     #[arg(long, value_parser = size)]
     pub stream_max_bytes: Option<u64>,
+}
+
+impl NatsFlags {
+    /// The flags given that differ from their defaults, by name (a token from the
+    /// environment is not counted: it may be set for other commands).
+    pub fn given(&self) -> Vec<&'static str> {
+        let from_env = std::env::var("GABP_NATS_TOKEN").ok();
+        [
+            ("--nats-creds", self.nats_creds.is_some()),
+            (
+                "--nats-token",
+                self.nats_token.is_some() && self.nats_token != from_env,
+            ),
+            ("--nats-ca", self.nats_ca.is_some()),
+            ("--nats-tls", self.nats_tls),
+            ("--stream", self.stream != "GABP"),
+            ("--subject-prefix", self.subject_prefix != "gabp"),
+            ("--replicas", self.replicas != 1),
+            ("--stream-max-age", self.stream_max_age.is_some()),
+            ("--stream-max-bytes", self.stream_max_bytes.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+        .collect()
+    }
+}
+
+/// A JetStream stream or consumer name: 1 to 255 printable ASCII characters without
+/// whitespace, `.`, `*`, `>` or path separators (the server refuses those).
+pub fn nats_name(s: &str) -> Result<String, String> {
+    let bad = |c: char| !c.is_ascii_graphic() || matches!(c, '.' | '*' | '>' | '/' | '\\');
+    if s.is_empty() || s.len() > 255 || s.chars().any(bad) {
+        return Err(format!(
+            "{s:?}: expected 1 to 255 printable characters without whitespace, '.', '*', '>', '/' or '\\'"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// A subject prefix: dot-separated tokens, none empty, without whitespace or wildcards.
+fn subject_prefix(s: &str) -> Result<String, String> {
+    let ok_token = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_graphic() && c != '*' && c != '>')
+    };
+    if s.len() > 200 || !s.split('.').all(ok_token) {
+        return Err(format!(
+            "{s:?}: expected dot-separated tokens (like gabp or lab.east) without whitespace, '*' or '>'"
+        ));
+    }
+    Ok(s.to_string())
 }
 
 fn age(s: &str) -> Result<Duration, String> {
@@ -79,22 +132,38 @@ pub fn shown(urls: &str) -> String {
         .join(",")
 }
 
-/// Checks a `nats://…` list before anything starts (a usage error otherwise).
+/// Checks a `nats://…` list before anything starts (a usage error otherwise): each a
+/// `nats://` or `tls://` address with a host and, if given, a port from 1 to 65535.
 pub fn check_urls(urls: &str) -> Result<(), String> {
     for u in urls.split(',') {
+        let expected = || format!("{}: expected nats://HOST:PORT", shown(u));
         let rest = u
             .strip_prefix("nats://")
             .or_else(|| u.strip_prefix("tls://"))
-            .ok_or_else(|| format!("{}: expected nats://HOST:PORT", shown(u)))?;
-        if rest.is_empty() {
-            return Err(format!("{}: expected nats://HOST:PORT", shown(u)));
+            .ok_or_else(expected)?;
+        let host_port = rest.rsplit('@').next().unwrap_or(rest);
+        if host_port.is_empty() || host_port.starts_with(':') {
+            return Err(expected());
+        }
+        let addr: async_nats::ServerAddr = u.parse().map_err(|e| format!("{}: {e}", shown(u)))?;
+        if addr.port() == 0 {
+            return Err(format!("{}: port 0 is not a server's port", shown(u)));
         }
     }
     Ok(())
 }
 
-/// Connects (one attempt, bounded) and returns a JetStream context on a stream that exists.
-pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream::Context> {
+/// A JetStream connection with a stream that exists, and that stream's identity as a ship
+/// destination (cursors are kept per destination).
+pub struct Connected {
+    /// The JetStream context.
+    pub js: jetstream::Context,
+    /// The stream (as created) and subject prefix messages go to.
+    pub to: Destination,
+}
+
+/// Connects (one attempt, bounded) and makes sure the stream exists.
+pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected> {
     let mut o = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
@@ -149,7 +218,7 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream:
             other => break other,
         }
     };
-    found.map_err(|e| {
+    let stream = found.map_err(|e| {
         anyhow!(
             "the NATS server at {} gave no JetStream stream {} (is JetStream enabled?): {}",
             shown(urls),
@@ -157,7 +226,12 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<jetstream:
             one_line(&e)
         )
     })?;
-    Ok(js)
+    let to = Destination::new(
+        &f.stream,
+        stream.cached_info().created.unix_timestamp_nanos(),
+        &f.subject_prefix,
+    );
+    Ok(Connected { js, to })
 }
 
 /// An error as one line.
@@ -174,28 +248,35 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// `sessions --json`'s entry for `m` with what shipping knows: `ship` (frames and bytes not
-/// yet acknowledged, whether it is fully shipped) once the session was shipped at all, and
-/// `origin` (host, route, relay version) for a session collected from elsewhere.
+/// `sessions --json`'s entry for `m` with what shipping knows: `ship` once the session was
+/// shipped anywhere (frames and bytes the destination that took most has not acknowledged,
+/// whether one has it all, and to how many destinations it went), and `origin` (host,
+/// route, relay version) for a session collected from elsewhere.
 pub fn session_json(
     store: &gabp_storage::Store,
     m: &gabp_storage::SessionMeta,
     mut v: serde_json::Value,
 ) -> serde_json::Value {
-    if let Ok(c) = store.ship_cursor(m.id) {
-        let origin = store.origin(m.id).ok().flatten();
-        if c.catalog_seq > 0 && origin.is_none() {
+    let origin = store.origin(m.id).ok().flatten();
+    if let (Ok(cursors), None) = (store.ship_cursors(m.id), &origin) {
+        if let Some(c) = cursors
+            .iter()
+            .map(|(_, c)| c)
+            .filter(|c| c.catalog_seq > 0)
+            .max_by_key(|c| c.frames)
+        {
             v["ship"] = serde_json::json!({
                 "lagFrames": m.frames.saturating_sub(c.frames),
                 "lagBytes": m.bytes.saturating_sub(c.bytes),
                 "shipped": store.fully_shipped(m).unwrap_or(false),
+                "destinations": cursors.len(),
             });
         }
-        if let Some(o) = origin {
-            v["origin"] = serde_json::json!({
-                "host": o.host, "route": o.route, "relayVersion": o.relay_version,
-            });
-        }
+    }
+    if let Some(o) = origin {
+        v["origin"] = serde_json::json!({
+            "host": o.host, "route": o.route, "relayVersion": o.relay_version,
+        });
     }
     v
 }

@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use async_nats::jetstream::{self, message::PublishMessage as Publish};
-use gabp_storage::ship::{CatalogSnapshot, Oversize, ShipCursor, SplitError};
-use gabp_storage::{SessionId, SessionState, Store};
+use gabp_storage::ship::{CatalogSnapshot, Destination, Oversize, ShipCursor, SplitError};
+use gabp_storage::{SessionId, SessionMeta, SessionState, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{one_line, NatsFlags, FIRST, KIND};
+use super::{one_line, Connected, NatsFlags, FIRST, KIND};
 
 /// Chunks read and sent per round trip of acknowledgements.
 const WINDOW_CHUNKS: usize = 64;
@@ -113,37 +113,98 @@ pub struct Target {
     pub host: String,
 }
 
-/// Runs until `cancel`: reconnects with backoff, ships whatever is behind.
-pub async fn run(
+/// A running shipping task. It outlives the relay's other tasks: once the recorder has
+/// stopped, [`Running::finish`] lets it ship what the recorder wrote last (the final frames,
+/// every session's end) before the process exits.
+#[derive(Debug)]
+pub struct Running {
+    handle: tokio::task::JoinHandle<()>,
+    finish: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Running {
+    /// Starts shipping the recordings in `slot` to `target`.
+    pub fn start(target: Target, slot: StoreSlot, status: Arc<ShipStatus>) -> Running {
+        let (finish, stop) = (CancellationToken::new(), CancellationToken::new());
+        let handle = tokio::spawn(run(target, slot, status, finish.clone(), stop.clone()));
+        Running {
+            handle,
+            finish,
+            stop,
+        }
+    }
+
+    /// Call once the recorder has stopped: ships until nothing is behind, NATS cannot be
+    /// reached, or `deadline` (whatever is left then ships on the next run, or with `ship`).
+    pub async fn finish(mut self, deadline: std::time::Instant) {
+        self.finish.cancel();
+        if tokio::time::timeout_at(deadline.into(), &mut self.handle)
+            .await
+            .is_err()
+        {
+            self.stop.cancel();
+            let _ = self.handle.await;
+        }
+    }
+
+    /// Stops at once (the recorder did not stop in time).
+    pub fn stop(self) {
+        self.stop.cancel();
+    }
+}
+
+/// Ships whatever is behind, reconnecting with backoff, until `stop`, or, once `finish` is
+/// cancelled, until a whole round found nothing left (or NATS cannot be reached).
+async fn run(
     target: Target,
     slot: StoreSlot,
     status: Arc<ShipStatus>,
-    cancel: CancellationToken,
+    finish: CancellationToken,
+    stop: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(200);
     let mut last_logged: Option<String> = None;
-    let mut done = HashSet::new();
+    // Sessions this destination has whole, and that destination.
+    let mut done = (None, HashSet::new());
+    let mut last_to = None;
     loop {
         let round = async {
-            let js = super::connect(&target.urls, &target.flags, "gabp-relay shipper").await?;
+            // A relay stopping while NATS is unreachable does not wait out a connection attempt.
+            let conn = tokio::select! {
+                biased;
+                _ = finish.cancelled() => return Ok(()),
+                c = super::connect(&target.urls, &target.flags, "gabp-relay shipper") => c?,
+            };
+            if done.0 != Some(conn.to) {
+                done = (Some(conn.to), HashSet::new());
+            }
+            last_to = Some(conn.to);
             status.connected.store(true, Ordering::Relaxed);
             *status.last_error.lock() = None;
             // Sessions waiting for a larger max_payload, with the limit they did not fit:
             // tried again once the servers' limit is another (a reconfigured cluster).
             let mut stuck = HashMap::new();
             loop {
-                let moved = ship_round(&js, &slot, &target, &status, &mut done, &mut stuck).await?;
+                // Only a round begun after the recorder stopped has seen its last writes.
+                let last_round = finish.is_cancelled();
+                let moved =
+                    ship_round(&conn, &slot, &target, &status, &mut done.1, &mut stuck).await?;
                 if !moved {
+                    if last_round {
+                        return Ok::<(), anyhow::Error>(());
+                    }
                     // Nothing behind: look again shortly (off the hot path, a cheap catalog scan).
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = finish.cancelled() => {}
+                    }
                 }
             }
-            #[allow(unreachable_code)]
-            Ok::<(), anyhow::Error>(())
         };
         let e = tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = round => match r { Ok(()) => continue, Err(e) => e },
+            _ = stop.cancelled() => break,
+            r = round => match r { Ok(()) => break, Err(e) => e },
         };
         status.connected.store(false, Ordering::Relaxed);
         let line = one_line(&e);
@@ -153,38 +214,80 @@ pub async fn run(
         }
         *status.last_error.lock() = Some(line);
         // While NATS cannot be reached the lag still grows with the recording: keep it true.
-        if let Some((frames, bytes)) = lag_of(&slot, &done).await {
+        if let Some((frames, bytes)) = lag_of(&slot, last_to, &done.1).await {
             status.set_lag(frames, bytes);
         }
+        if finish.is_cancelled() {
+            break;
+        }
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = stop.cancelled() => break,
+            _ = finish.cancelled() => break,
             _ = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+    if finish.is_cancelled() {
+        let left = lag_of(&slot, last_to, &done.1).await;
+        // The recorder has stopped and left the store here for this: close it now.
+        drop(slot.lock().take());
+        match left {
+            Some((0, _)) => tracing::info!("shipping caught up before exit"),
+            Some((frames, _)) => tracing::warn!(
+                "{frames} recorded frame(s) not shipped at exit: they ship when the relay runs again with shipping on, or with `gabp-relay ship --all`"
+            ),
+            None => {}
+        }
+    }
 }
 
-/// Frames and bytes recorded but not acknowledged, over every session not known finished.
-async fn lag_of(slot: &StoreSlot, done: &HashSet<SessionId>) -> Option<(u64, u64)> {
+/// Every session not known finished, with its cursor at `to` (at the destination that has
+/// most of it while none was reached yet).
+fn work_list(
+    s: &Store,
+    to: Option<Destination>,
+    skip: &HashSet<SessionId>,
+) -> Result<Vec<(SessionMeta, ShipCursor)>, gabp_storage::StoreError> {
+    let mut work = Vec::new();
+    for m in s.sessions()? {
+        if skip.contains(&m.id) {
+            continue;
+        }
+        let c = match to {
+            Some(to) => s.ship_cursor(m.id, to)?,
+            None => s.furthest_ship_cursor(m.id)?.unwrap_or_default(),
+        };
+        work.push((m, c));
+    }
+    Ok(work)
+}
+
+/// Frames and body bytes of `work` not acknowledged.
+fn lag(work: &[(SessionMeta, ShipCursor)]) -> (u64, u64) {
+    work.iter().fold((0, 0), |(f, b), (m, c)| {
+        (
+            f + m.frames.saturating_sub(c.frames),
+            b + m.bytes.saturating_sub(c.bytes),
+        )
+    })
+}
+
+/// Frames and bytes recorded but not acknowledged by `to`, over every session not known
+/// finished.
+async fn lag_of(
+    slot: &StoreSlot,
+    to: Option<Destination>,
+    done: &HashSet<SessionId>,
+) -> Option<(u64, u64)> {
     let store = slot.lock().clone()?;
     let skip = done.clone();
-    let read = blocking(store, move |s| {
-        let mut lag = (0u64, 0u64);
-        for m in s.sessions()? {
-            if !skip.contains(&m.id) {
-                let c = s.ship_cursor(m.id)?;
-                lag.0 += m.frames.saturating_sub(c.frames);
-                lag.1 += m.bytes.saturating_sub(c.bytes);
-            }
-        }
-        Ok(lag)
-    });
-    read.await.ok().map(|(_, lag)| lag)
+    let read = blocking(store, move |s| work_list(s, to, &skip));
+    read.await.ok().map(|(_, work)| lag(&work))
 }
 
 /// Ships what every unfinished session has behind; returns whether anything moved.
 async fn ship_round(
-    js: &jetstream::Context,
+    conn: &Connected,
     slot: &StoreSlot,
     target: &Target,
     status: &ShipStatus,
@@ -194,33 +297,18 @@ async fn ship_round(
     let Some(store) = slot.lock().clone() else {
         return Ok(false);
     };
-    let skip = done.clone();
-    let (s, work) = blocking(store, move |s| {
-        let mut work = Vec::new();
-        for m in s.sessions()? {
-            if skip.contains(&m.id) {
-                continue;
-            }
-            let c = s.ship_cursor(m.id)?;
-            work.push((m, c));
-        }
-        Ok(work)
-    })
-    .await?;
+    let (skip, to) = (done.clone(), conn.to);
+    let (s, work) = blocking(store, move |s| work_list(s, Some(to), &skip)).await?;
     let mut moved = false;
-    let mut lag = (0u64, 0u64);
-    for (m, c) in &work {
-        lag.0 += m.frames.saturating_sub(c.frames);
-        lag.1 += m.bytes.saturating_sub(c.bytes);
-    }
-    status.set_lag(lag.0, lag.1);
+    let (frames, bytes) = lag(&work);
+    status.set_lag(frames, bytes);
     for (m, c) in work {
-        let limit = js.client().max_payload();
+        let limit = conn.js.client().max_payload();
         if stuck.get(&m.id).is_some_and(|&at| at == limit) {
             continue;
         }
         let before = c.frames;
-        let (finished, cursor) = match ship_session(js, &s, m.id, c, target, status).await {
+        let (finished, cursor) = match ship_session(conn, &s, m.id, c, target, status).await {
             Ok(done) => done,
             Err(e) => match e.downcast::<Stuck>() {
                 Ok(st) => {
@@ -260,13 +348,14 @@ async fn blocking<T: Send + 'static>(
 /// is less; returns whether it is finished (ended, every frame and its final catalog
 /// acknowledged) and the cursor.
 pub async fn ship_session(
-    js: &jetstream::Context,
+    conn: &Connected,
     store: &Store,
     id: SessionId,
     mut cursor: ShipCursor,
     target: &Target,
     status: &ShipStatus,
 ) -> Result<(bool, ShipCursor)> {
+    let (js, to) = (&conn.js, conn.to);
     let subject = format!("{}.{}", target.flags.subject_prefix, id);
     let turn = std::time::Instant::now();
     loop {
@@ -288,7 +377,7 @@ pub async fn ship_session(
             || (chunks.is_empty() && snap.fingerprint() != cursor.catalog_hash)
         {
             send_catalog(js, &subject, &mut snap, &mut cursor).await?;
-            save(store, id, cursor).await?;
+            save(store, id, to, cursor).await?;
         }
         if chunks.is_empty() {
             let finished =
@@ -340,7 +429,7 @@ pub async fn ship_session(
         }
         metrics::counter!("gabp_shipped_frames_total")
             .increment(chunks.iter().map(|c| c.frames).sum());
-        save(store, id, cursor).await?;
+        save(store, id, to, cursor).await?;
     }
 }
 
@@ -350,7 +439,9 @@ async fn send_catalog(
     snap: &mut CatalogSnapshot,
     cursor: &mut ShipCursor,
 ) -> Result<()> {
-    snap.seq = cursor.catalog_seq + 1;
+    // Numbered by the clock (and above the last one sent): an archive fed by one destination
+    // and then another (a cluster replaced) applies the newer snapshot, not the higher count.
+    snap.seq = (cursor.catalog_seq + 1).max(gabp_rt::clock::now_ns());
     let body = serde_json::to_vec(&snap).map_err(|e| anyhow!("catalog snapshot: {e}"))?;
     let msg = Publish::build()
         .message_id(format!("{}-c{}", snap.meta.id, snap.seq))
@@ -366,8 +457,8 @@ async fn send_catalog(
     Ok(())
 }
 
-async fn save(store: &Store, id: SessionId, cursor: ShipCursor) -> Result<()> {
-    blocking(store.clone(), move |s| s.set_ship_cursor(id, &cursor))
+async fn save(store: &Store, id: SessionId, to: Destination, cursor: ShipCursor) -> Result<()> {
+    blocking(store.clone(), move |s| s.set_ship_cursor(id, to, &cursor))
         .await
         .map(|_| ())
 }
