@@ -14,6 +14,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::procstat;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use gabp_sim::events::Pace;
@@ -208,7 +209,15 @@ pub(crate) async fn run(a: ShipArgs) -> Result<Value> {
     for i in 0..a.phases.max(2) {
         let ship = i % 2 == 1;
         let data = root.path().join(format!("phase-{i}"));
-        let row = phase(&a, &sc, &bin, &data, ship.then_some(nats.url.as_str())).await?;
+        let row = phase(
+            &a,
+            &sc,
+            &bin,
+            &data,
+            ship.then_some(nats.url.as_str()),
+            nats.child.id(),
+        )
+        .await?;
         if ship {
             shipped_total += row["recorded_frames"].as_u64().unwrap_or(0);
         }
@@ -250,6 +259,7 @@ async fn phase(
     bin: &Path,
     data: &Path,
     ship: Option<&str>,
+    nats_pid: Option<u32>,
 ) -> Result<Value> {
     let pace = sc.pace_window().map(|w| Pace::new(sc.bridges, w));
     let sim = ModSim::start(
@@ -287,7 +297,11 @@ async fn phase(
             return Err(e);
         }
     };
-    let r = measure(a, sc, &relay, &sim, pace, &metrics, ship.is_some()).await;
+    let pids = Pids {
+        relay: relay.pid(),
+        nats: nats_pid,
+    };
+    let r = measure(a, sc, &relay, &sim, pace, &metrics, ship.is_some(), pids).await;
     sim.stop();
     relay.stop(Duration::from_secs(10)).await;
     let mut row = r?;
@@ -299,6 +313,23 @@ async fn phase(
     Ok(row)
 }
 
+/// The processes whose CPU time a phase reports.
+#[derive(Debug, Clone, Copy)]
+struct Pids {
+    relay: Option<u32>,
+    nats: Option<u32>,
+}
+
+impl Pids {
+    /// CPU seconds so far of the relay, the NATS server and this process (the mod and the
+    /// bridges).
+    fn cpu(&self) -> [f64; 3] {
+        let of = |pid: Option<u32>| pid.and_then(procstat::sample).map_or(0.0, |s| s.cpu_s);
+        [of(self.relay), of(self.nats), of(Some(std::process::id()))]
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     a: &ShipArgs,
     sc: &crate::scenario::Scenario,
@@ -307,6 +338,7 @@ async fn measure(
     pace: Option<Arc<Pace>>,
     metrics: &str,
     ship: bool,
+    pids: Pids,
 ) -> Result<Value> {
     let window = Arc::new(Window::default());
     let stop = CancellationToken::new();
@@ -324,6 +356,7 @@ async fn measure(
     tokio::time::sleep(sc.warmup()).await;
     window.set(true);
     let started = Instant::now();
+    let cpu_before = pids.cpu();
     let phase = Duration::from_secs_f64(a.phase_s.max(1.0));
     let mut samples: Vec<(f64, u64, u64)> = Vec::new();
     let mut next = started;
@@ -339,15 +372,27 @@ async fn measure(
     let secs = started.elapsed().as_secs_f64();
     let delivered = window.delivered();
     let emitted = sim.emitted();
+    let cpu_after = pids.cpu();
     window.set(false);
     stop.cancel();
     let mut gaps = 0;
     for rd in readers {
         gaps += rd.await?.unannounced_gaps;
     }
+    let cores = |i: usize| (cpu_after[i] - cpu_before[i]) / secs;
     let mut row = json!({
         "ship": ship, "seconds": secs, "events_per_s": delivered as f64 / secs,
         "mod_emitted": emitted, "unannounced_gaps": gaps,
+        // Cores used while measured: what shipping costs the relay, and what the NATS server
+        // on the same machine takes from everything else.
+        "cpu_cores": {
+            "relay": cores(0),
+            "nats_server": if ship { cores(1) } else { 0.0 },
+            "mod_and_bridges": cores(2),
+        },
+        "relay_cpu_us_per_delivered_event": if delivered > 0 {
+            (cpu_after[0] - cpu_before[0]) * 1e6 / delivered as f64
+        } else { 0.0 },
     });
     if ship {
         // The mod stops; every recorded frame must be acknowledged soon after.
@@ -435,12 +480,17 @@ pub(crate) fn table(doc: &Value) -> String {
     let mut s = String::new();
     for (i, r) in doc["phases"].as_array().into_iter().flatten().enumerate() {
         let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+        let cpu = &r["cpu_cores"];
         s += &format!(
-            "phase {i} {:<8} {:>6.2}s  delivered {:>12.0} ev/s  recorded {:>10}",
+            "phase {i} {:<8} {:>6.2}s  delivered {:>12.0} ev/s  recorded {:>10}  cores: relay {:.2} nats {:.2} mod+bridges {:.2}, relay {:.3} us/event",
             if r["ship"] == true { "ship" } else { "no-ship" },
             f(&r["seconds"]),
             f(&r["events_per_s"]),
-            r["recorded_frames"]
+            r["recorded_frames"],
+            f(&cpu["relay"]),
+            f(&cpu["nats_server"]),
+            f(&cpu["mod_and_bridges"]),
+            f(&r["relay_cpu_us_per_delivered_event"]),
         );
         if r["ship"] == true {
             let l = &r["lag"];

@@ -288,3 +288,60 @@ async fn shipping_mistakes_exit_2_and_defaults_show_once() {
         }
     }
 }
+
+/// A replay cut that leaves nothing to play (a channel the session does not have, a start
+/// past its end) fails in one line naming what it has, instead of serving an empty replay;
+/// an existing directory given as one file's `-o` is a usage error before anything is read.
+#[tokio::test]
+async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
+    let dir = record_a_session().await;
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf8");
+    let replay = [
+        "replay",
+        "latest",
+        "--data-dir",
+        d,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    for (extra, says) in [
+        (&["--channel", "nope"][..], "world/tick"),
+        (
+            &["--channel", "world/tick", "--channel", "nope"][..],
+            "\"nope\"",
+        ),
+        (&["--from", "1h"][..], "past the end"),
+    ] {
+        let out = output_in(dir.path(), &[&replay[..], extra].concat()).await;
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        let line = one_line(&out);
+        assert!(line.contains(says), "{extra:?}: {line}");
+    }
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let o = out_dir.to_str().expect("utf8");
+    for args in [
+        &["export", "latest", "--data-dir", d, "-o", o][..],
+        &[
+            "export",
+            "latest",
+            "--data-dir",
+            d,
+            "--format",
+            "parquet",
+            "-o",
+            o,
+        ],
+        &["report", "latest", "--data-dir", d, "-o", o],
+    ] {
+        let out = output_in(dir.path(), args).await;
+        let line = usage_error(&out, &format!("{args:?}"));
+        assert!(line.contains("is a directory"), "{args:?}: {line}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&out_dir).expect("ls").count(),
+        0,
+        "nothing written"
+    );
+}

@@ -302,18 +302,18 @@ impl Store {
             .max_by_key(|c| (c.frames, c.catalog_seq)))
     }
 
-    /// Records what a destination acknowledged (synced under `batch` durability).
+    /// Records what a destination acknowledged. Not synced: a cursor lost to a power cut (a
+    /// crash of the process loses nothing) only sends again what the destination already has,
+    /// which the stream and the collector drop; an fsync per window would contend with the
+    /// recorder's own WAL syncs on the hot path.
     pub fn set_ship_cursor(
         &self,
         id: SessionId,
         to: Destination,
         c: &ShipCursor,
     ) -> Result<(), StoreError> {
-        let mut wo = rocksdb::WriteOptions::default();
-        wo.set_sync(self.opts.durability == Durability::Batch);
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_CATALOG), cursor_key(id, to), c.encode());
-        self.db.write_opt(batch, &wo)?;
+        self.db
+            .put_cf(self.cf(CF_CATALOG), cursor_key(id, to), c.encode())?;
         Ok(())
     }
 

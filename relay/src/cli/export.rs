@@ -113,6 +113,13 @@ pub fn run(a: ExportArgs) -> Result<()> {
     }
     if let Some(o) = a.output.as_deref().filter(|o| !export::is_stdout(o)) {
         refuse_the_data_dir(o, &a.dir.data_dir)?;
+        if a.format == Format::Jsonl || single {
+            let example = match a.format {
+                Format::Jsonl => "export.jsonl",
+                Format::Parquet => "export.parquet",
+            };
+            refuse_a_directory(o, "the export is one file", example)?;
+        }
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let mut metas = select(&store, &a.sessions, &a.filters, false)?;
@@ -229,6 +236,23 @@ fn keep_those_with_cuts(
         let _ = writeln!(err, "skipping {s}");
     }
     Ok(kept)
+}
+
+/// Refuses an existing directory where one file is written (found before any reading, not
+/// when the finished file cannot be put there).
+pub(super) fn refuse_a_directory(
+    output: &std::path::Path,
+    what: &str,
+    example: &str,
+) -> Result<()> {
+    if std::fs::symlink_metadata(output).is_ok_and(|m| m.is_dir()) {
+        return Err(usage(format!(
+            "-o {} is a directory and {what}: give a file path (such as {})",
+            output.display(),
+            output.join(example).display()
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses an output that is, holds or lies in the data dir: an export or report never

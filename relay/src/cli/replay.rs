@@ -60,6 +60,27 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     };
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
+    // A cut that leaves nothing to play is a mistake to say, not an empty replay to serve.
+    if let Some(c) = a.channel.iter().find(|c| !meta.channels.contains(c)) {
+        anyhow::bail!(
+            "session {} has no channel {c:?} (its channels: {})",
+            meta.id,
+            if meta.channels.is_empty() {
+                "none".to_string()
+            } else {
+                meta.channels.join(", ")
+            }
+        );
+    }
+    let length = Duration::from_nanos(meta.last_ns.saturating_sub(meta.started_ns));
+    if let Some(from) = a.from.filter(|f| *f > length) {
+        anyhow::bail!(
+            "--from {} is past the end of session {} (it lasts {})",
+            humantime::format_duration(from),
+            meta.id,
+            humantime::format_duration(Duration::from_millis(length.as_millis() as u64))
+        );
+    }
     let opts = crate::replay::ReplayOptions {
         token: token.clone(),
         speed: a.speed,

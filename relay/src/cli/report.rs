@@ -23,6 +23,7 @@ pub struct ReportArgs {
 pub fn run(a: ReportArgs) -> Result<()> {
     if !crate::export::is_stdout(&a.output) {
         super::export::refuse_the_data_dir(&a.output, &a.dir.data_dir)?;
+        super::export::refuse_a_directory(&a.output, "the report is one file", "report.html")?;
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
