@@ -192,6 +192,41 @@ fn collector(urls: &str, archive: &Path) -> Child {
         .expect("spawn collect")
 }
 
+/// The setup several tests share: a one-node JetStream server (`conf` added to its config), a
+/// relay in front of a simulated mod at `rate` events/s recording into `data` and shipping to
+/// it, and a collector writing `archive`.
+struct Solo {
+    cluster: Cluster,
+    urls: String,
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    archive: PathBuf,
+    sim: ModSim,
+    relay: Serve,
+    collector: Child,
+}
+
+async fn solo_shipping(conf: &str, rate: f64, route: &str) -> Solo {
+    let cluster = Cluster::new(1, true, conf);
+    cluster.ready(true).await;
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (data, archive) = (dir.path().join("a"), dir.path().join("archive"));
+    let sim = start_mod(Some(rate));
+    let relay = serve_shipping(&sim, &data, &urls, route, "1").await;
+    let collector = collector(&urls, &archive);
+    Solo {
+        cluster,
+        urls,
+        dir,
+        data,
+        archive,
+        sim,
+        relay,
+        collector,
+    }
+}
+
 /// Every session of `data` as (id, frames, state).
 async fn listed(data: &Path) -> Vec<(String, u64, String)> {
     if !data.join("CURRENT").exists() {
@@ -374,14 +409,16 @@ async fn two_relays_ship_through_faults_and_the_archive_equals_both() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_cluster_down_and_back_shipping_catches_up() {
-    let mut cluster = Cluster::new(1, true, "");
-    cluster.ready(true).await;
-    let urls = cluster.urls();
-    let dir = tempfile::tempdir().expect("tmp");
-    let (a, archive) = (dir.path().join("a"), dir.path().join("archive"));
-    let sim = start_mod(Some(2000.0));
-    let mut r = serve_shipping(&sim, &a, &urls, "solo", "1").await;
-    let mut col = collector(&urls, &archive);
+    let Solo {
+        mut cluster,
+        urls: _,
+        dir: _dir,
+        data: a,
+        archive,
+        sim: _sim,
+        relay: mut r,
+        collector: mut col,
+    } = solo_shipping("", 2000.0, "solo").await;
     recorded_beyond(&a, 1000).await;
     cluster.nodes[0].kill();
     // The relay keeps serving bridges and recording while NATS is gone.
@@ -794,14 +831,16 @@ async fn big_marks(c: &mut Client, n: usize, size: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_one_line() {
     // A server that takes messages of at most 64 KiB (headers included).
-    let mut cluster = Cluster::new(1, true, "max_payload: 65536");
-    cluster.ready(true).await;
-    let urls = cluster.urls();
-    let dir = tempfile::tempdir().expect("tmp");
-    let (a, archive) = (dir.path().join("a"), dir.path().join("archive"));
-    let sim = start_mod(Some(200.0));
-    let mut r = serve_shipping(&sim, &a, &urls, "big", "1").await;
-    let mut col = collector(&urls, &archive);
+    let Solo {
+        mut cluster,
+        urls,
+        dir: _dir,
+        data: a,
+        archive,
+        sim,
+        relay: mut r,
+        collector: mut col,
+    } = solo_shipping("max_payload: 65536", 200.0, "big").await;
     let (mut c, _) = Client::connect_hello(&r.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");

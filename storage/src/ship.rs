@@ -732,7 +732,9 @@ mod tests {
 
     /// Ships everything of `id` from `src` into `dst` the way the relay does, returning how
     /// many chunks were new.
-    fn ship(src: &Store, dst: &Store, id: SessionId, seq: u64) -> usize {
+    /// Ships `id` from `src` into `dst` as the shipper does (snapshot, chunks split to messages
+    /// of at most `limit` bytes, final snapshot); returns how many chunks were new there.
+    fn ship(src: &Store, dst: &Store, id: SessionId, seq: u64, limit: usize) -> usize {
         let mut new = 0;
         let mut snap = src
             .catalog_snapshot(id, "host")
@@ -741,14 +743,39 @@ mod tests {
         snap.seq = seq;
         let mut ing = dst.ingest();
         ing.snapshot(&snap).expect("apply");
+        let mut next = 0;
         for c in src.chunks_from(id, 0, 1000, usize::MAX).expect("chunks") {
-            new += usize::from(ing.chunk(id, c.first, c.data).expect("ingest") == Taken::New);
+            for p in split_checked(c, limit, next) {
+                next = p.first + p.frames;
+                new += usize::from(ing.chunk(id, p.first, p.data).expect("ingest") == Taken::New);
+            }
         }
         // The final snapshot again, after the chunks, as the shipper sends it.
         snap.seq = seq + 1;
         ing.snapshot(&snap).expect("apply");
         ing.commit().expect("commit");
         new
+    }
+
+    /// `c` split to `limit`, checked: split only when over it, parts within it, contiguous
+    /// from frame `next`, with the frames and bytes of the whole.
+    fn split_checked(c: StoredChunk, limit: usize, next: u64) -> Vec<StoredChunk> {
+        let (frames, bytes, size) = (c.frames, c.bytes, c.data.len());
+        let parts = c.split(limit).expect("split");
+        assert_eq!(
+            parts.len() > 1,
+            size > limit,
+            "split only when over the limit"
+        );
+        assert_eq!(parts.iter().map(|p| p.frames).sum::<u64>(), frames);
+        assert_eq!(parts.iter().map(|p| p.bytes).sum::<u64>(), bytes);
+        let mut at = next;
+        for p in &parts {
+            assert!(p.data.len() <= limit, "{} > {limit}", p.data.len());
+            assert_eq!(p.first, at, "parts are contiguous");
+            at += p.frames;
+        }
+        parts
     }
 
     #[test]
@@ -762,8 +789,12 @@ mod tests {
         let id = record(&src, 1000);
         let chunks = src.chunk_keys(id).expect("keys").len();
         assert!(chunks > 3, "several chunks: {chunks}");
-        assert_eq!(ship(&src, &dst, id, 1), chunks);
-        assert_eq!(ship(&src, &dst, id, 1), 0, "nothing new the second time");
+        assert_eq!(ship(&src, &dst, id, 1, usize::MAX), chunks);
+        assert_eq!(
+            ship(&src, &dst, id, 1, usize::MAX),
+            0,
+            "nothing new the second time"
+        );
         let (s, d) = (
             src.session(id).expect("s").expect("s"),
             dst.session(id).expect("d").expect("d"),
@@ -796,31 +827,7 @@ mod tests {
         let biggest = stored.iter().map(|c| c.data.len()).max().expect("some");
         let limit = 1000;
         assert!(biggest > 4 * limit, "chunks to split: {biggest}");
-        let mut ing = dst.ingest();
-        let mut snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
-        snap.seq = 1;
-        ing.snapshot(&snap).expect("apply");
-        let mut next = 0;
-        for c in stored {
-            let (frames, bytes, size) = (c.frames, c.bytes, c.data.len());
-            let parts = c.split(limit).expect("split");
-            assert_eq!(
-                parts.len() > 1,
-                size > limit,
-                "split only when over the limit"
-            );
-            assert_eq!(parts.iter().map(|p| p.frames).sum::<u64>(), frames);
-            assert_eq!(parts.iter().map(|p| p.bytes).sum::<u64>(), bytes);
-            for p in parts {
-                assert!(p.data.len() <= limit, "{} > {limit}", p.data.len());
-                assert_eq!(p.first, next, "parts are contiguous");
-                next += p.frames;
-                assert_eq!(ing.chunk(id, p.first, p.data).expect("ingest"), Taken::New);
-            }
-        }
-        snap.seq = 2;
-        ing.snapshot(&snap).expect("apply");
-        ing.commit().expect("commit");
+        assert!(ship(&src, &dst, id, 1, limit) > stored.len());
         assert!(dst.check_session(id).expect("check").ok());
         let f = |st: &Store| st.frames(id).map(|r| r.expect("frame")).collect::<Vec<_>>();
         assert_eq!(f(&src), f(&dst));
@@ -882,7 +889,7 @@ mod tests {
         }
         ing.commit().expect("commit");
         assert!(dst.sessions().expect("list").is_empty(), "no record yet");
-        ship(&src, &dst, id, 5);
+        ship(&src, &dst, id, 5, usize::MAX);
         assert_eq!(
             src.session(id).expect("s").expect("s"),
             dst.session(id).expect("d").expect("d")
