@@ -133,23 +133,29 @@ impl Relay {
             // The recorder thread holds the only handle (it reopens the store after I/O
             // errors), so later retention runs there too.
             let (rec, thread) = Recorder::start(store, cfg.on_record_error);
+            let status = cfg
+                .ship
+                .as_ref()
+                .map(|t| Arc::new(crate::ship::shipper::ShipStatus::new(&t.urls)));
             let r = cfg.retain;
             if r.max_age.is_some() || r.max_bytes.is_some() {
                 let (rec, c, keep) = (rec.clone(), cancel.clone(), keep_unshipped(&cfg));
+                let status = status.clone();
                 tracker.spawn(async move {
                     loop {
                         tokio::select! { _ = c.cancelled() => return, _ = tokio::time::sleep(Duration::from_secs(60)) => {} }
+                        // Shipped means: to the destination shipping reaches now.
+                        let to = status.as_ref().and_then(|s| s.destination());
                         rec.send(crate::recorder::RecMsg::Retain {
                             max_age_ns: r.max_age.map(|d| d.as_nanos() as u64),
                             max_bytes: r.max_bytes,
-                            keep_unshipped: keep,
+                            keep_unshipped: keep.then_some(to),
                         })
                         .await;
                     }
                 });
             }
-            let shipper = cfg.ship.clone().map(|target| {
-                let status = Arc::new(crate::ship::shipper::ShipStatus::new(&target.urls));
+            let shipper = cfg.ship.clone().zip(status).map(|(target, status)| {
                 rec.set_ship(status.clone());
                 crate::ship::shipper::Running::start(target, rec.store_slot(), status)
             });
@@ -254,8 +260,9 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
         gabp_rt::clock::now_ns(),
         r.max_age.map(|d| d.as_nanos() as u64),
     );
+    // Before shipping has reached its destination nothing counts as shipped.
     let done = if keep_unshipped(cfg) {
-        store.apply_retention_shipped(now, age, r.max_bytes, false)
+        store.apply_retention_shipped(now, age, r.max_bytes, None)
     } else {
         store.apply_retention(now, age, r.max_bytes)
     };

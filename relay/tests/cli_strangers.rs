@@ -272,6 +272,62 @@ async fn shipping_mistakes_exit_2_and_defaults_show_once() {
         ),
         ([&serve[..], &["--stream", "OTHER"]].concat(), "--ship"),
         ([&serve[..], &["--retain-unshipped"]].concat(), "--ship"),
+        (
+            [
+                &serve[..],
+                &["--ship", "nats://127.0.0.1:4222", "--no-record"],
+            ]
+            .concat(),
+            "recording is off",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222",
+                "--subject-prefix",
+                "$JS",
+                "--data-dir",
+                d,
+            ],
+            "belong to the NATS server",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222",
+                "--subject-prefix",
+                "_INBOX",
+                "--data-dir",
+                d,
+            ],
+            "belong to the NATS server",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222,",
+                "--data-dir",
+                d,
+            ],
+            "empty address",
+        ),
+        (
+            vec![
+                "ship",
+                "--all",
+                "--to",
+                "nats://127.0.0.1:4222,127.0.0.1:99999",
+                "--data-dir",
+                d,
+            ],
+            "99999",
+        ),
     ];
     for (args, names) in cases {
         let out = output_in(dir.path(), &args).await;

@@ -114,12 +114,14 @@ impl Cluster {
         }
     }
 
+    /// The README's form: the scheme once, then every node's address.
     fn urls(&self) -> String {
-        self.nodes
+        let list: Vec<String> = self
+            .nodes
             .iter()
-            .map(|n| format!("nats://127.0.0.1:{}", n.client))
-            .collect::<Vec<_>>()
-            .join(",")
+            .map(|n| format!("127.0.0.1:{}", n.client))
+            .collect();
+        format!("nats://{}", list.join(","))
     }
 
     /// Waits until every running node reports itself healthy (JetStream current, with a
@@ -504,12 +506,28 @@ async fn each_destination_gets_every_session_and_a_stream_made_again_gets_it_aga
     // Another cluster is another destination: it gets every frame, once.
     assert_eq!(shipped_new(&a, &second.urls()).await, total);
     assert_eq!(shipped_new(&a, &second.urls()).await, 0);
+    // Another stream and prefix on the same server is another destination too, and a stream
+    // keeping messages less than the two-minute dedup window can be made.
+    let said = ship_ok(
+        &a,
+        &second.urls(),
+        &[
+            "--stream",
+            "SHORT",
+            "--subject-prefix",
+            "short.lab",
+            "--stream-max-age",
+            "1m",
+        ],
+    )
+    .await;
+    assert!(said.contains(&format!(": {total} new frame(s)")), "{said}");
     let mut col = collector(&second.urls(), &archive2);
     archive_equals(&archive2, &[&a]).await;
     kill9(&mut col);
     let v = sessions(&a).await;
     let ship = &v["sessions"][0]["ship"];
-    assert_eq!(ship["destinations"], 2, "{v}");
+    assert_eq!(ship["destinations"], 3, "{v}");
     assert_eq!(ship["lagFrames"], 0, "{v}");
     assert_eq!(ship["shipped"], true, "{v}");
     // The first cluster loses its stream (its store wiped): the stream made again is a new
@@ -535,6 +553,28 @@ async fn ship_err(data: &Path, urls: &str, extra: &[&str]) -> (Option<i32>, Stri
     args.extend(extra);
     let out = output(&args).await;
     (out.status.code(), one_line(&out))
+}
+
+/// `gabp-relay ship --all` against `urls` with `extra` flags, which must succeed: everything
+/// it printed.
+async fn ship_ok(data: &Path, urls: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "ship",
+        "--all",
+        "--to",
+        urls,
+        "--data-dir",
+        data.to_str().expect("utf8"),
+    ];
+    args.extend(extra);
+    let out = output(&args).await;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{args:?}: {text}");
+    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -609,6 +649,15 @@ async fn no_jetstream_a_wrong_token_or_no_server_are_one_line_and_recording_goes
         assert!(line.contains(says), "{line}");
         assert!(!line.contains("wrong-token"), "no secret: {line}");
     }
+    // The NATS tools' way to give a token, in the address, works (and is never printed).
+    let guarded_port = guarded.nodes[0].client;
+    let said = ship_ok(
+        &dir.path().join("d1"),
+        &format!("nats://right-token-123456@127.0.0.1:{guarded_port}"),
+        &[],
+    )
+    .await;
+    assert!(!said.contains("right-token"), "no secret: {said}");
 }
 
 fn deploy_file(name: &str) -> (PathBuf, String) {

@@ -214,11 +214,13 @@ impl Store {
     }
 
     /// Marks sessions left `recording` by a dead relay as ended by crash. Called on every
-    /// read-write open, when no other relay can be writing (RocksDB's lock is held).
+    /// read-write open, when no other relay can be writing (RocksDB's lock is held). A session
+    /// collected from elsewhere is left as its source last said: its relay may be recording
+    /// it still, and its end arrives with a later catalog snapshot.
     pub fn recover_crashed(&self) -> Result<Vec<SessionId>, StoreError> {
         let mut fixed = Vec::new();
         for mut m in self.sessions()? {
-            if m.state == Some(SessionState::Recording) {
+            if m.state == Some(SessionState::Recording) && self.origin(m.id)?.is_none() {
                 mark_crashed(&mut m);
                 self.put_meta(&m)?;
                 fixed.push(m.id);

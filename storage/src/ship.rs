@@ -453,14 +453,30 @@ impl Store {
         }))
     }
 
-    /// Retention that keeps what has not been fully shipped (unless `retain_unshipped`):
+    /// Whether `m` is ended and destination `to` acknowledged every frame and its final
+    /// catalog.
+    pub fn fully_shipped_to(&self, m: &SessionMeta, to: Destination) -> Result<bool, StoreError> {
+        if m.state != Some(SessionState::Ended) {
+            return Ok(false);
+        }
+        let c = self.ship_cursor(m.id, to)?;
+        if c.frames < m.frames || c.catalog_seq == 0 {
+            return Ok(false);
+        }
+        Ok(self
+            .catalog_snapshot(m.id, "")?
+            .is_some_and(|s| s.fingerprint() == c.catalog_hash))
+    }
+
+    /// Retention that keeps what destination `to` does not have whole (everything unshipped
+    /// while `to` is unknown: an earlier destination's copy may since have been deleted):
     /// deletes ended sessions older than `max_age_ns` or beyond `max_bytes` (oldest first).
     pub fn apply_retention_shipped(
         &self,
         now_ns: u64,
         max_age_ns: Option<u64>,
         max_bytes: Option<u64>,
-        retain_unshipped: bool,
+        to: Option<Destination>,
     ) -> Result<Vec<SessionId>, StoreError> {
         let sessions = self.sessions()?;
         let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
@@ -472,7 +488,11 @@ impl Store {
             let too_old = max_age_ns
                 .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
             let too_big = max_bytes.is_some_and(|cap| total > cap);
-            if (too_old || too_big) && (retain_unshipped || self.fully_shipped(m)?) {
+            let shipped = match to {
+                Some(to) => self.fully_shipped_to(m, to)?,
+                None => false,
+            };
+            if (too_old || too_big) && shipped {
                 self.delete_session(m.id)?;
                 total -= m.bytes;
                 deleted.push(m.id);
@@ -907,7 +927,7 @@ mod tests {
         assert!(!src.fully_shipped(&m).expect("q"));
         assert_eq!(src.ship_lag(&m, Some(to)).expect("lag"), (50, m.bytes));
         assert!(src
-            .apply_retention_shipped(u64::MAX, Some(0), None, false)
+            .apply_retention_shipped(u64::MAX, Some(0), None, Some(to))
             .expect("retain")
             .is_empty());
         let snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
@@ -923,11 +943,44 @@ mod tests {
         assert_eq!(src.ship_cursor(id, to).expect("cursor"), c);
         assert_eq!(src.ship_lag(&m, Some(to)).expect("lag"), (0, 0));
         assert!(src.fully_shipped(&m).expect("q"));
+        // Shipped whole elsewhere is not shipped to where shipping goes now, and nothing is
+        // shipped while that is not known: both keep it.
+        let elsewhere = Destination::new("GABP", 2, "gabp");
+        for keeps in [Some(elsewhere), None] {
+            assert!(src
+                .apply_retention_shipped(u64::MAX, Some(0), None, keeps)
+                .expect("retain")
+                .is_empty());
+        }
         assert_eq!(
-            src.apply_retention_shipped(u64::MAX, Some(0), None, false)
+            src.apply_retention_shipped(u64::MAX, Some(0), None, Some(to))
                 .expect("retain"),
             vec![id]
         );
+    }
+
+    #[test]
+    fn an_archived_session_still_recording_at_its_source_is_not_marked_crashed() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let src = Store::open(a.path(), StoreOptions::default()).expect("open");
+        let id = record(&src, 10);
+        let mut snap = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        (snap.meta.state, snap.meta.end_reason, snap.meta.ended_ns) =
+            (Some(SessionState::Recording), None, None);
+        snap.seq = 1;
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("open");
+        let mut ing = dst.ingest();
+        ing.snapshot(&snap).expect("apply");
+        ing.commit().expect("commit");
+        drop(dst);
+        // A read-write open (the collector's, after a stop) marks a dead relay's sessions.
+        let dst = Store::open(b.path(), StoreOptions::default()).expect("reopen");
+        let m = dst.session(id).expect("s").expect("s");
+        assert_eq!(m.state, Some(SessionState::Recording));
+        assert_eq!(m.end_reason, None);
     }
 
     #[test]

@@ -116,8 +116,9 @@ pub fn main() -> ! {
     if !cli.cmd.handles_signals() {
         super::release_stop_signals();
     }
-    // The NATS client logs its own (re)connections and errors: ours are the one line.
-    gabp_rt::log::init("info,async_nats=off");
+    // The NATS client logs its own (re)connections and errors (ours are the one line), and at
+    // debug level the server addresses with their credentials: off, whatever GABP_LOG says.
+    gabp_rt::log::init_silencing("info", &["async_nats"]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("gabp-relay")

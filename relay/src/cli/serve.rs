@@ -304,6 +304,11 @@ impl ServeArgs {
                 "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
             ));
         }
+        if cfg.ship.is_some() && !cfg.records() {
+            return Err(usage(
+                "shipping sends the recordings, and recording is off: drop --no-record (or record = false in the config), or --ship",
+            ));
+        }
         if let Some(r) = cfg
             .routes
             .iter()

@@ -84,8 +84,9 @@ pub enum RecMsg {
         max_age_ns: Option<u64>,
         /// Delete oldest ended sessions beyond this many bytes.
         max_bytes: Option<u64>,
-        /// Keep sessions not fully shipped yet (shipping on, without `--retain-unshipped`).
-        keep_unshipped: bool,
+        /// With shipping on (without `--retain-unshipped`): keep every session this
+        /// destination does not have whole (all of them while none was reached yet).
+        keep_unshipped: Option<Option<gabp_storage::ship::Destination>>,
     },
 }
 

@@ -34,10 +34,9 @@ pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<onesho
             keep_unshipped,
         } => match w.store().map(|s| {
             let now = gabp_rt::clock::now_ns();
-            if keep_unshipped {
-                s.apply_retention_shipped(now, max_age_ns, max_bytes, false)
-            } else {
-                s.apply_retention(now, max_age_ns, max_bytes)
+            match keep_unshipped {
+                Some(to) => s.apply_retention_shipped(now, max_age_ns, max_bytes, to),
+                None => s.apply_retention(now, max_age_ns, max_bytes),
             }
         }) {
             Some(Ok(deleted)) if !deleted.is_empty() => {

@@ -23,6 +23,9 @@ use async_nats::jetstream::{self, stream};
 use clap::Args;
 use gabp_storage::ship::Destination;
 
+/// How long the stream drops a message whose `Nats-Msg-Id` it has seen.
+const DEDUP_WINDOW: Duration = Duration::from_secs(120);
+
 /// Header naming what a message carries.
 pub const KIND: &str = "Gabp-Kind";
 /// Header with a chunk's first frame number.
@@ -97,7 +100,9 @@ pub fn nats_name(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
-/// A subject prefix: dot-separated tokens, none empty, without whitespace or wildcards.
+/// A subject prefix: dot-separated tokens, none empty, without whitespace or wildcards, and
+/// not in the server's own namespaces (`$JS`, `$SYS`, … and `_INBOX`: a stream over those
+/// would swallow the server's API).
 fn subject_prefix(s: &str) -> Result<String, String> {
     let ok_token = |t: &str| {
         !t.is_empty()
@@ -107,6 +112,11 @@ fn subject_prefix(s: &str) -> Result<String, String> {
     if s.len() > 200 || !s.split('.').all(ok_token) {
         return Err(format!(
             "{s:?}: expected dot-separated tokens (like gabp or lab.east) without whitespace, '*' or '>'"
+        ));
+    }
+    if s.starts_with('$') || s.split('.').next() == Some("_INBOX") {
+        return Err(format!(
+            "{s:?}: subjects under '$…' and '_INBOX' belong to the NATS server; pick another prefix"
         ));
     }
     Ok(s.to_string())
@@ -132,11 +142,36 @@ pub fn shown(urls: &str) -> String {
         .join(",")
 }
 
+/// The addresses of a `nats://HOST:PORT[,HOST:PORT…]` list: a scheme given once applies to the
+/// ones after it that have none (as the NATS tools read such a list).
+fn addresses(urls: &str) -> Vec<String> {
+    let mut scheme = "nats://";
+    urls.split(',')
+        .map(|u| {
+            let u = u.trim();
+            match u.find("://") {
+                Some(i) => {
+                    scheme = &u[..i + 3];
+                    u.to_string()
+                }
+                None => format!("{scheme}{u}"),
+            }
+        })
+        .collect()
+}
+
 /// Checks a `nats://…` list before anything starts (a usage error otherwise): each a
-/// `nats://` or `tls://` address with a host and, if given, a port from 1 to 65535.
+/// `nats://` or `tls://` address (the scheme may be given once, first) with a host and, if
+/// given, a port from 1 to 65535.
 pub fn check_urls(urls: &str) -> Result<(), String> {
-    for u in urls.split(',') {
-        let expected = || format!("{}: expected nats://HOST:PORT", shown(u));
+    if urls.split(',').any(|u| u.trim().is_empty()) {
+        return Err(format!(
+            "{}: an empty address in the list; expected nats://HOST:PORT[,HOST:PORT…]",
+            shown(urls)
+        ));
+    }
+    for u in addresses(urls) {
+        let expected = || format!("{}: expected nats://HOST:PORT", shown(&u));
         let rest = u
             .strip_prefix("nats://")
             .or_else(|| u.strip_prefix("tls://"))
@@ -145,9 +180,9 @@ pub fn check_urls(urls: &str) -> Result<(), String> {
         if host_port.is_empty() || host_port.starts_with(':') {
             return Err(expected());
         }
-        let addr: async_nats::ServerAddr = u.parse().map_err(|e| format!("{}: {e}", shown(u)))?;
+        let addr: async_nats::ServerAddr = u.parse().map_err(|e| format!("{}: {e}", shown(&u)))?;
         if addr.port() == 0 {
-            return Err(format!("{}: port 0 is not a server's port", shown(u)));
+            return Err(format!("{}: port 0 is not a server's port", shown(&u)));
         }
     }
     Ok(())
@@ -182,11 +217,29 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected>
     } else if f.nats_tls {
         o = o.require_tls(true);
     }
-    let addrs: Vec<async_nats::ServerAddr> = urls
-        .split(',')
+    let mut addrs: Vec<async_nats::ServerAddr> = addresses(urls)
+        .iter()
         .map(|u| u.parse())
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
+    // `nats://TOKEN@host` is how the NATS tools take a token: the client would send it as a
+    // user name, so it goes as the token (a --nats-token given as well wins).
+    if f.nats_token.is_none() {
+        if let Some(token) = addrs
+            .iter()
+            .find(|a| a.username().is_some() && a.password().is_none())
+            .and_then(|a| a.username().map(str::to_string))
+        {
+            o = o.token(token);
+        }
+    }
+    for a in &mut addrs {
+        if a.username().is_some() && a.password().is_none() {
+            *a = shown(a.as_url_str())
+                .parse()
+                .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
+        }
+    }
     let client = o.connect(addrs).await.map_err(|e| {
         anyhow!(
             "cannot connect to NATS at {}: {}",
@@ -206,7 +259,10 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected>
         max_bytes: f
             .stream_max_bytes
             .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
-        duplicate_window: Duration::from_secs(120),
+        // The server refuses a duplicate window longer than the stream keeps messages.
+        duplicate_window: f
+            .stream_max_age
+            .map_or(DEDUP_WINDOW, |age| age.min(DEDUP_WINDOW)),
         ..Default::default()
     };
     // A cluster electing a new leader (a node just lost) answers nothing for a few seconds:
@@ -219,11 +275,20 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected>
         }
     };
     let stream = found.map_err(|e| {
+        let why = one_line(&e);
+        // The hint only where a server without JetStream is the likely cause.
+        let hint = if ["no responders", "timed out", "not enabled"]
+            .iter()
+            .any(|h| why.contains(h))
+        {
+            " (is JetStream enabled?)"
+        } else {
+            ""
+        };
         anyhow!(
-            "the NATS server at {} gave no JetStream stream {} (is JetStream enabled?): {}",
+            "the NATS server at {} gave no JetStream stream {}{hint}: {why}",
             shown(urls),
             f.stream,
-            one_line(&e)
         )
     })?;
     let to = Destination::new(
@@ -249,7 +314,7 @@ pub fn host_name() -> String {
 }
 
 /// `sessions --json`'s entry for `m` with what shipping knows: `ship` once the session was
-/// shipped anywhere (frames and bytes the destination that took most has not acknowledged,
+/// shipped anywhere, archives shipping on included (frames and bytes the destination that took most has not acknowledged,
 /// whether one has it all, and to how many destinations it went), and `origin` (host,
 /// route, relay version) for a session collected from elsewhere.
 pub fn session_json(
@@ -258,7 +323,7 @@ pub fn session_json(
     mut v: serde_json::Value,
 ) -> serde_json::Value {
     let origin = store.origin(m.id).ok().flatten();
-    if let (Ok(cursors), None) = (store.ship_cursors(m.id), &origin) {
+    if let Ok(cursors) = store.ship_cursors(m.id) {
         if let Some(c) = cursors
             .iter()
             .map(|(_, c)| c)
@@ -341,5 +406,41 @@ impl FileShip {
             },
             host: host_name(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scheme_given_once_applies_to_the_whole_list() {
+        assert_eq!(
+            addresses("nats://a:1,b:2, tls://c:3,d:4"),
+            ["nats://a:1", "nats://b:2", "tls://c:3", "tls://d:4"]
+        );
+        // The README's form.
+        assert!(check_urls("nats://nats1:4222,nats2:4222,nats3:4222").is_ok());
+        assert!(check_urls("nats://TOKEN@nats1:4222").is_ok());
+        for (bad, says) in [
+            ("nats://a:1,b:99999", "b:99999"),
+            ("nats://a:1,", "empty address"),
+            ("nats://:4222", "expected nats://HOST:PORT"),
+            ("http://a:1", "expected nats://HOST:PORT"),
+            ("nats://a:0", "port 0"),
+        ] {
+            let e = check_urls(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn prefixes_in_the_servers_namespaces_are_refused() {
+        for bad in ["$JS", "$SYS.x", "_INBOX", "_INBOX.lab", "a..b", "a.*", ""] {
+            assert!(subject_prefix(bad).is_err(), "{bad}");
+        }
+        for good in ["gabp", "lab.east", "x_INBOX", "a$"] {
+            assert!(subject_prefix(good).is_ok(), "{good}");
+        }
     }
 }

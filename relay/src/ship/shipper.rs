@@ -53,6 +53,10 @@ pub struct ShipStatus {
     shipped_frames: AtomicU64,
     last_error: Mutex<Option<String>>,
     to: String,
+    destination: Mutex<Option<Destination>>,
+    /// The connection in use, asked live: a server gone mid-round shows at once, not when
+    /// the round's acknowledgements time out.
+    client: Mutex<Option<async_nats::Client>>,
 }
 
 /// A serializable view of [`ShipStatus`].
@@ -84,14 +88,29 @@ impl ShipStatus {
 
     /// The current view.
     pub fn view(&self) -> ShipView {
+        let live = self
+            .client
+            .lock()
+            .as_ref()
+            .is_none_or(|c| c.connection_state() == async_nats::connection::State::Connected);
+        let connected = self.connected.load(Ordering::Relaxed) && live;
+        let mut last_error = self.last_error.lock().clone();
+        if !live && last_error.is_none() {
+            last_error = Some("the connection to NATS was lost; reconnecting".into());
+        }
         ShipView {
             to: self.to.clone(),
-            connected: self.connected.load(Ordering::Relaxed),
+            connected,
             lag_frames: self.lag_frames.load(Ordering::Relaxed),
             lag_bytes: self.lag_bytes.load(Ordering::Relaxed),
             shipped_frames: self.shipped_frames.load(Ordering::Relaxed),
-            last_error: self.last_error.lock().clone(),
+            last_error,
         }
+    }
+
+    /// The destination shipping last reached (none before it reached one).
+    pub fn destination(&self) -> Option<Destination> {
+        *self.destination.lock()
     }
 
     fn set_lag(&self, frames: u64, bytes: u64) {
@@ -180,6 +199,8 @@ async fn run(
                 done = (Some(conn.to), HashSet::new());
             }
             last_to = Some(conn.to);
+            *status.destination.lock() = Some(conn.to);
+            *status.client.lock() = Some(conn.js.client());
             status.connected.store(true, Ordering::Relaxed);
             *status.last_error.lock() = None;
             // Sessions waiting for a larger max_payload, with the limit they did not fit:
@@ -208,7 +229,9 @@ async fn run(
         };
         status.connected.store(false, Ordering::Relaxed);
         let line = one_line(&e);
-        if last_logged.as_deref() != Some(line.as_str()) {
+        if finish.is_cancelled() {
+            tracing::warn!("shipping stopped at exit: {line}");
+        } else if last_logged.as_deref() != Some(line.as_str()) {
             tracing::warn!("shipping paused, recording goes on: {line}");
             last_logged = Some(line.clone());
         }
