@@ -325,15 +325,7 @@ async fn archive_equals(archive: &Path, sources: &[&Path]) {
 
 /// `gabp-relay ship --all` of `data` to `urls`: its stdout (it must succeed).
 async fn backfill(data: &Path, urls: &str) -> String {
-    let out = output(&[
-        "ship",
-        "--all",
-        "--to",
-        urls,
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ])
-    .await;
+    let out = ship_all(data, urls, &[]).await;
     assert!(
         out.status.success(),
         "{}",
@@ -540,8 +532,8 @@ async fn each_destination_gets_every_session_and_a_stream_made_again_gets_it_aga
     assert_eq!(shipped_new(&a, &first.urls()).await, total);
 }
 
-/// `gabp-relay ship` against `urls` with `extra` flags: its exit and stderr.
-async fn ship_err(data: &Path, urls: &str, extra: &[&str]) -> (Option<i32>, String) {
+/// `gabp-relay ship --all` of `data` against `urls` with `extra` flags.
+async fn ship_all(data: &Path, urls: &str, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "ship",
         "--all",
@@ -551,29 +543,24 @@ async fn ship_err(data: &Path, urls: &str, extra: &[&str]) -> (Option<i32>, Stri
         data.to_str().expect("utf8"),
     ];
     args.extend(extra);
-    let out = output(&args).await;
+    output(&args).await
+}
+
+/// [`ship_all`] that must fail: its exit and one-line stderr.
+async fn ship_err(data: &Path, urls: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let out = ship_all(data, urls, extra).await;
     (out.status.code(), one_line(&out))
 }
 
-/// `gabp-relay ship --all` against `urls` with `extra` flags, which must succeed: everything
-/// it printed.
+/// [`ship_all`] that must succeed: everything it printed.
 async fn ship_ok(data: &Path, urls: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "ship",
-        "--all",
-        "--to",
-        urls,
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ];
-    args.extend(extra);
-    let out = output(&args).await;
+    let out = ship_all(data, urls, extra).await;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{args:?}: {text}");
+    assert!(out.status.success(), "{extra:?}: {text}");
     text
 }
 
