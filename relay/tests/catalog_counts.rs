@@ -87,7 +87,7 @@ async fn the_catalog_counts_exactly_the_events_the_index_holds() {
     let meta = &v["sessions"][0];
     let catalog = meta["events"].as_u64().expect("events");
     // `stats` counts the events of each channel by reading every frame.
-    let out = output(&[
+    let stats = support::storage::json_of(&[
         "stats",
         "latest",
         "--json",
@@ -95,12 +95,6 @@ async fn the_catalog_counts_exactly_the_events_the_index_holds() {
         data.to_str().expect("utf8"),
     ])
     .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let per_channel = stats["channels"].as_array().expect("channels");
     assert!(per_channel.len() >= 3, "{stats}");
     let read: u64 = per_channel

@@ -81,16 +81,21 @@ pub async fn wait_exit(child: &mut Child) -> Option<i32> {
 
 /// `sessions --json` of `data`, read-only while a relay may be recording.
 pub async fn sessions(data: &Path) -> serde_json::Value {
-    let out = run(&[
+    json_of(&[
         "sessions",
         "--json",
         "--data-dir",
         data.to_str().expect("utf8"),
     ])
-    .await;
+    .await
+}
+
+/// The JSON document a command that must succeed prints (`stats --json`, `sessions --json`).
+pub async fn json_of(args: &[&str]) -> serde_json::Value {
+    let out = run(args).await;
     assert!(
         out.status.success(),
-        "{}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("json")
