@@ -80,26 +80,38 @@ pub(super) fn decode_str<'a>(
 }
 
 impl<'a> Field<'a> {
-    pub(super) fn from_raw(text: &'a str, m: &Member) -> Result<Field<'a>, EnvelopeError> {
-        let key = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+    /// The member `m` of `text`, whose key (decoded) is `key`.
+    pub(super) fn from_raw(
+        text: &'a str,
+        m: &Member,
+        key: Cow<'a, str>,
+    ) -> Result<Field<'a>, EnvelopeError> {
         let raw = text
             .as_bytes()
             .get(m.value.clone())
             .ok_or(EnvelopeError::InvalidJson)?;
-        let parse = |raw: &[u8]| {
-            std::str::from_utf8(raw)
-                .ok()
-                .and_then(|s| s.parse::<i128>().ok())
-        };
         let val = match raw[0] {
             b'"' => Val::Str(decode_str(text, &m.value)?),
             b'{' => Val::Object,
             b'n' => Val::Null,
-            b'0'..=b'9' | b'-' if raw[1..].iter().all(u8::is_ascii_digit) => match parse(raw) {
-                Some(n) if n >= 0 => u64::try_from(n).map_or(Val::Other, Val::UInt),
-                Some(n) => i64::try_from(n).map_or(Val::Other, Val::Int),
-                None => Val::Other,
-            },
+            // A sequence number: digits only, summed in place (no text parse per event).
+            b'0'..=b'9' => raw
+                .iter()
+                .try_fold(0u64, |n, &c| {
+                    let d = c.wrapping_sub(b'0');
+                    (d < 10).then(|| n.checked_mul(10)?.checked_add(u64::from(d)))?
+                })
+                .map_or(Val::Other, Val::UInt),
+            b'-' if raw[1..].iter().all(u8::is_ascii_digit) => {
+                match std::str::from_utf8(raw)
+                    .ok()
+                    .and_then(|s| s.parse::<i128>().ok())
+                {
+                    Some(n) if n >= 0 => u64::try_from(n).map_or(Val::Other, Val::UInt),
+                    Some(n) => i64::try_from(n).map_or(Val::Other, Val::Int),
+                    None => Val::Other,
+                }
+            }
             _ => Val::Other,
         };
         Ok(Field {

@@ -163,21 +163,13 @@ impl Parser {
                     .ok_or_else(|| not_object_or_invalid(body))?;
                 let mut known = Known::default();
                 for m in &self.members {
-                    let raw = &body[m.key.clone()];
-                    let decoded;
-                    let key: &[u8] = if raw.contains(&b'\\') {
-                        decoded = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
-                        decoded.as_bytes()
-                    } else {
-                        raw
-                    };
+                    let key = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
                     // Extra fields are the mod's business; only routing fields are read.
-                    if let Some(slot) = known.slot(key) {
-                        if slot.replace(Field::from_raw(text, m)?).is_some() {
-                            return Err(EnvelopeError::DuplicateKey(truncate_key(
-                                &String::from_utf8_lossy(key),
-                            )));
+                    if let Some(slot) = known.slot(key.as_bytes()) {
+                        if slot.is_some() {
+                            return Err(EnvelopeError::DuplicateKey(truncate_key(&key)));
                         }
+                        *slot = Some(Field::from_raw(text, m, key)?);
                     }
                 }
                 build_view(body, &known, mode)
