@@ -65,6 +65,18 @@ impl State {
     }
 }
 
+/// What [`Outbox::offer_all`] did with a run of events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offered {
+    /// Events queued, from the start of the run.
+    pub queued: usize,
+    /// Older events dropped to make room (policy `drop-oldest`).
+    pub dropped: u64,
+    /// `Queued` or `QueuedAfterDrop(dropped)` when the whole run was queued; otherwise why
+    /// the event after the queued ones was not (`Full`, `Disconnected`, `Closed`).
+    pub outcome: Offer,
+}
+
 /// Why a bridge was cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CutReason {
@@ -153,9 +165,51 @@ impl Outbox {
     /// ([`Outbox::mark_for_wake`]) and, once per burst, writes directly or wakes the writer
     /// (`bridge::write_from_reader`), so one write covers many events.
     pub fn offer(&self, ev: &Arc<EventFrame>) -> Offer {
+        self.offer_all(std::slice::from_ref(ev)).outcome
+    }
+
+    /// Offers a run of events in order under one lock (the mod reader hands each bridge a
+    /// burst's events at once): exactly as offering them one by one, stopping at the first
+    /// that is not queued.
+    pub fn offer_all(&self, evs: &[Arc<EventFrame>]) -> Offered {
+        let mut done = Offered {
+            queued: 0,
+            dropped: 0,
+            outcome: Offer::Queued,
+        };
+        let mut st = self.state.lock();
+        for ev in evs {
+            let outcome = self.offer_locked(&mut st, ev);
+            match outcome {
+                Offer::Queued => {}
+                Offer::QueuedAfterDrop(n) => done.dropped += n,
+                Offer::Full | Offer::Closed => {
+                    done.outcome = outcome;
+                    break;
+                }
+                Offer::Disconnected => {
+                    drop(st);
+                    self.cut(CutReason::Slow);
+                    done.outcome = outcome;
+                    break;
+                }
+            }
+            done.queued += 1;
+        }
+        if done.dropped > 0 {
+            self.dropped.fetch_add(done.dropped, Ordering::Relaxed);
+            if done.outcome == Offer::Queued {
+                done.outcome = Offer::QueuedAfterDrop(done.dropped);
+            }
+        }
+        done
+    }
+
+    /// One event under the held lock. `Disconnected` means the caller must cut the bridge
+    /// (after letting go of the lock).
+    fn offer_locked(&self, st: &mut State, ev: &Arc<EventFrame>) -> Offer {
         let len = ev.wire.len();
         let (max_frames, max_bytes) = (self.max_frames, self.max_bytes);
-        let mut st = self.state.lock();
         if st.closed {
             return Offer::Closed;
         }
@@ -170,11 +224,7 @@ impl Outbox {
                 st.want = len;
                 Offer::Full
             }
-            OnSlow::Disconnect => {
-                drop(st);
-                self.cut(CutReason::Slow);
-                Offer::Disconnected
-            }
+            OnSlow::Disconnect => Offer::Disconnected,
             OnSlow::DropOldest => {
                 let mut n = 0;
                 let mut kept = Vec::new();
@@ -210,8 +260,6 @@ impl Outbox {
                 st.events += 1;
                 st.event_bytes += len;
                 st.queue.push_back(Frame::Event(ev.clone()));
-                drop(st);
-                self.dropped.fetch_add(n, Ordering::Relaxed);
                 Offer::QueuedAfterDrop(n)
             }
         }

@@ -159,3 +159,87 @@ async fn block_waits_for_bytes_not_only_frames() {
     taker.await.expect("taker");
     assert_eq!(o.offer(&ev("a", 2)), Offer::Queued);
 }
+
+/// `offer_all` on a run is exactly `offer` on each of its events in turn: same queue, same
+/// drop runs, same counts, whatever the policy, the bounds, the run lengths, a kept notice or a
+/// control frame in between.
+#[test]
+fn a_run_offered_at_once_equals_its_events_offered_one_by_one() {
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (rng >> 33) % n
+    };
+    for policy in [OnSlow::DropOldest, OnSlow::Block, OnSlow::Disconnect] {
+        for round in 0..50 {
+            let (frames, bytes) = (1 + next(12) as usize, 20 + next(200) as usize);
+            let one = Outbox::new(policy, frames, bytes);
+            let all = Outbox::new(policy, frames, bytes);
+            let mut seqs = [0u64; 2];
+            for _ in 0..20 {
+                let run: Vec<Arc<EventFrame>> = (0..next(9))
+                    .map(|_| {
+                        let c = next(2) as usize;
+                        seqs[c] += 1;
+                        Arc::new(EventFrame {
+                            channel: ["a", "b"][c].into(),
+                            seq: seqs[c],
+                            wire: Bytes::from(vec![b'x'; 1 + next(30) as usize]),
+                            keep: false,
+                        })
+                    })
+                    .collect();
+                let mut stopped = None;
+                let mut queued = 0;
+                for e in &run {
+                    match one.offer(e) {
+                        Offer::Queued | Offer::QueuedAfterDrop(_) => queued += 1,
+                        other => {
+                            stopped = Some(other);
+                            break;
+                        }
+                    }
+                }
+                let done = all.offer_all(&run);
+                assert_eq!(done.queued, queued, "{policy:?} round {round}");
+                if let Some(s) = stopped {
+                    assert_eq!(done.outcome, s, "{policy:?} round {round}");
+                }
+                match next(4) {
+                    0 => {
+                        for o in [&one, &all] {
+                            o.push_control(Bytes::from_static(b"ctl"));
+                        }
+                    }
+                    1 => {
+                        let n = Arc::new(EventFrame {
+                            channel: "relay/session".into(),
+                            seq: 0,
+                            wire: Bytes::from_static(b"n"),
+                            keep: true,
+                        });
+                        for o in [&one, &all] {
+                            o.push_ordered(n.clone());
+                        }
+                    }
+                    2 => {
+                        let (mut b1, mut b2) = (Batch::default(), Batch::default());
+                        assert_eq!(one.take(&mut b1).is_some(), all.take(&mut b2).is_some());
+                        assert_eq!(b1.drops, b2.drops);
+                        let bytes = |b: &Batch| -> Vec<Vec<u8>> {
+                            b.frames.iter().map(|f| f.bytes().to_vec()).collect()
+                        };
+                        assert_eq!(events(&b1), events(&b2), "{policy:?} round {round}");
+                        assert_eq!(bytes(&b1), bytes(&b2));
+                    }
+                    _ => {}
+                }
+                assert_eq!(one.depth(), all.depth());
+                assert_eq!(one.dropped(), all.dropped());
+                assert_eq!(one.is_closed(), all.is_closed());
+            }
+        }
+    }
+}

@@ -13,6 +13,7 @@
 //! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
 //! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +25,8 @@ use gabp_storage::{Direction, EndReason, FrameRecord};
 use uuid::Uuid;
 
 use super::{Frames, MAX_CHANNELS};
-use crate::outbox::{Offer, Outbox};
+use crate::hub::Subscriber;
+use crate::outbox::{EventFrame, Offer, Outbox};
 use crate::pending::Origin;
 use crate::recorder::RecMsg;
 use crate::route::{Route, SessionInfo};
@@ -46,6 +48,8 @@ struct Reader<'a> {
     session: &'a SessionInfo,
     parser: Parser,
     records: Vec<RecMsg>,
+    /// This burst's published events, not yet offered, and who gets which (see [`Burst`]).
+    burst: Burst,
     touched: Vec<Arc<Outbox>>,
     channel_counters: Vec<metrics::Counter>,
     last_record_send: std::time::Instant,
@@ -91,6 +95,7 @@ pub(super) async fn read_loop(
         session,
         parser: Parser::new(),
         records: Vec::with_capacity(RECORD_BATCH),
+        burst: Burst::default(),
         touched: Vec::new(),
         channel_counters: Vec::new(),
         last_record_send: std::time::Instant::now(),
@@ -153,6 +158,7 @@ impl Reader<'_> {
     /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
     /// once they have lingered long enough.
     async fn flush(&mut self, force: bool) {
+        self.fan_out().await;
         for o in self.touched.drain(..) {
             crate::bridge::write_from_reader(self.route, &o);
         }
@@ -277,11 +283,11 @@ impl Reader<'_> {
                     json_ok: true,
                     body: body.clone(),
                 });
-                for (conn, outbox) in p.subscribers.iter() {
-                    self.offer(*conn, outbox, &p.event).await;
-                }
+                self.burst.push(p.subscribers, p.event);
             }
             MsgType::Response => {
+                // A response never overtakes the events the mod sent before it.
+                self.fan_out().await;
                 let Some(upstream_id) = view.id.as_deref().and_then(|s| Uuid::parse_str(s).ok())
                 else {
                     return self.anomaly(body, true, "response without a relay id");
@@ -335,18 +341,29 @@ impl Reader<'_> {
         }
     }
 
-    async fn offer(
-        &mut self,
-        conn: u32,
-        outbox: &Arc<Outbox>,
-        event: &Arc<crate::outbox::EventFrame>,
-    ) {
+    /// Offers the burst's events: each run to each of its subscribers under one outbox lock,
+    /// runs in publish order, so every bridge still gets its events in the mod's order.
+    async fn fan_out(&mut self) {
+        let Burst { events, runs } = std::mem::take(&mut self.burst);
+        for (subscribers, range) in &runs {
+            for (conn, outbox) in subscribers.iter() {
+                self.offer_run(*conn, outbox, &events[range.clone()]).await;
+            }
+        }
+        self.burst = Burst::recycled(events, runs);
+    }
+
+    async fn offer_run(&mut self, conn: u32, outbox: &Arc<Outbox>, mut run: &[Arc<EventFrame>]) {
         loop {
-            match outbox.offer(event) {
-                Offer::Queued => {}
-                Offer::QueuedAfterDrop(n) => self.route.metrics.dropped.increment(n),
+            let done = outbox.offer_all(run);
+            if done.dropped > 0 {
+                self.route.metrics.dropped.increment(done.dropped);
+            }
+            match done.outcome {
+                Offer::Queued | Offer::QueuedAfterDrop(_) | Offer::Closed => {}
                 Offer::Full => {
                     // Block policy: let every writer drain, then wait for this one.
+                    run = &run[done.queued..];
                     for o in self.touched.drain(..) {
                         o.wake();
                     }
@@ -359,7 +376,6 @@ impl Reader<'_> {
                     tracing::info!(route = %self.route.cfg.name, conn, "bridge disconnected: its outbox is full (policy disconnect)");
                     self.route.metrics.dropped.increment(1);
                 }
-                Offer::Closed => {}
             }
             break;
         }
@@ -367,6 +383,52 @@ impl Reader<'_> {
             self.touched.push(outbox.clone());
         }
     }
+}
+
+/// Published events waiting to be offered, cut into runs of consecutive events with the same
+/// subscribers. Subscribers of every channel usually are the same bridges (each channel has
+/// its own list, so lists are compared by who is in them), which makes a burst one run: each
+/// bridge's outbox is locked once per burst, not once per event.
+#[derive(Default)]
+struct Burst {
+    events: Vec<Arc<EventFrame>>,
+    runs: Vec<(Arc<Vec<Subscriber>>, Range<usize>)>,
+}
+
+impl Burst {
+    fn push(&mut self, subscribers: Arc<Vec<Subscriber>>, event: Arc<EventFrame>) {
+        if subscribers.is_empty() {
+            return;
+        }
+        let at = self.events.len();
+        self.events.push(event);
+        if let Some((last, range)) = self.runs.last_mut() {
+            if same_bridges(last, &subscribers) {
+                range.end = at + 1;
+                return;
+            }
+        }
+        self.runs.push((subscribers, at..at + 1));
+    }
+
+    /// An empty burst keeping the buffers' room.
+    fn recycled(
+        mut events: Vec<Arc<EventFrame>>,
+        mut runs: Vec<(Arc<Vec<Subscriber>>, Range<usize>)>,
+    ) -> Burst {
+        events.clear();
+        runs.clear();
+        Burst { events, runs }
+    }
+}
+
+/// Whether two subscriber lists name the same bridges in the same order.
+fn same_bridges(a: &Arc<Vec<Subscriber>>, b: &Arc<Vec<Subscriber>>) -> bool {
+    Arc::ptr_eq(a, b)
+        || (a.len() == b.len()
+            && a.iter()
+                .zip(b.iter())
+                .all(|(x, y)| x.0 == y.0 && Arc::ptr_eq(&x.1, &y.1)))
 }
 
 /// The wire frame of a mod response with the bridge's id put back (in place when the lengths
