@@ -184,6 +184,10 @@ pub async fn start(policy: &str) -> Option<Rig> {
             "127.0.0.1:0",
             "--on-record-error",
             policy,
+            // Plain chunks: the disk's speed above is set against what the recorder writes
+            // uncompressed (LZ4 chunks would let it keep up and never reach the queue bound).
+            "--compression",
+            "none",
             "--data-dir",
         ])
         .arg(&data)
