@@ -255,6 +255,11 @@ pub(crate) struct CallArgs {
     /// Concurrent callers (closed loop).
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
+    /// Channels each caller subscribes to (comma separated): its connection then carries
+    /// their events while it calls, which it skips unread. The same flag against a relay
+    /// and against the mod itself measures what the relay adds to a call under load.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) subscribe: Vec<String>,
     /// Time measured: seconds, or a duration like 5s or 1m.
     #[arg(long, default_value = "10s", value_parser = parse_secs)]
     pub(crate) duration: f64,

@@ -85,6 +85,17 @@ fn main() {
     std::process::exit(code);
 }
 
+/// A calling client, subscribed to `channels` (whose events it skips while it waits).
+async fn caller(addr: &Addr, token: &str, channels: &[String]) -> Result<gabp_sim::Client> {
+    let (mut c, _) = gabp_sim::Client::connect_hello(addr, token).await?;
+    if !channels.is_empty() {
+        let names: Vec<&str> = channels.iter().map(String::as_str).collect();
+        c.subscribe(&names).await?;
+        c.discard_events = true;
+    }
+    Ok(c)
+}
+
 fn progress_bar() -> Option<ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
@@ -185,7 +196,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             let stop = tokio_util::sync::CancellationToken::new();
             let task = match (a.rate, a.concurrency) {
                 (Some(rate), _) if rate > 0.0 => {
-                    let (c, _) = gabp_sim::Client::connect_hello(&addr, &a.token).await?;
+                    let c = caller(&addr, &a.token, &a.subscribe).await?;
                     tokio::spawn(actors::caller::fixed_rate(
                         c,
                         a.tool.clone(),
@@ -198,7 +209,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 (None, Some(n)) if n > 0 => {
                     let mut clients = Vec::new();
                     for _ in 0..n {
-                        clients.push(gabp_sim::Client::connect_hello(&addr, &a.token).await?.0);
+                        clients.push(caller(&addr, &a.token, &a.subscribe).await?);
                     }
                     tokio::spawn(actors::caller::fixed_concurrency(
                         clients,

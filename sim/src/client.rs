@@ -28,6 +28,9 @@ pub struct Client {
     wait: Duration,
     /// Write only `Content-Length` headers, as a widely used bridge does.
     pub length_only_headers: bool,
+    /// Events arriving while a response is awaited are dropped, not buffered: a caller that
+    /// is subscribed only to carry the event load (`gabp-loadgen call --subscribe`).
+    pub discard_events: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -60,6 +63,7 @@ impl Client {
             events: VecDeque::new(),
             wait: DEFAULT_WAIT,
             length_only_headers: false,
+            discard_events: false,
         }
     }
 
@@ -122,6 +126,22 @@ impl Client {
     /// Waits for the response to `id`, buffering events that arrive first.
     pub async fn response_to(&mut self, id: &str) -> Result<Value> {
         loop {
+            if self.discard_events {
+                let body = self
+                    .next_frame()
+                    .await?
+                    .ok_or_else(|| anyhow!("connection closed before response"))?;
+                // Only a frame naming the id can be its response: events are skipped unparsed.
+                if memchr::memmem::find(&body, id.as_bytes()).is_none() {
+                    continue;
+                }
+                let msg: Value =
+                    serde_json::from_slice(&body).context("peer sent invalid JSON")?;
+                if msg["type"] == "response" && msg["id"] == id {
+                    return Ok(msg);
+                }
+                continue;
+            }
             let msg = self
                 .next_message()
                 .await?

@@ -1,0 +1,55 @@
+//! `gabp-loadgen call --subscribe`: a caller whose connection also carries a busy mod's events
+//! (the direct half of `scripts/bench-calls`) gets every answer and skips the events unread.
+
+use std::time::Duration;
+
+use gabp_sim::{ModSim, ModSimConfig};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
+
+#[tokio::test]
+async fn a_subscribed_caller_gets_every_answer_among_the_events() {
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse().expect("addr"),
+        ModSimConfig {
+            token: "t".into(),
+            rate: Some(20_000.0),
+            ..ModSimConfig::default()
+        },
+    )
+    .expect("mod");
+    let addr = sim.addr().to_string();
+    let run = tokio::process::Command::new(BIN)
+        .args([
+            "call",
+            "--addr",
+            &addr,
+            "--token",
+            "t",
+            "--concurrency",
+            "1",
+            "--subscribe",
+            "world/tick,player/move,chat/message",
+            "--warmup",
+            "0",
+            "--duration",
+            "1s",
+            "--json",
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("finished in time")
+        .expect("ran");
+    let emitted = sim.emitted();
+    sim.stop();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(doc["calls"].as_u64().expect("calls") > 100, "{doc}");
+    assert_eq!(doc["errors"], 0, "{doc}");
+    assert_eq!(doc["unanswered"], 0, "{doc}");
+    // The subscription made the mod stream events to the caller's connection meanwhile.
+    assert!(emitted > 5_000, "the mod sent {emitted} events");
+}
