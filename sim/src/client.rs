@@ -135,8 +135,7 @@ impl Client {
                 if memchr::memmem::find(&body, id.as_bytes()).is_none() {
                     continue;
                 }
-                let msg: Value =
-                    serde_json::from_slice(&body).context("peer sent invalid JSON")?;
+                let msg: Value = serde_json::from_slice(&body).context("peer sent invalid JSON")?;
                 if msg["type"] == "response" && msg["id"] == id {
                     return Ok(msg);
                 }
