@@ -49,6 +49,9 @@ fn main() {
     // `Target` kills its process group when dropped) and its temp dirs removed, before exiting.
     // `mod` runs until Ctrl-C by design and prints its own summary then.
     let ends_on_ctrl_c = matches!(cli.cmd, Cmd::Mod(_));
+    // The baseline forwarder is a child that `run --baseline` stops with SIGTERM when its
+    // phase ends: that is its normal end, not worth a line in the parent's output.
+    let stopped_by_parent = matches!(cli.cmd, Cmd::Forwarder(_));
     let code = rt.block_on(async {
         let stop = async {
             if ends_on_ctrl_c {
@@ -76,7 +79,9 @@ fn main() {
                 }
             },
             code = stop => {
-                eprintln!("gabp-loadgen: interrupted; stopped what it started");
+                if !stopped_by_parent {
+                    eprintln!("gabp-loadgen: interrupted; stopped what it started");
+                }
                 code
             }
         }
