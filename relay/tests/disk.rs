@@ -224,6 +224,12 @@ async fn full_disk_under_stall_holds_the_mod_and_loses_nothing() {
         s.sim.emitted() == EVENTS
     })
     .await;
+    // What the mod wrote may still sit in socket buffers while the recorder catches up (it
+    // holds the reader under `stall`): the stop below comes once the relay has read it all.
+    until_async(60, "the relay has received every event", || async {
+        metric(&s.metrics, "gabp_events_total").await >= EVENTS as f64
+    })
+    .await;
     until_async(30, "the recorder is healthy again", || async {
         metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
     })
@@ -257,6 +263,12 @@ async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
     s.free_disk();
     until_async(60, "the mod finishes", || async {
         s.sim.emitted() == EVENTS
+    })
+    .await;
+    // What the mod wrote may still sit in socket buffers while the recorder catches up (it
+    // holds the reader under `stall`): the stop below comes once the relay has read it all.
+    until_async(60, "the relay has received every event", || async {
+        metric(&s.metrics, "gabp_events_total").await >= EVENTS as f64
     })
     .await;
     until_async(30, "the recorder is healthy again", || async {
