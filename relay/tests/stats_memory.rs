@@ -9,7 +9,8 @@
 //!
 //! A child's peak memory is read with wait4(2) (its ru_maxrss). Linux carries the spawning
 //! process's own peak into that figure across exec, so the data is written by a child process
-//! (this test binary running the ignored `fixture` test) and this process stays small.
+//! and this process stays small. The child is this same binary, run with `GABP_TEST_FIXTURE`
+//! set: hence its own `main` (libtest-mimic runs the tests otherwise).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -106,7 +107,7 @@ fn write_fixture(kind: &str, data: &Path) -> Vec<SessionId> {
     std::fs::write(&marker, b"").expect("marker");
     let run = run_measured(
         &exe,
-        &["fixture", "--exact", "--ignored", "--nocapture"],
+        &[],
         &[("GABP_TEST_FIXTURE", &marker), ("GABP_TEST_DATA", data)],
     );
     let ids: Vec<SessionId> = run
@@ -118,19 +119,41 @@ fn write_fixture(kind: &str, data: &Path) -> Vec<SessionId> {
     ids
 }
 
-/// Not a test: writes the data of one of the tests below when run by [`write_fixture`].
-#[test]
-#[ignore = "run by the other tests in a child process"]
-fn fixture() {
-    let (Some(kind), Some(data)) = (
+fn main() -> std::process::ExitCode {
+    if let (Some(kind), Some(data)) = (
         std::env::var_os("GABP_TEST_FIXTURE"),
         std::env::var_os("GABP_TEST_DATA"),
-    ) else {
-        return;
-    };
-    let kind = Path::new(&kind).file_name().expect("kind").to_owned();
+    ) {
+        write_fixture_here(Path::new(&kind), Path::new(&data));
+        return std::process::ExitCode::SUCCESS;
+    }
+    let args = libtest_mimic::Arguments::from_args();
+    let tests = vec![
+        libtest_mimic::Trial::test("stats_of_100k_channels_streams_in_bounded_memory", || {
+            stats_of_100k_channels_streams_in_bounded_memory();
+            Ok(())
+        }),
+        libtest_mimic::Trial::test(
+            "check_stats_and_export_peak_the_same_for_a_session_twice_as_long",
+            || {
+                check_stats_and_export_peak_the_same_for_a_session_twice_as_long();
+                Ok(())
+            },
+        ),
+        libtest_mimic::Trial::test("sessions_lists_10000_sessions_quickly", || {
+            sessions_lists_10000_sessions_quickly();
+            Ok(())
+        }),
+    ];
+    libtest_mimic::run(&args, tests).exit_code()
+}
+
+/// In the child [`write_fixture`] starts: writes fixture `kind` (the marker file's name) into
+/// `data` and prints the session ids.
+fn write_fixture_here(kind: &Path, data: &Path) {
+    let kind = kind.file_name().expect("kind").to_owned();
     let store = Store::open(
-        Path::new(&data),
+        data,
         StoreOptions {
             durability: Durability::None,
             ..StoreOptions::default()
@@ -294,7 +317,6 @@ fn write_many_sessions(w: &mut SessionWriter, n: u64) -> Vec<SessionId> {
     ids
 }
 
-#[test]
 fn stats_of_100k_channels_streams_in_bounded_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
@@ -317,7 +339,6 @@ fn stats_of_100k_channels_streams_in_bounded_memory() {
     );
 }
 
-#[test]
 fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
@@ -389,7 +410,6 @@ fn check_stats_and_export_peak_the_same_for_a_session_twice_as_long() {
     }
 }
 
-#[test]
 fn sessions_lists_10000_sessions_quickly() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
