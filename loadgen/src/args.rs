@@ -46,6 +46,9 @@ pub(crate) enum Cmd {
     /// A relay without and with --ship (NATS JetStream) in alternate phases: throughput ratio,
     /// shipping lag, and `gabp-relay collect`'s ingest rate.
     Ship(crate::ship::ShipArgs),
+    /// A byte pipe to --upstream: each connection gets its own upstream connection and bytes
+    /// are copied unread. What it adds to a call is the floor for any proxy on this machine.
+    Pipe(PipeArgs),
     /// The baseline forwarder process (started by `run --baseline`).
     #[command(hide = true)]
     Forwarder(ForwarderArgs),
@@ -378,6 +381,16 @@ pub(crate) fn parse_secs_or_zero(s: &str) -> Result<f64, String> {
     } else {
         Err(format!("{s:?} is out of range"))
     }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct PipeArgs {
+    /// Where to listen (TCP).
+    #[arg(long)]
+    pub(crate) listen: std::net::SocketAddr,
+    /// The mod (or relay) each connection is piped to (TCP).
+    #[arg(long)]
+    pub(crate) upstream: std::net::SocketAddr,
 }
 
 #[derive(Args, Debug)]

@@ -50,8 +50,8 @@ fn main() {
     // `mod` runs until Ctrl-C by design and prints its own summary then.
     let ends_on_ctrl_c = matches!(cli.cmd, Cmd::Mod(_));
     // The baseline forwarder is a child that `run --baseline` stops with SIGTERM when its
-    // phase ends: that is its normal end, not worth a line in the parent's output.
-    let stopped_by_parent = matches!(cli.cmd, Cmd::Forwarder(_));
+    // phase ends, and the pipe runs until stopped: that is their normal end, not worth a line.
+    let stopped_by_parent = matches!(cli.cmd, Cmd::Forwarder(_) | Cmd::Pipe(_));
     let code = rt.block_on(async {
         let stop = async {
             if ends_on_ctrl_c {
@@ -353,6 +353,11 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             Ok(())
         }
         Cmd::Ship(a) => ship::main(a).await,
+        Cmd::Pipe(a) => {
+            let listener = tokio::net::TcpListener::bind(a.listen).await?;
+            println!("pipe listening on {}", listener.local_addr()?);
+            actors::pipe::serve(listener, a.upstream).await
+        }
         Cmd::Forwarder(a) => {
             let listen: Addr = a.listen.parse().map_err(|e: String| anyhow!(e))?;
             let upstream: Addr = a.upstream.parse().map_err(|e: String| anyhow!(e))?;

@@ -1,5 +1,6 @@
 //! The parties of a load run: reading bridges, stalled bridges, a tool caller, hostile clients
-//! (`chaos`), the raw forwarder that serves as the baseline, peer pub/sub servers' publisher and
+//! (`chaos`), the raw forwarder that serves as the baseline, the byte pipe that is the floor
+//! for a proxied call, peer pub/sub servers' publisher and
 //! subscribers, and the per-reader tally they all count into.
 
 pub mod bridge;
@@ -7,6 +8,7 @@ pub mod broker;
 pub mod caller;
 pub mod forwarder;
 pub mod hostile;
+pub mod pipe;
 pub mod tally;
 
 use std::sync::atomic::{AtomicBool, Ordering};
