@@ -194,6 +194,15 @@ impl Decoder for GabpCodec {
     }
 }
 
+/// The size of a whole wire frame (header and body) for a body of `len` bytes.
+pub fn frame_len(len: usize) -> usize {
+    let mut digits = [0u8; 20];
+    LENGTH_PREFIX.len()
+        + crate::rewrite::decimal(len as u64, &mut digits).len()
+        + TYPE_AND_END.len()
+        + len
+}
+
 /// Appends the header for a body of `len` bytes to `dst`, reserving room for the body too.
 pub fn encode_header(len: usize, dst: &mut BytesMut) {
     let mut digits = [0u8; 20];
@@ -212,7 +221,9 @@ pub fn encode_frame(body: &[u8], dst: &mut BytesMut) {
 
 /// A complete wire frame (header and body) as one shareable buffer.
 pub fn frame_bytes(body: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(body.len() + 64);
+    // Exactly the frame's size: `Bytes` then takes the buffer as it is, where any spare room
+    // would cost a second allocation (its shared header) per frame.
+    let mut out = BytesMut::with_capacity(frame_len(body.len()));
     encode_frame(body, &mut out);
     out.freeze()
 }
@@ -244,6 +255,17 @@ mod tests {
     fn general(src: &[u8]) -> Option<(usize, u64)> {
         let head = header_end(src)?;
         content_length(&src[..head - 2]).ok().map(|len| (head, len))
+    }
+
+    #[test]
+    fn frame_len_is_the_encoded_frames_length_at_every_digit_count() {
+        for len in [0usize, 1, 9, 10, 99, 100, 255, 999, 1000, 65_535, 1 << 20] {
+            let body = vec![b'x'; len];
+            let mut dst = BytesMut::new();
+            encode_frame(&body, &mut dst);
+            assert_eq!(frame_len(len), dst.len(), "len {len}");
+            assert_eq!(frame_bytes(&body)[..], dst[..], "len {len}");
+        }
     }
 
     #[test]

@@ -49,14 +49,16 @@ pub fn put_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64, out: 
     let digits = decimal(seq, &mut digits);
     match seq_span {
         Some(span) => {
-            out.reserve(body.len() + digits.len());
+            // Exact (as `len_with_seq`): a caller that sized `out` to the frame gets no
+            // reallocation.
+            out.reserve(body.len().saturating_sub(span.len()) + digits.len());
             out.put_slice(&body[..span.start]);
             out.put_slice(digits);
             out.put_slice(&body[span.end..]);
         }
         None => {
             let close = body.iter().rposition(|&b| b == b'}').unwrap_or(body.len());
-            out.reserve(body.len() + digits.len() + 8);
+            out.reserve(body.len() + digits.len() + 7);
             out.put_slice(&body[..close]);
             out.put_slice(b",\"seq\":");
             out.put_slice(digits);
@@ -78,7 +80,8 @@ pub fn len_with_seq(body: &[u8], seq_span: Option<&Range<usize>>, seq: u64) -> u
 /// A complete wire frame (header and body) of `body` with its seq replaced: one copy.
 pub fn wire_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
     let len = len_with_seq(body, seq_span.as_ref(), seq);
-    let mut out = BytesMut::with_capacity(len + 64);
+    // Exactly the frame's size, as `codec::frame_bytes` does, for one allocation per event.
+    let mut out = BytesMut::with_capacity(crate::codec::frame_len(len));
     crate::codec::encode_header(len, &mut out);
     put_with_seq(body, seq_span, seq, &mut out);
     out.freeze()

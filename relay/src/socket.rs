@@ -95,7 +95,7 @@ impl BridgeSocket {
                 json!({"channel": &*d.channel, "fromSeq": d.from, "toSeq": d.to, "count": d.count, "policy": d.policy}),
             );
             self.notice_seq += 1;
-            let mut wire = BytesMut::with_capacity(body.len() + 32);
+            let mut wire = BytesMut::with_capacity(gabp_proto::codec::frame_len(body.len()));
             encode_frame(&body, &mut wire);
             self.queue.push_back(Frame::Control(wire.freeze()));
             staged.notices.push(body);

@@ -435,7 +435,7 @@ fn same_bridges(a: &Arc<Vec<Subscriber>>, b: &Arc<Vec<Subscriber>>) -> bool {
 /// agree, which they do for UUID ids).
 fn response_wire(body: &[u8], id_span: std::ops::Range<usize>, bridge_id: &str) -> Bytes {
     if id_span.len() == bridge_id.len() + 2 {
-        let mut out = BytesMut::with_capacity(body.len() + 64);
+        let mut out = BytesMut::with_capacity(gabp_proto::codec::frame_len(body.len()));
         encode_header(body.len(), &mut out);
         let at = out.len();
         out.extend_from_slice(body);
