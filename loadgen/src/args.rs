@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use clap::{Args, Parser, Subcommand};
 
 use crate::actors;
@@ -74,6 +74,10 @@ pub(crate) struct ScenarioArgs {
     /// Warm-up: seconds, or a duration like 500ms.
     #[arg(long, value_parser = parse_secs_or_zero)]
     pub(crate) warmup: Option<f64>,
+    /// Of the reading bridges, how many subscribe to the first channel only (the rest to
+    /// every channel): mixed subscription sets. Needs a fixed --rate, or --window 0.
+    #[arg(long)]
+    pub(crate) one_channel_bridges: Option<usize>,
     /// Bridges that subscribe and never read.
     #[arg(long)]
     pub(crate) stalled: Option<usize>,
@@ -162,9 +166,10 @@ impl ScenarioArgs {
         if let Some(v) = self.window {
             s.window = v;
         }
-        if s.channels.is_empty() {
-            bail!("a scenario needs at least one channel");
+        if let Some(v) = self.one_channel_bridges {
+            s.one_channel_bridges = v;
         }
+        s.check()?;
         Ok(s)
     }
 }

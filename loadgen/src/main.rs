@@ -369,6 +369,9 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
 
 async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
     let sc = a.scenario.scenario()?;
+    if sc.one_channel_bridges > 0 && (baseline_only || a.baseline) {
+        bail!("the raw forwarder hands every event to every reader: it cannot measure bridges on one channel");
+    }
     let pb = progress_bar();
     let say = |m: &str| {
         if let Some(pb) = &pb {

@@ -104,15 +104,15 @@ async fn measure_with(
     let mut readers = Vec::new();
     let mut errors = Vec::new();
     let tally = || Tally::new(window.clone(), pace.as_ref().and_then(Pace::join));
-    for _ in 0..sc.bridges {
+    for i in 0..sc.bridges {
         match which {
             Which::Peer(kind) => {
-                match broker::subscribe(*kind, target.socket_addr()?, &sc.channels).await {
+                match broker::subscribe(*kind, target.socket_addr()?, sc.channels_of(i)).await {
                     Ok(s) => readers.push(tokio::spawn(s.read(tally(), stop.clone()))),
                     Err(e) => errors.push(format!("subscriber: {e:#}")),
                 }
             }
-            _ => match bridge::connect(&target.addr, &target.token, &sc.channels).await {
+            _ => match bridge::connect(&target.addr, &target.token, sc.channels_of(i)).await {
                 Ok(c) => readers.push(tokio::spawn(bridge::read(
                     c,
                     sc.read_rate,

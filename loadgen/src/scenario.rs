@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// The smallest pacing window: a publisher batch (256) plus what readers report late (32).
@@ -29,6 +29,9 @@ pub struct Scenario {
     pub channels: Vec<String>,
     /// Bridges subscribed to every channel and reading.
     pub bridges: usize,
+    /// Of those bridges, how many subscribe to the first channel only: mixed subscription
+    /// sets, so consecutive events go to different sets of bridges.
+    pub one_channel_bridges: usize,
     /// Events per second each reading bridge consumes; 0 means as fast as possible.
     pub read_rate: f64,
     /// Extra bridges that subscribe and never read.
@@ -64,6 +67,7 @@ impl Default for Scenario {
                 "chat/message".into(),
             ],
             bridges: 8,
+            one_channel_bridges: 0,
             read_rate: 0.0,
             stalled: 0,
             calls_per_s: 0.0,
@@ -99,6 +103,35 @@ impl Scenario {
     pub fn pace_window(&self) -> Option<u64> {
         (self.rate <= 0.0 && self.window > 0 && self.bridges > 0)
             .then_some(self.window.max(MIN_WINDOW))
+    }
+
+    /// The channels reading bridge number `reader` subscribes to.
+    pub fn channels_of(&self, reader: usize) -> &[String] {
+        if reader < self.one_channel_bridges {
+            &self.channels[..1]
+        } else {
+            &self.channels
+        }
+    }
+
+    /// Refuses what cannot be measured as asked.
+    pub fn check(&self) -> Result<()> {
+        if self.channels.is_empty() {
+            bail!("a scenario needs at least one channel");
+        }
+        if self.one_channel_bridges > self.bridges {
+            bail!(
+                "one_channel_bridges ({}) is more than the reading bridges ({})",
+                self.one_channel_bridges,
+                self.bridges
+            );
+        }
+        if self.one_channel_bridges > 0 && self.pace_window().is_some() {
+            // Pacing holds the publisher to the slowest reader's count of events, and a
+            // one-channel reader counts only its channel's.
+            bail!("bridges on one channel need a fixed --rate, or --window 0 at max rate");
+        }
+        Ok(())
     }
 
     /// The mod's rate, `None` for as fast as possible.
