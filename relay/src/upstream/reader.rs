@@ -7,7 +7,9 @@
 //! recorder, which is what makes recording lossless. Outbox wake-ups are batched: touched
 //! writers are woken once the socket has nothing more buffered, or every 256 frames at full
 //! rate. Recorder messages go out in batches of up to 512, or after lingering at most 5 ms, so a
-//! slow trickle of frames does not become many tiny batches.
+//! slow trickle of frames does not become many tiny batches, but never after a bridge could
+//! see what they record: whatever a bridge sends once it has a frame (a mark, a request) must
+//! be recorded after that frame, or episode exports cut by marks lose their answers.
 //!
 //! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
 //! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
@@ -156,7 +158,7 @@ pub(super) async fn read_loop(
 
 impl Reader<'_> {
     /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
-    /// once they have lingered long enough.
+    /// once they have lingered long enough (and always before events reach a bridge).
     async fn flush(&mut self, force: bool) {
         self.fan_out().await;
         for o in self.touched.drain(..) {
@@ -165,18 +167,27 @@ impl Reader<'_> {
         let due = force
             || self.records.len() >= RECORD_BATCH
             || self.last_record_send.elapsed() >= RECORD_LINGER;
-        if let Some(rec) = &self.route.recorder {
-            if !self.records.is_empty() && due {
-                self.last_record_send = std::time::Instant::now();
-                rec.send_batch(std::mem::replace(
-                    &mut self.records,
-                    Vec::with_capacity(RECORD_BATCH),
-                ))
-                .await;
-            }
-        } else {
-            self.records.clear();
+        if due {
+            self.send_records().await;
         }
+    }
+
+    /// Hands the frames read so far to the recorder, in the order read. Called before anything
+    /// read reaches a bridge: the recorder's queue is first in, first out, so a bridge's reply
+    /// to a frame (recorded by its own reader) is then always recorded after that frame.
+    async fn send_records(&mut self) {
+        if self.records.is_empty() {
+            return;
+        }
+        let Some(rec) = &self.route.recorder else {
+            return self.records.clear();
+        };
+        self.last_record_send = std::time::Instant::now();
+        rec.send_batch(std::mem::replace(
+            &mut self.records,
+            Vec::with_capacity(RECORD_BATCH),
+        ))
+        .await;
     }
 
     fn record(&mut self, rec: FrameRecord) {
@@ -311,8 +322,7 @@ impl Reader<'_> {
                             view.id_span.clone().expect("responses have an id"),
                             bridge_id,
                         );
-                        outbox.push_control(wire);
-                        let conn = *conn;
+                        let (conn, outbox) = (*conn, outbox.clone());
                         // A mod may echo a bridge's arguments: no secret is recorded.
                         let body = crate::auth::redact(&body, &route.access.table().secrets());
                         self.record(FrameRecord::message(
@@ -322,6 +332,9 @@ impl Reader<'_> {
                             true,
                             body,
                         ));
+                        // Recorded before the bridge can have it (see the module docs).
+                        self.send_records().await;
+                        outbox.push_control(wire);
                     }
                     Origin::Relay => {
                         if view.is_error() {
@@ -344,6 +357,11 @@ impl Reader<'_> {
     /// Offers the burst's events: each run to each of its subscribers under one outbox lock,
     /// runs in publish order, so every bridge still gets its events in the mod's order.
     async fn fan_out(&mut self) {
+        if self.burst.events.is_empty() {
+            return;
+        }
+        // Recorded before any bridge can have them (see the module docs).
+        self.send_records().await;
         let Burst { events, runs } = std::mem::take(&mut self.burst);
         for (subscribers, range) in &runs {
             for (conn, outbox) in subscribers.iter() {

@@ -1,0 +1,127 @@
+//! The recording keeps cause before effect: what a bridge sends after it saw a frame (a mark, a
+//! request) is recorded after that frame. Episode exports (`export --from-mark/--to-mark`)
+//! depend on it: an episode's answer and events belong between its marks.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
+    let sim = start_mod(Some(2000.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let up = sim.addr().to_string();
+    let mut s = serve(&[
+        "--upstream",
+        &up,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--data-dir",
+        data,
+    ])
+    .await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    c.subscribe(&["world/tick"]).await.expect("subscribe");
+    const EPISODES: u64 = 100;
+    for i in 0..EPISODES {
+        c.call("relay/mark", json!({"label": format!("s{i}")}))
+            .await
+            .expect("start mark");
+        c.call(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": {"i": i}}),
+        )
+        .await
+        .expect("echo");
+        // The event this bridge has seen last: its mark names it.
+        let ev = c.next_event().await.expect("an event");
+        c.call(
+            "relay/mark",
+            json!({"label": format!("e{i}"), "data": {"seq": ev["seq"]}}),
+        )
+        .await
+        .expect("end mark");
+    }
+    sigterm(&s.child);
+    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
+        .await
+        .expect("relay stops")
+        .expect("wait");
+    assert!(status.success(), "relay exit: {status}");
+
+    let out = output(&["export", "latest", "--data-dir", data]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let at = |pred: &dyn Fn(&Value) -> bool, what: &str| -> usize {
+        rows.iter()
+            .position(pred)
+            .unwrap_or_else(|| panic!("no row for {what}"))
+    };
+    let (mut late_answers, mut late_events) = (Vec::new(), Vec::new());
+    for i in 0..EPISODES {
+        let end = at(&|r| r["label"] == format!("e{i}"), "the end mark");
+        let answer = at(
+            &|r| r["dir"] == "mod->relay" && r["msg"]["result"]["echo"]["i"] == i,
+            "the answer",
+        );
+        if answer > end {
+            late_answers.push(i);
+        }
+        let seen = &rows[end]["data"]["seq"];
+        let event = at(
+            &|r| r["dir"] == "mod->relay" && r["channel"] == "world/tick" && &r["relaySeq"] == seen,
+            "the event seen",
+        );
+        if event > end {
+            late_events.push(i);
+        }
+        // And the episode export holds the answer.
+        if i % 25 == 0 {
+            let ep = output(&[
+                "export",
+                "latest",
+                "--from-mark",
+                &format!("s{i}"),
+                "--to-mark",
+                &format!("e{i}"),
+                "--data-dir",
+                data,
+            ])
+            .await;
+            let text = String::from_utf8_lossy(&ep.stdout);
+            let answers = text
+                .lines()
+                .filter(|l| l.contains("\"mod->relay\"") && l.contains("\"echo\""))
+                .count();
+            assert_eq!(
+                answers, 1,
+                "episode {i} holds exactly its own answer:\n{text}"
+            );
+        }
+    }
+    assert!(
+        late_answers.is_empty(),
+        "answers recorded after the mark their bridge sent once it had them: {late_answers:?}"
+    );
+    assert!(
+        late_events.is_empty(),
+        "events recorded after the mark their bridge sent once it had them: {late_events:?}"
+    );
+}
