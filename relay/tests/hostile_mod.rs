@@ -86,6 +86,50 @@ async fn non_finite_numbers_and_lone_surrogates_are_anomalies_not_forwarded() {
 }
 
 #[tokio::test]
+async fn a_call_that_returned_null_reaches_its_bridge() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    // Two calls: answered `"result": null` alone, then beside `"error": null`.
+    for answer in [r#""result":null"#, r#""result":null,"error":null"#] {
+        let id = gabp_sim::client::new_id();
+        let req = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/nothing"}}}}"#
+        );
+        c.send_body(req.as_bytes()).await.expect("send");
+        let asked = loop {
+            let f = m.next().await.expect("the call reaches the mod");
+            if f["method"] == "tools/call" {
+                break f;
+            }
+        };
+        let up_id = asked["id"].as_str().expect("id");
+        m.send(format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response",{answer}}}"#).as_bytes())
+            .await;
+        let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
+            .await
+            .expect("answered in time, not by the request timeout")
+            .expect("response");
+        assert_eq!(got["id"], id.as_str());
+        assert!(
+            got["result"].is_null() && got.get("result").is_some(),
+            "{got}"
+        );
+    }
+    drop(m);
+    let (code, _) = relay.stop().await;
+    assert_eq!(code, Some(0));
+    let s = checked_session(data).await;
+    assert_eq!(s["anomalies"], 0, "{s}");
+}
+
+#[tokio::test]
 async fn an_unreadable_welcome_or_a_refused_hello_is_logged_once_with_a_count() {
     let (listener, up) = bind().await;
     let relay = serve(&["--upstream", &up, "--no-record"]).await;

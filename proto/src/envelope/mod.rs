@@ -352,6 +352,26 @@ mod tests {
         );
         let err = tolerant(&body).expect("ok");
         assert_eq!(err.error_code, Some(-31000));
+        // A call that returned null, with or without a null error beside it.
+        for body in [
+            format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null}}"#),
+            format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","result":null,"error":null}}"#),
+        ] {
+            let null = tolerant(&body).expect(&body);
+            assert_eq!(null.kind, MsgType::Response);
+            assert!(!null.is_error(), "{body}");
+            assert_eq!(
+                &body.as_bytes()[null.result.clone().expect("a result")],
+                b"null"
+            );
+        }
+        // Neither a result nor an error is still no response.
+        assert_eq!(
+            tolerant(&format!(
+                r#"{{"v":"gabp/1","id":"{id}","type":"response","error":null}}"#
+            )),
+            Err(EnvelopeError::ResultAndError)
+        );
         let ev = tolerant(r#"{"v":"gabp/1","id":"e1","type":"event","channel":"c","seq":1,"payload":{},"timestamp":17}"#).expect("ok");
         assert_eq!(ev.seq, Some(1));
         // Routing fields must still be sound.

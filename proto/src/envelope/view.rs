@@ -196,7 +196,13 @@ pub(super) fn build_view<'a>(
                 k.result.as_ref().filter(is_present),
                 k.error.as_ref().filter(is_present),
             ) {
-                (Some(_), Some(_)) | (None, None) => return Err(EnvelopeError::ResultAndError),
+                (Some(_), Some(_)) => return Err(EnvelopeError::ResultAndError),
+                // Both absent or null: a mod's `"result": null` (beside `"error": null` or
+                // alone) is a call that returned null, and must reach the bridge that waits.
+                (None, None) => match &k.result {
+                    Some(r) => view.result = Some(r.span.clone()),
+                    None => return Err(EnvelopeError::ResultAndError),
+                },
                 (Some(r), None) => view.result = Some(r.span.clone()),
                 (None, Some(e)) => {
                     if e.val != Val::Object {
