@@ -22,7 +22,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
 use gabp_sim::{Addr, ModSim, ModSimConfig};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -354,7 +354,9 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         }
         Cmd::Ship(a) => ship::main(a).await,
         Cmd::Pipe(a) => {
-            let listener = tokio::net::TcpListener::bind(a.listen).await?;
+            let listener = tokio::net::TcpListener::bind(a.listen)
+                .await
+                .with_context(|| format!("listening on {}", a.listen))?;
             println!("pipe listening on {}", listener.local_addr()?);
             actors::pipe::serve(listener, a.upstream).await
         }
