@@ -183,18 +183,19 @@ async fn events_that_would_outgrow_max_body_are_refused_and_forwarded_frames_fit
     ])
     .await;
     let mut m = accept(&listener).await;
-    m.welcome(&["c"]).await;
+    m.welcome(&["c", "d"]).await;
     m.subscribed().await;
     let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
         .await
         .expect("hello");
-    c.subscribe(&["c"]).await.expect("subscribe");
+    c.subscribe(&["c", "d"]).await.expect("subscribe");
     // Ten small events (relay seqs 0-9), then events at the limit: the relay's two-digit seq
     // would push a one-digit or missing mod seq past it (refused), not a two-digit one.
-    let sized = |seq: Option<u64>, len: usize| {
-        let empty = event("c", seq, r#""""#).len();
-        event("c", seq, &format!("\"{}\"", "x".repeat(len - empty)))
+    let sized_on = |channel: &str, seq: Option<u64>, len: usize| {
+        let empty = event(channel, seq, r#""""#).len();
+        event(channel, seq, &format!("\"{}\"", "x".repeat(len - empty)))
     };
+    let sized = |seq: Option<u64>, len: usize| sized_on("c", seq, len);
     let mut bodies: Vec<String> = (0..10).map(|i| event("c", Some(i), "{}")).collect();
     bodies.extend([
         sized(None, MAX),          // refused: grows by `,"seq":10`
@@ -203,19 +204,31 @@ async fn events_that_would_outgrow_max_body_are_refused_and_forwarded_frames_fit
         sized(None, MAX - 9),      // forwarded as seq 11, exactly MAX
         sized(None, MAX - 8),      // refused: one byte over
         sized(Some(99), MAX - 50), // forwarded as seq 12
+        // Its channel's first event: relay seq 0, so exactly MAX, though the session has
+        // seen 13 events (a two-digit count).
+        sized_on("d", Some(0), MAX),
     ]);
     assert!(bodies.iter().all(|b| b.len() <= MAX));
     m.send_all(bodies).await;
     let mut seen = 0;
     let mut at_limit = 0;
-    while seen < 13 {
-        let frame = c.next_frame().await.expect("frame").expect("open");
+    let mut on_d = 0;
+    while seen < 13 || on_d < 1 {
+        let frame = tokio::time::timeout(Duration::from_secs(10), c.next_frame())
+            .await
+            .unwrap_or_else(|_| panic!("no frame after {seen} on c and {on_d} on d"))
+            .expect("frame")
+            .expect("open");
         assert!(frame.len() <= MAX, "forwarded a {} byte frame", frame.len());
         let v: Value = serde_json::from_slice(&frame).expect("json");
         if v["channel"] == "c" {
             assert_eq!(v["seq"], seen);
             seen += 1;
             at_limit += usize::from(frame.len() == MAX);
+        }
+        if v["channel"] == "d" {
+            assert_eq!((v["seq"].as_u64(), frame.len()), (Some(0), MAX));
+            on_d += 1;
         }
     }
     assert_eq!(at_limit, 2);
@@ -224,7 +237,7 @@ async fn events_that_would_outgrow_max_body_are_refused_and_forwarded_frames_fit
     let s = checked_session(data).await;
     assert_eq!(
         (s["events"].as_u64(), s["anomalies"].as_u64()),
-        (Some(13), Some(3)),
+        (Some(14), Some(3)),
         "{s}"
     );
 }

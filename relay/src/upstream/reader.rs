@@ -242,16 +242,21 @@ impl Reader<'_> {
                     .as_deref()
                     .expect("tolerant events have a channel");
                 // The relay's seq can be longer than the mod's (or added where the mod sent
-                // none): an event that might then exceed --max-body is refused, so no peer
-                // with the same limit is ever sent a frame it must refuse. The seq is bounded
-                // by the session's event count, which bounds its digits.
-                let mut digits = [0u8; 20];
-                let seq_len = gabp_proto::rewrite::decimal(self.events, &mut digits).len();
-                let sequenced = match &view.seq_span {
-                    Some(span) => body.len() - span.len().min(body.len()) + seq_len,
-                    None => body.len() + ",\"seq\":".len() + seq_len,
+                // none): an event that would then exceed --max-body is refused, so no peer
+                // with the same limit is ever sent a frame it must refuse. The session's event
+                // count bounds the channel's seq and is checked first (no lock); only an event
+                // near the limit asks the hub for the seq it would really get.
+                let sequenced = |seq: u64| {
+                    let mut digits = [0u8; 20];
+                    let seq_len = gabp_proto::rewrite::decimal(seq, &mut digits).len();
+                    match &view.seq_span {
+                        Some(span) => body.len() - span.len().min(body.len()) + seq_len,
+                        None => body.len() + ",\"seq\":".len() + seq_len,
+                    }
                 };
-                if sequenced > route.cfg.max_body {
+                if sequenced(self.events) > route.cfg.max_body
+                    && sequenced(route.hub.next_seq(channel).1) > route.cfg.max_body
+                {
                     return self.anomaly(
                         body,
                         true,
