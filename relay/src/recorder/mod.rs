@@ -259,6 +259,37 @@ impl Recorder {
         }
     }
 
+    /// Sends `msgs` as one batch if the recorder takes them now (its gate open, budget and queue
+    /// room free); gives them back otherwise, for [`Recorder::send_batch`] to wait with.
+    pub fn try_send_batch(&self, msgs: Vec<RecMsg>) -> Result<(), Vec<RecMsg>> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        if !*self.shared.gate.borrow() {
+            return Err(msgs);
+        }
+        let bytes: usize = msgs
+            .iter()
+            .map(|m| match m {
+                RecMsg::Frame { rec, .. } => rec.body.len(),
+                _ => 0,
+            })
+            .sum();
+        let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
+        let Ok(permit) = self.budget.clone().try_acquire_many_owned(kib) else {
+            return Err(msgs);
+        };
+        match self.tx.try_send(RecBatch {
+            msgs,
+            _budget: Some(permit),
+        }) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(b) | mpsc::error::TrySendError::Closed(b)) => {
+                Err(b.msgs)
+            }
+        }
+    }
+
     /// Sends without ever waiting: for tasks that must not stall (bridge writers). When the
     /// queue is full the message is handed to a task that waits, so it is still recorded.
     pub fn send_detached(&self, msg: RecMsg) {

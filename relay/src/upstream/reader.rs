@@ -9,7 +9,9 @@
 //! rate. Recorder messages go out in batches of up to 512, or after lingering at most 5 ms, so a
 //! slow trickle of frames does not become many tiny batches, but never after a bridge could
 //! see what they record: whatever a bridge sends once it has a frame (a mark, a request) must
-//! be recorded after that frame, or episode exports cut by marks lose their answers.
+//! be recorded after that frame, or episode exports cut by marks lose their answers. When the
+//! recorder has no room (a slow or failing disk), bridges still get what was read first, and
+//! the reader then waits at the recorder's queue, ahead of anything the bridges send back.
 //!
 //! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
 //! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
@@ -160,11 +162,15 @@ impl Reader<'_> {
     /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
     /// once they have lingered long enough (and always before events reach a bridge).
     async fn flush(&mut self, force: bool) {
+        let delivering = !self.burst.events.is_empty();
         self.fan_out().await;
         for o in self.touched.drain(..) {
             crate::bridge::write_from_reader(self.route, &o);
         }
+        // Records the recorder had no room for wait now, once the bridges have their events,
+        // so this reader is in the recorder's queue before anything they send back.
         let due = force
+            || delivering
             || self.records.len() >= RECORD_BATCH
             || self.last_record_send.elapsed() >= RECORD_LINGER;
         if due {
@@ -172,9 +178,27 @@ impl Reader<'_> {
         }
     }
 
-    /// Hands the frames read so far to the recorder, in the order read. Called before anything
-    /// read reaches a bridge: the recorder's queue is first in, first out, so a bridge's reply
-    /// to a frame (recorded by its own reader) is then always recorded after that frame.
+    /// Hands the frames read so far to the recorder if it takes them now; they stay here
+    /// otherwise. Called before anything read reaches a bridge: the recorder's queue is first
+    /// in, first out, so a bridge's reply to a frame (recorded by its own reader) is then
+    /// recorded after that frame.
+    fn offer_records(&mut self) {
+        if self.records.is_empty() {
+            return;
+        }
+        let Some(rec) = &self.route.recorder else {
+            return self.records.clear();
+        };
+        match rec.try_send_batch(std::mem::replace(
+            &mut self.records,
+            Vec::with_capacity(RECORD_BATCH),
+        )) {
+            Ok(()) => self.last_record_send = std::time::Instant::now(),
+            Err(back) => self.records = back,
+        }
+    }
+
+    /// Hands the frames read so far to the recorder, waiting for room, in the order read.
     async fn send_records(&mut self) {
         if self.records.is_empty() {
             return;
@@ -338,8 +362,9 @@ impl Reader<'_> {
                             body,
                         ));
                         // Recorded before the bridge can have it (see the module docs).
-                        self.send_records().await;
+                        self.offer_records();
                         outbox.push_control(wire);
+                        self.send_records().await;
                     }
                     Origin::Relay => {
                         if view.is_error() {
@@ -365,8 +390,9 @@ impl Reader<'_> {
         if self.burst.events.is_empty() {
             return;
         }
-        // Recorded before any bridge can have them (see the module docs).
-        self.send_records().await;
+        // Recorded before any bridge can have them (see the module docs); with no room at the
+        // recorder they are delivered first, and the reader then waits for it (`flush`).
+        self.offer_records();
         let Burst { events, runs } = std::mem::take(&mut self.burst);
         for (subscribers, range) in &runs {
             for (conn, outbox) in subscribers.iter() {
