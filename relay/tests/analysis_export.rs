@@ -34,7 +34,7 @@ async fn serve_tagged(sim: &ModSim, data: &str, route: &str, tags: &[&str]) -> S
 /// marks `ep-end`, and the relay stops (SIGTERM) so the data dir is free.
 async fn record(data: &str, route: &str, tags: &[&str]) {
     let sim = start_mod(None);
-    let mut s = serve_tagged(&sim, data, route, tags).await;
+    let s = serve_tagged(&sim, data, route, tags).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
@@ -54,12 +54,7 @@ async fn record(data: &str, route: &str, tags: &[&str]) {
         .await
         .expect("mark");
     c.call("relay/status", json!({})).await.expect("status");
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("relay stops")
-        .expect("wait");
-    assert!(status.success(), "relay exit: {status}");
+    s.stop_cleanly().await;
 }
 
 /// The ids `sessions --json` lists with `args`.

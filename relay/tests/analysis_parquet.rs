@@ -84,7 +84,7 @@ async fn record(data: &str, route: &str, tags: &[&str], latency_ms: u64) {
     for t in tags {
         args.extend(["--tag", t]);
     }
-    let mut s = serve(&args).await;
+    let s = serve(&args).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
@@ -114,12 +114,7 @@ async fn record(data: &str, route: &str, tags: &[&str], latency_ms: u64) {
     c.call("relay/mark", json!({"label": "ep-end"}))
         .await
         .expect("mark");
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("relay stops")
-        .expect("wait");
-    assert!(status.success(), "relay exit: {status}");
+    s.stop_cleanly().await;
 }
 
 fn ok(out: &std::process::Output) -> String {

@@ -14,7 +14,7 @@ async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
     let data = dir.path().join("data");
     let data = data.to_str().expect("utf-8");
     let up = sim.addr().to_string();
-    let mut s = serve(&[
+    let s = serve(&[
         "--upstream",
         &up,
         "--upstream-token",
@@ -51,12 +51,7 @@ async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
         .await
         .expect("end mark");
     }
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("relay stops")
-        .expect("wait");
-    assert!(status.success(), "relay exit: {status}");
+    s.stop_cleanly().await;
 
     let out = output(&["export", "latest", "--data-dir", data]).await;
     assert!(

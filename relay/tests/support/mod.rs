@@ -92,6 +92,19 @@ pub async fn output(args: &[&str]) -> std::process::Output {
         .expect("ran")
 }
 
+impl Serve {
+    /// Stops the relay as an operator or a service manager would (SIGTERM) and asserts that
+    /// it exits cleanly (status 0) within 30 s.
+    pub async fn stop_cleanly(mut self) {
+        sigterm(&self.child);
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("relay stops")
+            .expect("wait");
+        assert!(status.success(), "relay exit: {status}");
+    }
+}
+
 pub fn sigterm(child: &Child) {
     let pid = child.id().expect("running") as i32;
     // kill(1), as an operator or a service manager would send it.
