@@ -155,6 +155,18 @@ struct RecBatch {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
+/// KiB of the recorder's byte budget a batch takes: its frame bodies, at least 1, at most all.
+fn budget_kib(msgs: &[RecMsg]) -> u32 {
+    let bytes: usize = msgs
+        .iter()
+        .map(|m| match m {
+            RecMsg::Frame { rec, .. } => rec.body.len(),
+            _ => 0,
+        })
+        .sum();
+    (bytes / 1024).clamp(1, BUDGET_KIB) as u32
+}
+
 /// Handle for sending to the recorder.
 #[derive(Debug, Clone)]
 pub struct Recorder {
@@ -233,18 +245,12 @@ impl Recorder {
             let mut gate = self.shared.gate.subscribe();
             let _ = gate.wait_for(|open| *open).await;
         }
-        let bytes: usize = msgs
-            .iter()
-            .map(|m| {
-                if let RecMsg::Frame { rec, .. } = m {
-                    rec.body.len()
-                } else {
-                    0
-                }
-            })
-            .sum();
-        let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
-        let budget = self.budget.clone().acquire_many_owned(kib).await.ok();
+        let budget = self
+            .budget
+            .clone()
+            .acquire_many_owned(budget_kib(&msgs))
+            .await
+            .ok();
         if self
             .tx
             .send(RecBatch {
@@ -268,15 +274,11 @@ impl Recorder {
         if !*self.shared.gate.borrow() {
             return Err(msgs);
         }
-        let bytes: usize = msgs
-            .iter()
-            .map(|m| match m {
-                RecMsg::Frame { rec, .. } => rec.body.len(),
-                _ => 0,
-            })
-            .sum();
-        let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
-        let Ok(permit) = self.budget.clone().try_acquire_many_owned(kib) else {
+        let Ok(permit) = self
+            .budget
+            .clone()
+            .try_acquire_many_owned(budget_kib(&msgs))
+        else {
             return Err(msgs);
         };
         match self.tx.try_send(RecBatch {
@@ -293,12 +295,7 @@ impl Recorder {
     /// Sends without ever waiting: for tasks that must not stall (bridge writers). When the
     /// queue is full the message is handed to a task that waits, so it is still recorded.
     pub fn send_detached(&self, msg: RecMsg) {
-        let bytes = if let RecMsg::Frame { rec, .. } = &msg {
-            rec.body.len()
-        } else {
-            0
-        };
-        let kib = (bytes / 1024).clamp(1, BUDGET_KIB) as u32;
+        let kib = budget_kib(std::slice::from_ref(&msg));
         let msg = match self.budget.clone().try_acquire_many_owned(kib) {
             Ok(permit) => match self.tx.try_send(RecBatch {
                 msgs: vec![msg],
