@@ -58,15 +58,22 @@ impl GabpCodec {
     /// is complete (the body may not be), with every limit checked. Readers that parse in
     /// place use this instead of [`Decoder::decode`].
     pub fn extent(&self, src: &[u8]) -> Result<Option<(usize, usize)>, FrameError> {
-        if let Some((head, len)) = canonical_header(src) {
-            return if len > self.max_body as u64 {
-                Err(FrameError::TooLarge {
-                    len,
-                    limit: self.max_body,
-                })
-            } else {
-                Ok(Some((head, len as usize)))
-            };
+        match self.header(src)? {
+            Some((_, len)) if len > self.max_body as u64 => Err(FrameError::TooLarge {
+                len,
+                limit: self.max_body,
+            }),
+            // Bounded by max_body above.
+            Some((head, len)) => Ok(Some((head, len as usize))),
+            None => Ok(None),
+        }
+    }
+
+    /// The header length and the declared body length, once the header is complete, with the
+    /// header's own limits checked but not the body's.
+    fn header(&self, src: &[u8]) -> Result<Option<(usize, u64)>, FrameError> {
+        if let Some(found) = canonical_header(src) {
+            return Ok(Some(found));
         }
         let Some(head) = header_end(&src[..src.len().min(self.max_header)]) else {
             if src.len() >= self.max_header {
@@ -76,15 +83,7 @@ impl GabpCodec {
             }
             return Ok(None);
         };
-        let len = content_length(&src[..head - 2])?;
-        if len > self.max_body as u64 {
-            return Err(FrameError::TooLarge {
-                len,
-                limit: self.max_body,
-            });
-        }
-        // Bounded by max_body above.
-        Ok(Some((head, len as usize)))
+        Ok(Some((head, content_length(&src[..head - 2])?)))
     }
 
     /// The configured body limit.
@@ -167,6 +166,19 @@ fn parse_length(digits: &[u8]) -> Result<u64, FrameError> {
         .fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
+/// The frame at the start of `src` once its body (`len` bytes after a `head`-byte header) is
+/// all there; until then, room for the rest is reserved (the length was checked).
+fn take_frame(src: &mut BytesMut, head: usize, len: usize) -> Option<Frame> {
+    if src.len() < head + len {
+        src.reserve(head + len - src.len());
+        return None;
+    }
+    src.advance(head);
+    Some(Frame {
+        body: src.split_to(len).freeze(),
+    })
+}
+
 impl Decoder for GabpCodec {
     type Item = Frame;
     type Error = FrameError;
@@ -175,20 +187,105 @@ impl Decoder for GabpCodec {
         let Some((head, len)) = self.extent(src)? else {
             return Ok(None);
         };
-        if src.len() < head + len {
-            src.reserve(head + len - src.len());
-            return Ok(None);
-        }
-        src.advance(head);
-        Ok(Some(Frame {
-            body: src.split_to(len).freeze(),
-        }))
+        Ok(take_frame(src, head, len))
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
         match self.decode(src)? {
             Some(frame) => Ok(Some(frame)),
             None if src.is_empty() => Ok(None),
+            None => Err(FrameError::Truncated),
+        }
+    }
+}
+
+/// What [`SkippingCodec`] reads: a frame, or word of one skipped for exceeding the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    /// A frame within the limit.
+    Frame(Frame),
+    /// A frame whose declared body exceeded the limit: its bytes were passed over as they
+    /// arrived, never held. `id` is its top-level UUID `id` when one stood among its first
+    /// [`SKIP_PREFIX`] bytes.
+    Skipped {
+        /// The declared body length.
+        len: u64,
+        /// Who the frame was meant for, if its first bytes say.
+        id: Option<String>,
+    },
+}
+
+/// Bytes of a skipped body kept to find its id.
+pub const SKIP_PREFIX: usize = 4096;
+
+/// A decoder for a trusted peer (the mod) whose frame over the body limit should not end the
+/// connection: the framing is intact, so the body is passed over unread (memory stays bounded
+/// by the read buffer) and reported as [`Read::Skipped`] once its last byte has gone by, in
+/// stream order. Every other error is [`GabpCodec`]'s.
+#[derive(Debug, Clone)]
+pub struct SkippingCodec {
+    inner: GabpCodec,
+    skipping: Option<Skip>,
+}
+
+#[derive(Debug, Clone)]
+struct Skip {
+    len: u64,
+    left: u64,
+    prefix: Vec<u8>,
+}
+
+impl SkippingCodec {
+    /// A skipping decoder for bodies up to `max_body` bytes.
+    pub fn new(max_body: usize) -> Self {
+        SkippingCodec {
+            inner: GabpCodec::new(max_body),
+            skipping: None,
+        }
+    }
+}
+
+impl Decoder for SkippingCodec {
+    type Item = Read;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Read>, FrameError> {
+        if let Some(skip) = &mut self.skipping {
+            let n = src
+                .len()
+                .min(usize::try_from(skip.left).unwrap_or(usize::MAX));
+            let keep = n.min(SKIP_PREFIX - skip.prefix.len());
+            skip.prefix.extend_from_slice(&src[..keep]);
+            src.advance(n);
+            skip.left -= n as u64;
+            if skip.left > 0 {
+                return Ok(None);
+            }
+            let skip = self.skipping.take().expect("skipping");
+            return Ok(Some(Read::Skipped {
+                len: skip.len,
+                id: crate::envelope::uuid_id_of(&skip.prefix),
+            }));
+        }
+        match self.inner.header(src)? {
+            Some((head, len)) if len > self.inner.max_body as u64 => {
+                src.advance(head);
+                self.skipping = Some(Skip {
+                    len,
+                    left: len,
+                    prefix: Vec::new(),
+                });
+                self.decode(src)
+            }
+            Some((head, len)) => Ok(take_frame(src, head, len as usize).map(Read::Frame)),
+            None => Ok(None),
+        }
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Read>, FrameError> {
+        match self.decode(src)? {
+            Some(read) => Ok(Some(read)),
+            None if src.is_empty() && self.skipping.is_none() => Ok(None),
             None => Err(FrameError::Truncated),
         }
     }
@@ -456,5 +553,60 @@ mod tests {
             let got = decode_all(&mut GabpCodec::default(), &wire).expect("valid");
             prop_assert_eq!(&got[0][..], &body[..]);
         }
+    }
+
+    #[test]
+    fn a_skipping_decoder_passes_over_an_oversized_body_and_reads_on() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        let big = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"response","result":"{}"}}"#,
+            "x".repeat(5000)
+        );
+        let mut wire = BytesMut::new();
+        encode_frame(b"{\"a\":1}", &mut wire);
+        encode_frame(big.as_bytes(), &mut wire);
+        encode_frame(b"{\"b\":2}", &mut wire);
+        // Fed a few bytes at a time: the skipped body is never held whole.
+        for step in [1, 7, 100, 4096, usize::MAX] {
+            let mut codec = SkippingCodec::new(1024);
+            let mut src = BytesMut::new();
+            let mut got = Vec::new();
+            for chunk in wire.chunks(step.min(wire.len())) {
+                src.extend_from_slice(chunk);
+                while let Some(read) = codec.decode(&mut src).expect("decodes") {
+                    got.push(read);
+                }
+                assert!(
+                    src.len() <= 1024 + 64 + step.min(wire.len()),
+                    "{step}: {}",
+                    src.len()
+                );
+            }
+            assert_eq!(codec.decode_eof(&mut src).expect("eof"), None);
+            assert_eq!(
+                got,
+                vec![
+                    Read::Frame(Frame {
+                        body: Bytes::from_static(b"{\"a\":1}")
+                    }),
+                    Read::Skipped {
+                        len: big.len() as u64,
+                        id: Some(id.into())
+                    },
+                    Read::Frame(Frame {
+                        body: Bytes::from_static(b"{\"b\":2}")
+                    }),
+                ],
+                "{step}"
+            );
+        }
+        // Cut off mid-skip: the stream ended mid-frame.
+        let mut codec = SkippingCodec::new(1024);
+        let mut src = BytesMut::from(&wire[..wire.len() - 200]);
+        while codec.decode(&mut src).expect("decodes").is_some() {}
+        assert!(matches!(
+            codec.decode_eof(&mut src),
+            Err(FrameError::Truncated)
+        ));
     }
 }

@@ -59,6 +59,10 @@ pub enum EnvelopeError {
     /// A number is not finite (it overflows a double).
     #[error("non-finite number")]
     NonFiniteNumber,
+    /// Valid JSON, but a number the strict reader cannot hold: a negative integer just past
+    /// the 64-bit range (below -2^63, above -2^64). Larger magnitudes are read as doubles.
+    #[error("a negative integer below -9223372036854775808 cannot be read: send it as a string or with a fraction")]
+    UnreadableNumber,
     /// A string escape names a lone surrogate (`"\ud800"`), which no decoder can represent.
     #[error("lone surrogate in a string escape")]
     LoneSurrogate,

@@ -23,11 +23,11 @@ pub mod rewrite;
 pub mod scan;
 
 pub use codec::{
-    encode_frame, encode_header, frame_bytes, Frame, GabpCodec, DEFAULT_MAX_BODY,
+    encode_frame, encode_header, frame_bytes, Frame, GabpCodec, SkippingCodec, DEFAULT_MAX_BODY,
     DEFAULT_MAX_HEADER,
 };
 pub use codes::ErrorCode;
-pub use envelope::{EnvelopeView, Mode, MsgType, Parser};
+pub use envelope::{uuid_id_of, EnvelopeView, Mode, MsgType, Parser};
 pub use error::{EnvelopeError, FrameError};
 
 /// The protocol version string every GABP 1.x envelope carries in `v`.

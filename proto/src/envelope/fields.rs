@@ -25,6 +25,8 @@ pub(super) struct Field<'a> {
     pub(super) key: Cow<'a, str>,
     pub(super) val: Val<'a>,
     pub(super) span: Range<usize>,
+    /// Where the member starts in the body: its key's opening quote.
+    pub(super) start: usize,
     pub(super) node: Option<usize>,
 }
 
@@ -118,6 +120,7 @@ impl<'a> Field<'a> {
             key,
             val,
             span: m.value.clone(),
+            start: m.key.start - 1,
             node: None,
         })
     }

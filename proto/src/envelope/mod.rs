@@ -88,6 +88,11 @@ pub struct EnvelopeView<'a> {
     pub result: Option<Range<usize>>,
     /// The code of a response's (non-null) error.
     pub error_code: Option<i64>,
+    /// A member of a mod's response that counts as absent (`"error": null` beside a result,
+    /// `"result": null` beside an error), with one adjacent comma: the bytes to cut before the
+    /// response is forwarded, so a bridge sees exactly one of `result` and `error`. Tolerant
+    /// mode only.
+    pub absent_null: Option<Range<usize>>,
 }
 
 impl EnvelopeView<'_> {
@@ -192,6 +197,15 @@ impl Parser {
     }
 }
 
+/// The top-level `id` of a body that could not be read, if it is a UUID string standing among
+/// the body's first well-formed members: who a malformed answer (or the first bytes of one too
+/// large to hold) was meant for. Scans without building a value.
+pub fn uuid_id_of(body: &[u8]) -> Option<String> {
+    let span = scan::leading_member(body, b"id")?;
+    let id = std::str::from_utf8(body.get(span.start + 1..span.end.checked_sub(1)?)?).ok()?;
+    (body[span.start] == b'"' && is_uuid(id)).then(|| id.to_string())
+}
+
 /// Tells "valid JSON, but not an object" apart from "not JSON".
 fn not_object_or_invalid(body: &[u8]) -> EnvelopeError {
     if scan::is_valid_json(body) {
@@ -206,6 +220,8 @@ fn invalid_json(body: &[u8]) -> EnvelopeError {
     match scan::diagnose(body) {
         Some(scan::Refusal::NonFiniteNumber) => EnvelopeError::NonFiniteNumber,
         Some(scan::Refusal::LoneSurrogate) => EnvelopeError::LoneSurrogate,
+        // The scanner holds RFC 8259; what only simd-json refuses is its one number gap.
+        None if scan::is_valid_json(body) => EnvelopeError::UnreadableNumber,
         None => EnvelopeError::InvalidJson,
     }
 }
@@ -241,6 +257,35 @@ mod tests {
     fn escaped_strings_are_decoded() {
         let s = r#"{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440020","type":"event","channel":"a\/b","seq":0,"payload":1}"#;
         assert_eq!(strict(s).expect("valid").channel.as_deref(), Some("a/b"));
+    }
+
+    #[test]
+    fn strict_accepts_integers_beyond_64_bits_as_valid_json() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        for n in [
+            "18446744073709551616",
+            "-18446744073709551616",
+            "123456789012345678901234567890",
+        ] {
+            let body = format!(
+                r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":{n}}}}}"#
+            );
+            assert!(strict(&body).is_ok(), "{body}: {:?}", strict(&body));
+            assert!(tolerant(&body).is_ok(), "{body}");
+        }
+        // simd-json's one gap (a negative integer just past i64) is named, not "bad JSON".
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":-9223372036854775809}}}}"#
+        );
+        assert_eq!(strict(&body), Err(EnvelopeError::UnreadableNumber));
+        assert!(tolerant(&body).is_ok());
+        // Past a double's range an integer is refused as what it is, not as bad JSON.
+        let huge = "9".repeat(400);
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":{huge}}}}}"#
+        );
+        assert_eq!(strict(&body), Err(EnvelopeError::NonFiniteNumber));
+        assert_eq!(tolerant(&body), Err(EnvelopeError::NonFiniteNumber));
     }
 
     #[test]
@@ -337,6 +382,55 @@ mod tests {
                 .expect_err("utf8"),
             EnvelopeError::InvalidUtf8
         );
+    }
+
+    #[test]
+    fn a_null_counted_as_absent_is_cut_and_leaves_a_strict_response() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        let head = format!(r#""v":"gabp/1","id":"{id}","type":"response""#);
+        let cases = [
+            format!(r#"{{{head},"result":{{"a":1}},"error":null}}"#),
+            format!(r#"{{"error":null,{head},"result":{{"a":1}}}}"#),
+            format!(r#"{{ "error" : null , {head},"result":7 }}"#),
+            format!("{{{head},\n  \"error\": null,\n  \"result\": [1]\n}}"),
+            format!(r#"{{{head},"result":null,"error":null}}"#),
+            format!(r#"{{"result":null,{head},"error":{{"code":-31000,"message":"bad"}}}}"#),
+            format!(r#"{{{head},"error":{{"code":-31000,"message":"bad"}},"result":null}}"#),
+        ];
+        for body in &cases {
+            let view = tolerant(body).expect(body);
+            let cut = view.absent_null.clone().expect(body);
+            let mut out = body.as_bytes()[..cut.start].to_vec();
+            out.extend_from_slice(&body.as_bytes()[cut.end..]);
+            let text = String::from_utf8(out).expect("utf-8");
+            let forwarded = strict(&text).unwrap_or_else(|e| panic!("{body} -> {text}: {e}"));
+            assert_eq!(forwarded.is_error(), view.is_error(), "{text}");
+            assert_eq!(
+                text.matches("null").count(),
+                usize::from(text.contains("\"result\":null")),
+                "{text}"
+            );
+        }
+        // Nothing to cut: no null sibling, or a strict (bridge) body.
+        let plain = format!(r#"{{{head},"result":1}}"#);
+        assert_eq!(tolerant(&plain).expect("ok").absent_null, None);
+        assert_eq!(strict(&plain).expect("ok").absent_null, None);
+    }
+
+    #[test]
+    fn the_id_of_a_malformed_body_is_found_only_when_it_is_a_uuid() {
+        let id = "550e8400-e29b-41d4-a716-446655440000";
+        let no_type = format!(r#"{{"v":"gabp/1","id":"{id}","result":1}}"#);
+        assert_eq!(uuid_id_of(no_type.as_bytes()).as_deref(), Some(id));
+        assert_eq!(uuid_id_of(br#"{"id":7,"type":"response"}"#), None);
+        assert_eq!(uuid_id_of(br#"{"id":"abc"}"#), None);
+        // The first bytes of a body are enough, and what follows may be broken.
+        assert_eq!(
+            uuid_id_of(format!(r#"{{"id":"{id}","result":[1,"#).as_bytes()).as_deref(),
+            Some(id)
+        );
+        assert_eq!(uuid_id_of(format!(r#"{{"id":"{id}"#).as_bytes()), None);
+        assert_eq!(uuid_id_of(b"[1]"), None);
     }
 
     #[test]

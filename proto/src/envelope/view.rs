@@ -51,6 +51,7 @@ pub(super) fn strict_view<'a>(
             key,
             val,
             span,
+            start: m.key.start - 1,
             node: Some(node),
         };
         match known.slot(field.key.as_bytes()) {
@@ -152,6 +153,7 @@ pub(super) fn build_view<'a>(
         payload: None,
         result: None,
         error_code: None,
+        absent_null: None,
     };
     match &k.id {
         Some(Field {
@@ -200,11 +202,18 @@ pub(super) fn build_view<'a>(
                 // Both absent or null: a mod's `"result": null` (beside `"error": null` or
                 // alone) is a call that returned null, and must reach the bridge that waits.
                 (None, None) => match &k.result {
-                    Some(r) => view.result = Some(r.span.clone()),
+                    Some(r) => {
+                        view.result = Some(r.span.clone());
+                        view.absent_null = k.error.as_ref().map(|e| member_cut(body, e));
+                    }
                     None => return Err(EnvelopeError::ResultAndError),
                 },
-                (Some(r), None) => view.result = Some(r.span.clone()),
+                (Some(r), None) => {
+                    view.result = Some(r.span.clone());
+                    view.absent_null = k.error.as_ref().map(|e| member_cut(body, e));
+                }
                 (None, Some(e)) => {
+                    view.absent_null = k.result.as_ref().map(|r| member_cut(body, r));
                     if e.val != Val::Object {
                         return Err(EnvelopeError::InvalidField("error"));
                     }
@@ -246,4 +255,24 @@ pub(super) fn build_view<'a>(
         }
     }
     Ok(view)
+}
+
+/// The bytes to cut to remove member `f` from its object and leave valid JSON: the member and
+/// the comma before it (or, for the first member, the comma and whitespace after it).
+fn member_cut(body: &[u8], f: &Field<'_>) -> std::ops::Range<usize> {
+    let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let before = body[..f.start].iter().rposition(|b| !ws(b));
+    match before {
+        Some(comma) if body[comma] == b',' => comma..f.span.end,
+        _ => {
+            let after = body[f.span.end..].iter().position(|b| !ws(b));
+            match after.map(|a| f.span.end + a) {
+                Some(comma) if body[comma] == b',' => {
+                    let next = body[comma + 1..].iter().position(|b| !ws(b));
+                    f.start..comma + 1 + next.unwrap_or(0)
+                }
+                _ => f.start..f.span.end,
+            }
+        }
+    }
 }

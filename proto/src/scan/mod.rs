@@ -105,6 +105,44 @@ pub fn diagnose(b: &[u8]) -> Option<Refusal> {
     }
 }
 
+/// The raw value span of top-level member `key` (quotes included for strings) in the first
+/// bytes of an object whose rest may be missing or malformed: found if the member and every
+/// member before it are whole and well formed. For reading who a frame was meant for when the
+/// frame as a whole cannot be read (or was never held). Checks UTF-8 itself, up to the first
+/// invalid or cut character.
+pub fn leading_member(b: &[u8], key: &[u8]) -> Option<Range<usize>> {
+    let b = match std::str::from_utf8(b) {
+        Ok(_) => b,
+        Err(e) => &b[..e.valid_up_to()],
+    };
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let this = &b[i + 1..key_end - 1];
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let value_end = skip_value(b, i)?;
+        if this == key {
+            return Some(i..value_end);
+        }
+        i = skip_ws(b, value_end);
+        if b.get(i) != Some(&b',') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+    }
+}
+
 /// The two ways a grammatical JSON text breaks the relay's rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -118,6 +156,21 @@ pub enum Refusal {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_leading_member_is_found_in_a_cut_or_broken_body() {
+        let b = br#" { "v":"gabp/1", "p":{"x":"}"}, "id" : "abc", "rest": [1, 2"#;
+        assert_eq!(&b[leading_member(b, b"id").expect("id")], br#""abc""#);
+        assert_eq!(&b[leading_member(b, b"p").expect("p")], br#"{"x":"}"}"#);
+        // Past the cut, or behind a broken member, or not an object: not found.
+        assert_eq!(leading_member(b, b"rest"), None);
+        assert_eq!(leading_member(br#"{"x":tru,"id":"a"}"#, b"id"), None);
+        assert_eq!(leading_member(br#"["id","a"]"#, b"id"), None);
+        // A character cut in half ends the readable part.
+        let mut cut = br#"{"id":"a","n":""#.to_vec();
+        cut.extend_from_slice(&[0xc3]);
+        assert_eq!(&cut[leading_member(&cut, b"id").expect("id")], br#""a""#);
+    }
 
     #[test]
     fn finds_spans_around_nested_values_and_escapes() {
