@@ -16,6 +16,7 @@
 //! - `hello`: the handshake.
 //! - `resume`: a reconnecting bridge's missed events, then the live stream (`relay.resume`).
 //! - `rights`: who a welcomed bridge is, what it may send, reload's revocations.
+//! - `status`: the `relay/status` answer, cut to fit `--max-body`.
 //! - `writer`: the writer task, and the backend's direct write when it is idle.
 
 mod accept;
@@ -24,6 +25,7 @@ mod hello;
 mod reader;
 mod resume;
 mod rights;
+mod status;
 mod writer;
 
 use std::os::fd::{BorrowedFd, OwnedFd};

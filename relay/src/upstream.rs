@@ -27,7 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use gabp_proto::{ErrorCode, GabpCodec};
+use gabp_proto::ErrorCode;
 use gabp_rt::net::Conn;
 use serde_json::Value;
 use tokio_util::codec::FramedRead;
@@ -47,7 +47,8 @@ pub const MAX_CHANNELS: usize = 4096;
 /// How often a failure that keeps repeating (a wrong `--upstream-token`) is logged again.
 const REPEAT_LOG_EVERY: Duration = Duration::from_secs(60);
 
-type Frames = FramedRead<gabp_rt::net::BoxRead, GabpCodec>;
+/// The mod's frames: one over `--max-body` is passed over unread, not the end of the session.
+type Frames = FramedRead<gabp_rt::net::BoxRead, gabp_proto::SkippingCodec>;
 
 /// A bridge's request for the backend (everything but `session/hello`, `events/*` and
 /// `relay/*`, which the front answers itself).

@@ -85,19 +85,65 @@ async fn non_finite_numbers_and_lone_surrogates_are_anomalies_not_forwarded() {
     replay.start_kill().expect("stop replay");
 }
 
+/// Every shape a quirky mod answers in reaches the caller promptly (never by the request
+/// timeout) and in strict form: exactly one of `result` and `error`, a null counted as absent
+/// cut out; an answer the relay cannot read is "outcome unknown" at once.
 #[tokio::test]
-async fn a_call_that_returned_null_reaches_its_bridge() {
+async fn every_answer_reaches_its_bridge_at_once_with_exactly_one_of_result_and_error() {
     let (listener, up) = bind().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().to_str().expect("utf8");
-    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--data-dir",
+        data,
+        "--request-timeout",
+        "10m",
+    ])
+    .await;
     let mut m = accept(&listener).await;
     m.welcome(&[]).await;
     let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
         .await
         .expect("hello");
-    // Two calls: answered `"result": null` alone, then beside `"error": null`.
-    for answer in [r#""result":null"#, r#""result":null,"error":null"#] {
+    // (what follows the id in the mod's answer, the key the bridge gets, its value)
+    let bad = r#"{"code":-31000,"message":"bad"}"#;
+    let cases = [
+        (
+            r#""type":"response","result":null"#,
+            "result",
+            "null".to_string(),
+        ),
+        (
+            r#""type":"response","result":null,"error":null"#,
+            "result",
+            "null".into(),
+        ),
+        (
+            r#""type":"response","result":{"a":1},"error":null"#,
+            "result",
+            r#"{"a":1}"#.into(),
+        ),
+        (
+            r#""type":"response", "error" : null , "result":2"#,
+            "result",
+            "2".into(),
+        ),
+        (
+            r#""type":"response","result":null,"error":{"code":-31000,"message":"bad"}"#,
+            "error",
+            bad.into(),
+        ),
+        // Unreadable: no type, and both a result and an error.
+        (r#""result":1"#, "error", "-32001".into()),
+        (
+            r#""type":"response","result":1,"error":{"code":1,"message":"x"}"#,
+            "error",
+            "-32001".into(),
+        ),
+    ];
+    for (answer, key, value) in cases {
         let id = gabp_sim::client::new_id();
         let req = format!(
             r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/nothing"}}}}"#
@@ -110,23 +156,31 @@ async fn a_call_that_returned_null_reaches_its_bridge() {
             }
         };
         let up_id = asked["id"].as_str().expect("id");
-        m.send(format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response",{answer}}}"#).as_bytes())
+        m.send(format!(r#"{{"v":"gabp/1","id":"{up_id}",{answer}}}"#).as_bytes())
             .await;
         let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
             .await
             .expect("answered in time, not by the request timeout")
             .expect("response");
-        assert_eq!(got["id"], id.as_str());
-        assert!(
-            got["result"].is_null() && got.get("result").is_some(),
-            "{got}"
-        );
+        assert_eq!(got["id"], id.as_str(), "{answer}");
+        let other = if key == "result" { "error" } else { "result" };
+        assert!(got.get(other).is_none(), "{answer} -> {got}");
+        let v = got.get(key).unwrap_or_else(|| panic!("{answer} -> {got}"));
+        match value.strip_prefix('-') {
+            Some(_) => {
+                assert_eq!(v["code"].to_string(), value, "{answer} -> {got}");
+                let msg = v["message"].as_str().expect("message");
+                assert!(msg.contains("could not be read"), "{msg}");
+            }
+            None => assert_eq!(v.to_string(), value, "{answer} -> {got}"),
+        }
     }
     drop(m);
     let (code, _) = relay.stop().await;
     assert_eq!(code, Some(0));
+    // The two unreadable answers are recorded as anomalies, as the mod sent them.
     let s = checked_session(data).await;
-    assert_eq!(s["anomalies"], 0, "{s}");
+    assert_eq!(s["anomalies"], 2, "{s}");
 }
 
 #[tokio::test]
@@ -242,6 +296,99 @@ async fn events_that_would_outgrow_max_body_are_refused_and_forwarded_frames_fit
     );
 }
 
+/// A mod frame over `--max-body` as the mod sent it is passed over unread: the session goes
+/// on, the frame is an anomaly, and the call it answered hears -32003 at once.
+#[tokio::test]
+async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--data-dir",
+        data,
+        "--max-body",
+        "4KiB",
+        "--request-timeout",
+        "10m",
+    ])
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&["c"]).await;
+    m.subscribed().await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    c.subscribe(&["c"]).await.expect("subscribe");
+    let call = |id: &str| {
+        format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/big"}}}}"#
+        )
+    };
+    let id = gabp_sim::client::new_id();
+    c.send_body(call(&id).as_bytes()).await.expect("send");
+    let up_id = asked_call(&mut m).await;
+    let big = "x".repeat(20_000);
+    m.send_all([
+        event("c", Some(1), "1"),
+        event("c", Some(2), &format!("\"{big}\"")),
+        format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response","result":"{big}"}}"#),
+        event("c", Some(3), "3"),
+    ])
+    .await;
+    let mut payloads = Vec::new();
+    let mut answer = None;
+    while payloads.len() < 2 || answer.is_none() {
+        let v = tokio::time::timeout(Duration::from_secs(10), c.next_message())
+            .await
+            .expect("in time, not by the request timeout")
+            .expect("frame")
+            .expect("open");
+        match v["type"].as_str() {
+            Some("event") => payloads.push((v["seq"].clone(), v["payload"].clone())),
+            _ => answer = Some(v),
+        }
+    }
+    assert_eq!(payloads, vec![(0.into(), 1.into()), (1.into(), 3.into())]);
+    let answer = answer.expect("answer");
+    assert_eq!(
+        (answer["id"].as_str(), &answer["error"]["code"]),
+        (Some(id.as_str()), &(-32003).into()),
+        "{answer}"
+    );
+    // The same session carries on.
+    let id = gabp_sim::client::new_id();
+    c.send_body(call(&id).as_bytes()).await.expect("send");
+    let up_id = asked_call(&mut m).await;
+    m.send(
+        format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response","result":{{"ok":true}}}}"#)
+            .as_bytes(),
+    )
+    .await;
+    let got = c.response_to(&id).await.expect("answer");
+    assert_eq!(got["result"]["ok"], true, "{got}");
+    relay.wait_log("skipped unread", 1).await;
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+    let s = checked_session(data).await;
+    assert_eq!(
+        (s["events"].as_u64(), s["anomalies"].as_u64()),
+        (Some(2), Some(2)),
+        "{s}"
+    );
+}
+
+/// Reads the mod's side until a `tools/call` arrives; returns its (upstream) id.
+async fn asked_call(m: &mut ModConn) -> String {
+    loop {
+        let f = m.next().await.expect("the call reaches the mod");
+        if f["method"] == "tools/call" {
+            return f["id"].as_str().expect("id").to_string();
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_mod_that_drops_every_session_is_retried_with_growing_waits() {
     let (listener, up) = bind().await;
@@ -327,4 +474,64 @@ async fn a_hundred_thousand_channels_cost_bounded_memory_and_disk() {
         "peak RSS {peak} MiB (started at {baseline})"
     );
     assert!(per_frame < 2048, "{per_frame} bytes on disk per frame");
+}
+
+/// `--max-body` covers what the relay writes itself: a status with more bridges than fit is
+/// cut (saying how many it left out), and a welcome the relay's extension would push over the
+/// limit is refused with -32003 instead of being sent.
+#[tokio::test]
+async fn frames_the_relay_writes_itself_stay_within_max_body() {
+    let (listener, up) = bind().await;
+    let relay = serve(&["--upstream", &up, "--no-record", "--max-body", "1KiB"]).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let mut bridges = Vec::new();
+    for _ in 0..7 {
+        let (c, _) = Client::connect_hello(&relay.addr, TOKEN)
+            .await
+            .expect("hello");
+        bridges.push(c);
+    }
+    let c = &mut bridges[0];
+    let id = gabp_sim::client::new_id();
+    let req = format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"relay/status"}}"#);
+    c.send_body(req.as_bytes()).await.expect("send");
+    let body = c.next_frame().await.expect("frame").expect("answer");
+    assert!(body.len() <= 1024, "{} bytes", body.len());
+    let status: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let r = &status["result"];
+    let shown = r["bridges"].as_array().expect("bridges").len();
+    assert!(shown < 7, "{r}");
+    assert_eq!(
+        shown as u64 + r["bridgesOmitted"].as_u64().expect("omitted"),
+        7,
+        "{r}"
+    );
+    // A new session whose welcome fits the limit alone but not with the relay's extension.
+    drop(m);
+    let mut m = accept(&listener).await;
+    let pad = "x".repeat(800);
+    m.welcome_raw(&format!(r#"{{"agentId":"big","pad":"{pad}"}}"#))
+        .await;
+    let mut c = loop {
+        // Bridges of the first session may still be told the mod went away: a fresh one asks.
+        let mut c = Client::connect(&relay.addr).await.expect("connect");
+        let id = gabp_sim::client::new_id();
+        let hello = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"session/hello","params":{{"token":"{TOKEN}","bridgeVersion":"t/1","platform":"linux","launchId":"l"}}}}"#
+        );
+        c.send_body(hello.as_bytes()).await.expect("send");
+        let body = c.next_frame().await.expect("frame").expect("answer");
+        assert!(body.len() <= 1024, "{} bytes", body.len());
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        if v["result"]["capabilities"]["extensions"]["relay"]["modConnected"] == false {
+            continue; // welcomed before the new session began
+        }
+        assert_eq!(v["error"]["code"], -32003, "{v}");
+        let msg = v["error"]["message"].as_str().expect("message");
+        assert!(msg.contains("--max-body"), "{msg}");
+        break c;
+    };
+    // The connection closes after the refusal.
+    assert!(c.next_frame().await.expect("read").is_none());
 }

@@ -149,6 +149,20 @@ impl BridgeReader {
         let ext = &mut welcome["capabilities"]["extensions"]["relay"];
         super::resume::extend_welcome(&route, resume.as_ref(), ext);
         route.backend.extend_welcome(&mut welcome);
+        // The relay never sends what its own limit refuses: a mod's welcome close to the limit
+        // can pass it once the relay's extension is added.
+        let answer = message::result_response(id, welcome);
+        if answer.len() > route.cfg.max_body {
+            // Debug only: every hello would log it; the bridge's error says what to do.
+            tracing::debug!(route = %route.cfg.name, bytes = answer.len(), max_body = route.cfg.max_body, "a bridge's welcome, with the relay's extension, is over --max-body");
+            self.done = true;
+            let msg = format!(
+                "the welcome is {} bytes with the relay's extension, over this relay's --max-body of {} bytes; the operator must raise --max-body",
+                answer.len(),
+                route.cfg.max_body
+            );
+            return self.reply_error(Some(id), ErrorCode::TooLarge, &msg).await;
+        }
         self.authed = true;
         self.bridge.relay_only.store(relay_only, Ordering::Relaxed);
         // The first frame this bridge has recorded: its hello, without the token.
@@ -183,7 +197,7 @@ impl BridgeReader {
         }
         tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %identity.label(), peer = %self.bridge.peer, "bridge attached");
         self.admitted(identity);
-        self.reply(message::result_response(id, welcome)).await;
+        self.reply(answer).await;
         if let Some(plan) = resume {
             super::resume::run(&route, &self.bridge, plan).await;
         }

@@ -294,8 +294,17 @@ impl BridgeReader {
         if method == "relay/status" {
             // Answered before it is recorded, so the status stays visible even while a failing
             // disk holds the recorder (policy `stall`).
-            self.reply(message::result_response(&id, route.status()))
-                .await;
+            match super::status::answer(&id, route.status(), route.cfg.max_body) {
+                Some(answer) => self.reply(answer).await,
+                None => {
+                    self.reply_error(
+                        Some(&id),
+                        ErrorCode::TooLarge,
+                        "the status does not fit in this relay's --max-body even with its lists left out; raise --max-body",
+                    )
+                    .await
+                }
+            }
             return self.record(Direction::BridgeToRelay, body, true).await;
         }
         if self.relay_only() {

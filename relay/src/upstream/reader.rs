@@ -15,7 +15,9 @@
 //!
 //! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
 //! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
-//! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded.
+//! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded. A frame
+//! over `--max-body` as sent is passed over unread (counted, its bytes never held). Either way,
+//! a request such a frame answered gets an error at once, not at `--request-timeout`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -23,12 +25,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::{FutureExt, StreamExt};
-use gabp_proto::{encode_header, Mode, MsgType, Parser};
+use gabp_proto::codec::Read;
+use gabp_proto::{encode_header, ErrorCode, Mode, MsgType, Parser};
 use gabp_rt::clock::now_ns;
 use gabp_storage::{Direction, EndReason, FrameRecord};
 use uuid::Uuid;
 
-use super::{Frames, MAX_CHANNELS};
+use super::{Frames, Repeats, MAX_CHANNELS};
 use crate::hub::Subscriber;
 use crate::outbox::{EventFrame, Offer, Outbox};
 use crate::pending::Origin;
@@ -62,6 +65,8 @@ struct Reader<'a> {
     channels: usize,
     /// Events published in this session: no channel's relay seq is larger.
     events: u64,
+    /// Frames over `--max-body` skipped: said once a minute at most, however many.
+    oversized: Repeats,
 }
 
 /// Arrival time for a burst of events: read once per [`BurstClock::EVERY`] events and after
@@ -106,6 +111,7 @@ pub(super) async fn read_loop(
         clock: BurstClock { ns: 0, uses: 0 },
         channels: 0,
         events: 0,
+        oversized: Repeats::default(),
     };
     let mut since_flush = 0usize;
     loop {
@@ -131,8 +137,11 @@ pub(super) async fn read_loop(
             }
         };
         match next {
-            Some(Ok(frame)) => {
-                r.on_frame(frame.body).await;
+            Some(Ok(read)) => {
+                match read {
+                    Read::Frame(frame) => r.on_frame(frame.body).await,
+                    Read::Skipped { len, id } => r.on_oversized(len, id).await,
+                }
                 since_flush += 1;
                 if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
                     r.flush(false).await;
@@ -256,7 +265,20 @@ impl Reader<'_> {
                         | gabp_proto::EnvelopeError::LoneSurrogate
                 );
                 let why = e.to_string();
-                return self.anomaly(body, json_ok, &why);
+                // A malformed answer to a pending request: its bridge hears so now, not when
+                // the request times out.
+                let waiting = gabp_proto::uuid_id_of(&body)
+                    .and_then(|id| Uuid::parse_str(&id).ok())
+                    .and_then(|id| route.pending.take(&id));
+                let Some(entry) = waiting else {
+                    return self.anomaly(body, json_ok, &why);
+                };
+                self.fan_out().await;
+                self.anomaly(body, json_ok, &why);
+                let why = format!("the mod's answer could not be read ({why}); the request may or may not have taken effect");
+                return self
+                    .answer_unforwarded(entry, ErrorCode::OutcomeUnknown, why)
+                    .await;
             }
         };
         match view.kind {
@@ -349,6 +371,7 @@ impl Reader<'_> {
                         let wire = response_wire(
                             &body,
                             view.id_span.clone().expect("responses have an id"),
+                            view.absent_null.clone(),
                             bridge_id,
                         );
                         let (conn, outbox) = (*conn, outbox.clone());
@@ -382,6 +405,64 @@ impl Reader<'_> {
             }
             MsgType::Request => self.anomaly(body, true, "the mod sent a request"),
         }
+    }
+
+    /// A mod frame over `--max-body`, passed over unread: counted as an anomaly (the recording
+    /// has its count, not its bytes, which were never held), and the request it answered, if its
+    /// first bytes name one, is told so at once.
+    async fn on_oversized(&mut self, len: u64, id: Option<String>) {
+        let route = self.route;
+        route.metrics.mod_in.increment(1);
+        route.metrics.anomalies.increment(1);
+        if let Some(since) = self.oversized.note("oversized") {
+            tracing::warn!(route = %route.cfg.name, bytes = len, max_body = route.cfg.max_body, more_since_last_said = since, "a mod frame over --max-body was skipped unread");
+        }
+        if route.recorder.is_some() {
+            self.records.push(RecMsg::Anomaly {
+                session: self.session.id,
+            });
+        }
+        let Some(entry) = id
+            .and_then(|id| Uuid::parse_str(&id).ok())
+            .and_then(|id| route.pending.take(&id))
+        else {
+            return;
+        };
+        self.fan_out().await;
+        let why = format!(
+            "the mod's answer is {len} bytes, over this relay's --max-body of {} bytes, and was not read",
+            route.cfg.max_body
+        );
+        self.answer_unforwarded(entry, ErrorCode::TooLarge, why)
+            .await;
+    }
+
+    /// Answers the request a mod frame that could not be forwarded (malformed, or too large)
+    /// was meant to answer, at once rather than after `--request-timeout`. Recorded (as the
+    /// anomaly) before the bridge can have the answer.
+    async fn answer_unforwarded(
+        &mut self,
+        entry: crate::pending::Entry,
+        code: ErrorCode,
+        msg: String,
+    ) {
+        let (_, count) = self.route.metrics.request(&entry.method, "malformed");
+        count.increment(1);
+        let Origin::Bridge {
+            outbox, bridge_id, ..
+        } = &entry.origin
+        else {
+            return;
+        };
+        let body = gabp_proto::message::error_response(
+            Some(bridge_id),
+            code,
+            &msg,
+            Some(serde_json::json!({"method": entry.method})),
+        );
+        self.offer_records();
+        outbox.push_control(gabp_proto::frame_bytes(&body));
+        self.send_records().await;
     }
 
     /// Offers the burst's events: each run to each of its subscribers under one outbox lock,
@@ -481,8 +562,31 @@ fn same_bridges(a: &Arc<Vec<Subscriber>>, b: &Arc<Vec<Subscriber>>) -> bool {
 }
 
 /// The wire frame of a mod response with the bridge's id put back (in place when the lengths
-/// agree, which they do for UUID ids).
-fn response_wire(body: &[u8], id_span: std::ops::Range<usize>, bridge_id: &str) -> Bytes {
+/// agree, which they do for UUID ids), and without the member a tolerant read counted as absent
+/// (`cut`: a `"error": null` beside a result), so the bridge gets exactly one of the two.
+fn response_wire(
+    body: &[u8],
+    id_span: Range<usize>,
+    cut: Option<Range<usize>>,
+    bridge_id: &str,
+) -> Bytes {
+    if let Some(cut) = cut {
+        let mut kept = Vec::with_capacity(body.len() - cut.len());
+        kept.extend_from_slice(&body[..cut.start]);
+        kept.extend_from_slice(&body[cut.end..]);
+        // Members never overlap: the id lies wholly before or wholly after the cut.
+        let shift = if id_span.start >= cut.end {
+            cut.len()
+        } else {
+            0
+        };
+        return response_wire(
+            &kept,
+            id_span.start - shift..id_span.end - shift,
+            None,
+            bridge_id,
+        );
+    }
     if id_span.len() == bridge_id.len() + 2 {
         let mut out = BytesMut::with_capacity(gabp_proto::codec::frame_len(body.len()));
         encode_header(body.len(), &mut out);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use gabp_proto::{message, ErrorCode, GabpCodec, Mode, MsgType, Parser};
+use gabp_proto::{message, ErrorCode, Mode, MsgType, Parser, SkippingCodec};
 use gabp_rt::clock::now_ns;
 use gabp_rt::net::{BoxWrite, Conn};
 use gabp_storage::{Direction, EndReason, FrameRecord, SessionMeta};
@@ -138,7 +138,19 @@ async fn handshake(
     let finder = memchr::memmem::Finder::new(id.as_bytes());
     let wait = async {
         while let Some(frame) = frames.next().await {
-            let frame = frame.map_err(|e| format!("broken framing from the mod: {e}"))?;
+            let frame = match frame.map_err(|e| format!("broken framing from the mod: {e}"))? {
+                gabp_proto::codec::Read::Frame(frame) => frame,
+                gabp_proto::codec::Read::Skipped {
+                    len,
+                    id: Some(answered),
+                } if answered == id => {
+                    return Err(format!(
+                        "the mod's welcome is {len} bytes, over --max-body {}: raise --max-body",
+                        route.cfg.max_body
+                    ));
+                }
+                gabp_proto::codec::Read::Skipped { .. } => continue,
+            };
             let view = match parser.parse(&frame.body, Mode::Tolerant) {
                 Ok(view) => view,
                 // An answer to this hello the relay cannot read is a failed handshake, said
@@ -182,8 +194,11 @@ async fn handshake(
 
 /// Serves one connection. Returns why no session could be established, if none was.
 async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
-    let mut frames =
-        FramedRead::with_capacity(conn.read, GabpCodec::new(route.cfg.max_body), 256 * 1024);
+    let mut frames = FramedRead::with_capacity(
+        conn.read,
+        SkippingCodec::new(route.cfg.max_body),
+        256 * 1024,
+    );
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     let writer = tokio::spawn(write_loop(conn.write, rx, route.clone()));
     let (welcome, hello_rec, welcome_raw) = match handshake(route, &mut frames, &tx).await {
