@@ -291,15 +291,12 @@ async fn tags_selection_and_marks() {
     // A session without the marks: a selection skips it with a note on stderr instead of
     // failing the whole export; when no session has them, that is an error.
     let sim = start_mod(None);
-    let mut s = serve_tagged(&sim, data, "plain", &[]).await;
+    let s = serve_tagged(&sim, data, "plain", &[]).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
     c.call("relay/status", json!({})).await.expect("status");
-    sigterm(&s.child);
-    let _ = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("relay stops");
+    s.stop_cleanly().await;
     let plain = pick(data, &["--route", "plain"]).await;
     assert_eq!(plain.len(), 1);
     let out = output(&[

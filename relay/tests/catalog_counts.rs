@@ -79,9 +79,7 @@ async fn the_catalog_counts_exactly_the_events_the_index_holds() {
         }
     }
     drop((a, b));
-    sigterm(&s.child);
-    let mut child = s.child;
-    child.wait().await.expect("relay exits");
+    s.stop_cleanly().await;
     sim.stop();
     let v = support::storage::sessions(&data).await;
     let meta = &v["sessions"][0];

@@ -150,16 +150,11 @@ async fn config_secrets_are_refused_and_never_echoed() {
             sim.addr()
         ),
     );
-    let mut s = serve(&["--config", &good]).await;
+    let s = serve(&["--config", &good]).await;
     let (_c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello with the configured token");
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(15), s.child.wait())
-        .await
-        .expect("exits")
-        .expect("status");
-    assert_eq!(status.code(), Some(0));
+    s.stop_cleanly().await;
     sim.stop();
 }
 
@@ -186,7 +181,7 @@ async fn mod_chosen_names_are_escaped_and_cut_in_tables_exact_in_json() {
     .expect("mod");
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().to_str().expect("utf8");
-    let mut s = serve(&[
+    let s = serve(&[
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
@@ -213,12 +208,7 @@ async fn mod_chosen_names_are_escaped_and_cut_in_tables_exact_in_json() {
         seen.insert(e["channel"].as_str().expect("channel").to_string());
     }
     drop(c);
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(15), s.child.wait())
-        .await
-        .expect("exits")
-        .expect("status");
-    assert_eq!(status.code(), Some(0));
+    s.stop_cleanly().await;
     sim.stop();
     for args in [
         &["sessions", "--data-dir", data][..],

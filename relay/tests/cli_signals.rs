@@ -109,7 +109,7 @@ async fn replay_backs_off_when_out_of_descriptors() {
     let sim = start_mod(Some(2000.0));
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().to_str().expect("utf8");
-    let mut s = serve(&[
+    let s = serve(&[
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
@@ -130,8 +130,7 @@ async fn replay_backs_off_when_out_of_descriptors() {
         c.next_event().await.expect("event");
     }
     drop(c);
-    sigterm(&s.child);
-    s.child.wait().await.expect("exits");
+    s.stop_cleanly().await;
     sim.stop();
     // The replay gets few descriptors; the test then holds every one it could accept.
     let mut child = Command::new("prlimit")

@@ -128,12 +128,7 @@ async fn status_shows_a_relay_whose_mod_is_down_and_then_connected() {
         .expect("status answered");
     drop(c);
     sim.stop();
-    sigterm(&s.child);
-    let mut child = s.child;
-    tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("relay stopped")
-        .expect("exit status");
+    s.stop_cleanly().await;
     // The session the mod had holds no bridge and no frame of any status connection.
     let d = data.to_str().expect("utf-8");
     let v = json(&output(&["sessions", "--json", "--data-dir", d]).await);

@@ -259,7 +259,7 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     drop(live_listener);
     // Now it is stale (nothing listens, the file remains): replaced.
     assert!(live.exists());
-    let mut s = serve(&[
+    let s = serve(&[
         "--upstream",
         "127.0.0.1:1",
         "--listen",
@@ -272,12 +272,7 @@ async fn listen_unix_replaces_only_a_stale_socket() {
     Client::connect(&s.addr)
         .await
         .expect("the relay listens on the replaced socket");
-    sigterm(&s.child);
-    let status = tokio::time::timeout(Duration::from_secs(15), s.child.wait())
-        .await
-        .expect("exits")
-        .expect("status");
-    assert_eq!(status.code(), Some(0));
+    s.stop_cleanly().await;
 }
 
 #[tokio::test]

@@ -144,18 +144,7 @@ async fn every_answer_reaches_its_bridge_at_once_with_exactly_one_of_result_and_
         ),
     ];
     for (answer, key, value) in cases {
-        let id = gabp_sim::client::new_id();
-        let req = format!(
-            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/nothing"}}}}"#
-        );
-        c.send_body(req.as_bytes()).await.expect("send");
-        let asked = loop {
-            let f = m.next().await.expect("the call reaches the mod");
-            if f["method"] == "tools/call" {
-                break f;
-            }
-        };
-        let up_id = asked["id"].as_str().expect("id");
+        let (id, up_id) = call_through(&mut c, &mut m).await;
         m.send(format!(r#"{{"v":"gabp/1","id":"{up_id}",{answer}}}"#).as_bytes())
             .await;
         let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
@@ -321,14 +310,7 @@ async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
         .await
         .expect("hello");
     c.subscribe(&["c"]).await.expect("subscribe");
-    let call = |id: &str| {
-        format!(
-            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/big"}}}}"#
-        )
-    };
-    let id = gabp_sim::client::new_id();
-    c.send_body(call(&id).as_bytes()).await.expect("send");
-    let up_id = asked_call(&mut m).await;
+    let (id, up_id) = call_through(&mut c, &mut m).await;
     let big = "x".repeat(20_000);
     m.send_all([
         event("c", Some(1), "1"),
@@ -358,9 +340,7 @@ async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
         "{answer}"
     );
     // The same session carries on.
-    let id = gabp_sim::client::new_id();
-    c.send_body(call(&id).as_bytes()).await.expect("send");
-    let up_id = asked_call(&mut m).await;
+    let (id, up_id) = call_through(&mut c, &mut m).await;
     m.send(
         format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response","result":{{"ok":true}}}}"#)
             .as_bytes(),
@@ -379,12 +359,17 @@ async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
     );
 }
 
-/// Reads the mod's side until a `tools/call` arrives; returns its (upstream) id.
-async fn asked_call(m: &mut ModConn) -> String {
+/// A bridge's `tools/call`, read on the mod's side: (the bridge's id, the relay's upstream id).
+async fn call_through(c: &mut Client, m: &mut ModConn) -> (String, String) {
+    let id = gabp_sim::client::new_id();
+    let req = format!(
+        r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/x"}}}}"#
+    );
+    c.send_body(req.as_bytes()).await.expect("send");
     loop {
         let f = m.next().await.expect("the call reaches the mod");
         if f["method"] == "tools/call" {
-            return f["id"].as_str().expect("id").to_string();
+            return (id, f["id"].as_str().expect("id").to_string());
         }
     }
 }

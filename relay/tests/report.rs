@@ -61,13 +61,7 @@ async fn record(dir: &Path) -> PathBuf {
     c.call("relay/mark", serde_json::json!({"label": "episode-end"}))
         .await
         .expect("mark");
-    sigterm(&s.child);
-    let mut child = s.child;
-    let st = tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .expect("stopped")
-        .expect("status");
-    assert!(st.success());
+    s.stop_cleanly().await;
     sim.stop();
     data
 }

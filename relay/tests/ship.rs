@@ -262,15 +262,6 @@ async fn recorded_beyond(data: &Path, n: u64) {
     }
 }
 
-async fn stop(s: &mut Serve) {
-    sigterm(&s.child);
-    let st = tokio::time::timeout(Duration::from_secs(30), s.child.wait())
-        .await
-        .expect("relay stops")
-        .expect("wait");
-    assert!(st.success(), "relay exit: {st}");
-}
-
 async fn export(data: &Path, id: &str) -> Vec<u8> {
     let out = output(&["export", id, "--data-dir", data.to_str().expect("utf8")]).await;
     assert!(
@@ -355,7 +346,7 @@ async fn two_relays_ship_through_faults_and_the_archive_equals_both() {
     );
     let (sim_a, sim_b) = (start_mod(Some(2000.0)), start_mod(Some(2000.0)));
     let mut ra = serve_shipping(&sim_a, &a, &urls, "ra", "3").await;
-    let mut rb = serve_shipping(&sim_b, &b, &urls, "rb", "3").await;
+    let rb = serve_shipping(&sim_b, &b, &urls, "rb", "3").await;
     let mut col = collector(&urls, &archive);
     recorded_beyond(&a, 2000).await;
     // The collector is kill -9'd mid-stream, once it has written something, and restarted.
@@ -372,12 +363,12 @@ async fn two_relays_ship_through_faults_and_the_archive_equals_both() {
     let seen = frames(&a).await;
     recorded_beyond(&a, seen + 2000).await;
     // A relay restarted mid-ship: its cursor resumes, a new session starts.
-    stop(&mut ra).await;
+    ra.stop_cleanly().await;
     ra = serve_shipping(&sim_a, &a, &urls, "ra", "3").await;
     let seen = frames(&a).await;
     recorded_beyond(&a, seen + 1000).await;
-    stop(&mut ra).await;
-    stop(&mut rb).await;
+    ra.stop_cleanly().await;
+    rb.stop_cleanly().await;
     // What the relays had not shipped when they stopped goes by backfill, with the same ids
     // (once the two nodes left have a JetStream leader again).
     cluster.ready(true).await;
@@ -410,7 +401,7 @@ async fn the_whole_cluster_down_and_back_shipping_catches_up() {
         data: a,
         archive,
         sim: _sim,
-        relay: mut r,
+        relay: r,
         collector: mut col,
     } = solo_shipping("", 2000.0, "solo").await;
     recorded_beyond(&a, 1000).await;
@@ -458,7 +449,7 @@ async fn the_whole_cluster_down_and_back_shipping_catches_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A clean stop ships what was recorded last and the session's end: no backfill needed.
-    stop(&mut r).await;
+    r.stop_cleanly().await;
     archive_equals(&archive, &[&a]).await;
     kill9(&mut col);
 }
@@ -486,9 +477,9 @@ async fn each_destination_gets_every_session_and_a_stream_made_again_gets_it_aga
         dir.path().join("archive2"),
     );
     let sim = start_mod(Some(2000.0));
-    let mut r = serve_shipping(&sim, &a, &first.urls(), "solo", "1").await;
+    let r = serve_shipping(&sim, &a, &first.urls(), "solo", "1").await;
     recorded_beyond(&a, 1500).await;
-    stop(&mut r).await;
+    r.stop_cleanly().await;
     let total = frames(&a).await;
     // The relay shipped everything to the first cluster, the session's end included.
     assert_eq!(shipped_new(&a, &first.urls()).await, 0);
@@ -600,7 +591,7 @@ async fn no_jetstream_a_wrong_token_or_no_server_are_one_line_and_recording_goes
             urls,
         ];
         args.extend(extra.iter().copied());
-        let mut s = serve(&args).await;
+        let s = serve(&args).await;
         // Relaying: a bridge is welcomed and answered; recording: frames land.
         let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
             .await
@@ -630,7 +621,7 @@ async fn no_jetstream_a_wrong_token_or_no_server_are_one_line_and_recording_goes
             assert!(Instant::now() < deadline, "status never said {says}: {err}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        stop(&mut s).await;
+        s.stop_cleanly().await;
         let (code, line) = ship_err(&data, urls, extra).await;
         assert_eq!(code, Some(1), "{line}");
         assert!(line.contains(says), "{line}");
@@ -725,7 +716,7 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
     let (a, archive) = (dir.path().join("a"), dir.path().join("archive"));
     let sim = start_mod(Some(2000.0));
     let up = sim.addr().to_string();
-    let mut r = serve(&[
+    let r = serve(&[
         "--upstream",
         &up,
         "--upstream-token",
@@ -739,7 +730,7 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
     ])
     .await;
     recorded_beyond(&a, 1500).await;
-    stop(&mut r).await;
+    r.stop_cleanly().await;
     let id = listed(&a).await[0].0.clone();
 
     let client = async_nats::connect(urls.as_str()).await.expect("connect");
@@ -885,7 +876,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
         data: a,
         archive,
         sim,
-        relay: mut r,
+        relay: r,
         collector: mut col,
     } = solo_shipping("max_payload: 65536", 200.0, "big").await;
     let (mut c, _) = Client::connect_hello(&r.addr, BRIDGE_TOKEN)
@@ -918,7 +909,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
     let seen = frames(&a).await;
     recorded_beyond(&a, seen + 200).await;
     drop(c);
-    stop(&mut r).await;
+    r.stop_cleanly().await;
     // The backfill says the same in one line and fails.
     let (code, err) = ship_err(&a, &urls, &[]).await;
     assert_eq!(code, Some(1), "{err}");
@@ -928,7 +919,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
     );
     // A relay started again finds it stuck again; once the servers' limit is raised (the
     // cluster restarted with a larger max_payload) it ships it without being restarted.
-    let mut r = serve_shipping(&sim, &a, &urls, "big", "1").await;
+    let r = serve_shipping(&sim, &a, &urls, "big", "1").await;
     let stuck_again = Instant::now() + Duration::from_secs(60);
     loop {
         let (mut c, _) = Client::connect_hello(&r.addr, BRIDGE_TOKEN)
@@ -971,7 +962,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // A clean stop ships what was recorded last and the session's end: no backfill needed.
-    stop(&mut r).await;
+    r.stop_cleanly().await;
     archive_equals(&archive, &[&a]).await;
     kill9(&mut col);
 }
