@@ -199,19 +199,20 @@ impl Decoder for GabpCodec {
     }
 }
 
-/// What [`SkippingCodec`] reads: a frame, or word of one skipped for exceeding the limit.
+/// What [`SkippingCodec`] reads: a frame, or word of one being skipped for exceeding the limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read {
     /// A frame within the limit.
     Frame(Frame),
-    /// A frame whose declared body exceeded the limit: its bytes were passed over as they
-    /// arrived, never held. `id` is its top-level UUID `id` when one stood among its first
-    /// [`SKIP_PREFIX`] bytes.
+    /// A frame whose declared body exceeds the limit, told as soon as its first [`SKIP_PREFIX`]
+    /// bytes (or all of it, if shorter) have arrived; the rest is passed over as it arrives,
+    /// never held. `ids` are the pending requests it may answer ([`crate::answer_ids`] of
+    /// those first bytes).
     Skipped {
         /// The declared body length.
         len: u64,
-        /// Who the frame was meant for, if its first bytes say.
-        id: Option<String>,
+        /// Who the frame may answer, if its first bytes say.
+        ids: Vec<String>,
     },
 }
 
@@ -220,8 +221,8 @@ pub const SKIP_PREFIX: usize = 4096;
 
 /// A decoder for a trusted peer (the mod) whose frame over the body limit should not end the
 /// connection: the framing is intact, so the body is passed over unread (memory stays bounded
-/// by the read buffer) and reported as [`Read::Skipped`] once its last byte has gone by, in
-/// stream order. Every other error is [`GabpCodec`]'s.
+/// by the read buffer) and reported as [`Read::Skipped`] once its first bytes are in, in stream
+/// order. Every other error is [`GabpCodec`]'s.
 #[derive(Debug, Clone)]
 pub struct SkippingCodec {
     inner: GabpCodec,
@@ -233,6 +234,7 @@ struct Skip {
     len: u64,
     left: u64,
     prefix: Vec<u8>,
+    told: bool,
 }
 
 impl SkippingCodec {
@@ -243,6 +245,12 @@ impl SkippingCodec {
             skipping: None,
         }
     }
+
+    /// Whether a frame being skipped still has bytes to come (the read buffer is empty then,
+    /// yet the peer is mid-frame).
+    pub fn is_mid_frame(&self) -> bool {
+        self.skipping.is_some()
+    }
 }
 
 impl Decoder for SkippingCodec {
@@ -250,35 +258,49 @@ impl Decoder for SkippingCodec {
     type Error = FrameError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Read>, FrameError> {
-        if let Some(skip) = &mut self.skipping {
-            let n = src
-                .len()
-                .min(usize::try_from(skip.left).unwrap_or(usize::MAX));
-            let keep = n.min(SKIP_PREFIX - skip.prefix.len());
-            skip.prefix.extend_from_slice(&src[..keep]);
-            src.advance(n);
-            skip.left -= n as u64;
-            if skip.left > 0 {
-                return Ok(None);
-            }
-            let skip = self.skipping.take().expect("skipping");
-            return Ok(Some(Read::Skipped {
-                len: skip.len,
-                id: crate::envelope::uuid_id_of(&skip.prefix),
-            }));
-        }
-        match self.inner.header(src)? {
-            Some((head, len)) if len > self.inner.max_body as u64 => {
-                src.advance(head);
-                self.skipping = Some(Skip {
-                    len,
-                    left: len,
-                    prefix: Vec::new(),
+        loop {
+            if let Some(skip) = &mut self.skipping {
+                let n = src
+                    .len()
+                    .min(usize::try_from(skip.left).unwrap_or(usize::MAX));
+                if !skip.told {
+                    let keep = n.min(SKIP_PREFIX - skip.prefix.len());
+                    skip.prefix.extend_from_slice(&src[..keep]);
+                }
+                src.advance(n);
+                skip.left -= n as u64;
+                let done = skip.left == 0;
+                let tell = !skip.told && (done || skip.prefix.len() == SKIP_PREFIX);
+                let told = tell.then(|| {
+                    skip.told = true;
+                    Read::Skipped {
+                        len: skip.len,
+                        ids: crate::envelope::answer_ids(&std::mem::take(&mut skip.prefix)),
+                    }
                 });
-                self.decode(src)
+                if done {
+                    self.skipping = None;
+                }
+                match told {
+                    Some(read) => return Ok(Some(read)),
+                    None if done => continue,
+                    None => return Ok(None),
+                }
             }
-            Some((head, len)) => Ok(take_frame(src, head, len as usize).map(Read::Frame)),
-            None => Ok(None),
+            return match self.inner.header(src)? {
+                Some((head, len)) if len > self.inner.max_body as u64 => {
+                    src.advance(head);
+                    self.skipping = Some(Skip {
+                        len,
+                        left: len,
+                        prefix: Vec::new(),
+                        told: false,
+                    });
+                    continue;
+                }
+                Some((head, len)) => Ok(take_frame(src, head, len as usize).map(Read::Frame)),
+                None => Ok(None),
+            };
         }
     }
 
@@ -591,7 +613,7 @@ mod tests {
                     }),
                     Read::Skipped {
                         len: big.len() as u64,
-                        id: Some(id.into())
+                        ids: vec![id.into()]
                     },
                     Read::Frame(Frame {
                         body: Bytes::from_static(b"{\"b\":2}")

@@ -60,9 +60,12 @@ pub enum EnvelopeError {
     #[error("non-finite number")]
     NonFiniteNumber,
     /// Valid JSON, but a number the strict reader cannot hold: a negative integer just past
-    /// the 64-bit range (below -2^63, above -2^64). Larger magnitudes are read as doubles.
-    #[error("a negative integer below -9223372036854775808 cannot be read: send it as a string or with a fraction")]
+    /// the 128-bit range (below -2^127, above -2^128). Larger magnitudes are read as doubles.
+    #[error("a negative integer between -2^128 and -2^127 cannot be read: send it as a string or with a fraction")]
     UnreadableNumber,
+    /// Arrays and objects nest deeper than the relay reads (128 levels).
+    #[error("nesting deeper than 128 levels")]
+    TooDeep,
     /// A string escape names a lone surrogate (`"\ud800"`), which no decoder can represent.
     #[error("lone surrogate in a string escape")]
     LoneSurrogate,

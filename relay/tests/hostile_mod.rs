@@ -359,6 +359,115 @@ async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
     );
 }
 
+/// An answer that cannot be read still names its caller wherever its id stands (after a
+/// flaw, after nesting no parser takes, after a BOM): the caller hears -32001 at once. A frame
+/// whose readable `type` is not a response answers nobody.
+#[tokio::test]
+async fn an_unreadable_answer_finds_its_caller_wherever_its_id_stands() {
+    let (listener, up) = bind().await;
+    let relay = serve(&["--upstream", &up, "--no-record", "--request-timeout", "10m"]).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    // Each shape with UPID where the relay's upstream id goes.
+    let shapes: Vec<Vec<u8>> = vec![
+        br#"{"a":1,,"type":"response","id":"UPID"}"#.to_vec(),
+        br#"{"n":1e400,"type":"response","id":"UPID"}"#.to_vec(),
+        format!(r#"{{"d":{deep},"id":"UPID","result":1}}"#).into_bytes(),
+        "\u{feff}{\"v\":\"gabp/1\",\"id\":\"UPID\",\"type\":\"response\",\"result\":1}"
+            .as_bytes()
+            .to_vec(),
+        b"{\"s\":\"\xff\xfe\",\"id\":\"UPID\",\"result\":1}".to_vec(),
+    ];
+    for shape in shapes {
+        let (id, up_id) = call_through(&mut c, &mut m).await;
+        let at = shape.windows(4).position(|w| w == b"UPID").expect("UPID");
+        let body = [&shape[..at], up_id.as_bytes(), &shape[at + 4..]].concat();
+        m.send(&body).await;
+        let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
+            .await
+            .unwrap_or_else(|_| panic!("no prompt answer to {}", String::from_utf8_lossy(&body)))
+            .expect("response");
+        assert_eq!(got["error"]["code"], -32001, "{got}");
+    }
+    // An event carrying a pending call's id is not its answer: the call waits for the real one.
+    let (id, up_id) = call_through(&mut c, &mut m).await;
+    m.send(
+        format!(r#"{{"v":"gabp/1","type":"event","id":"{up_id}","channel":"c","payload":1e999}}"#)
+            .as_bytes(),
+    )
+    .await;
+    m.send(
+        format!(r#"{{"v":"gabp/1","id":"{up_id}","type":"response","result":"real"}}"#).as_bytes(),
+    )
+    .await;
+    let got = c.response_to(&id).await.expect("answer");
+    assert_eq!(got["result"], "real", "{got}");
+    assert_eq!(relay.stop().await.0, Some(0));
+}
+
+/// A mod frame over `--max-body` answers its caller with -32003 as soon as its first bytes are
+/// in, not when its last byte arrives; and a mod stuck mid-frame is cut at `--frame-timeout`
+/// (its calls then "outcome unknown") and reconnected, not waited for forever.
+#[tokio::test]
+async fn a_mod_stuck_mid_frame_is_cut_at_the_frame_timeout_and_reconnected() {
+    let (listener, up) = bind().await;
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--no-record",
+        "--max-body",
+        "4KiB",
+        "--frame-timeout",
+        "2s",
+        "--request-timeout",
+        "10m",
+    ])
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    // An oversized answer whose body stops after 5 KB of a declared terabyte.
+    let (id, up_id) = call_through(&mut c, &mut m).await;
+    let head = format!(
+        "Content-Length: 1000000000000\r\n\r\n{{\"v\":\"gabp/1\",\"id\":\"{up_id}\",\"type\":\"response\",\"result\":\"{}",
+        "x".repeat(5000)
+    );
+    m.write.write_all(head.as_bytes()).await.expect("write");
+    let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
+        .await
+        .expect("told before the frame ends")
+        .expect("response");
+    assert_eq!(got["error"]["code"], -32003, "{got}");
+    // A call pending behind the stuck frame is failed when the mod is cut, and the relay
+    // connects again.
+    let (id, _) = call_through(&mut c, &mut m).await;
+    let t = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(20), c.response_to(&id))
+        .await
+        .expect("failed at the frame timeout, not the request timeout")
+        .expect("response");
+    assert_eq!(got["error"]["code"], -32001, "{got}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let mut m2 = accept(&listener).await;
+    m2.welcome(&[]).await;
+    relay.wait_log("did not complete a frame", 1).await;
+    // A partial frame that merely stops (no oversize) is cut the same way.
+    m2.write
+        .write_all(b"Content-Length: 500\r\n\r\n{\"v\":")
+        .await
+        .expect("write");
+    let _m3 = accept(&listener).await;
+    relay.wait_log("did not complete a frame", 2).await;
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+}
+
 /// A bridge's `tools/call`, read on the mod's side: (the bridge's id, the relay's upstream id).
 async fn call_through(c: &mut Client, m: &mut ModConn) -> (String, String) {
     let id = gabp_sim::client::new_id();
@@ -491,6 +600,22 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
         shown as u64 + r["bridgesOmitted"].as_u64().expect("omitted"),
         7,
         "{r}"
+    );
+    // `status` leaves its own connection out of the count too, listed or omitted.
+    let addr = relay.addr.to_string();
+    let out = run(&["status", "--address", &addr, "--token", TOKEN, "--json"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let st = &v["relays"][0]["status"];
+    let listed = st["bridges"].as_array().map_or(0, Vec::len) as u64;
+    assert_eq!(
+        listed + st["bridgesOmitted"].as_u64().unwrap_or_else(|| panic!("{v}")),
+        7,
+        "{v}"
     );
     // A new session whose welcome fits the limit alone but not with the relay's extension.
     drop(m);

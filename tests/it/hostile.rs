@@ -54,16 +54,23 @@ async fn bad_bodies_get_error_replies_and_the_connection_continues() {
         (format!(r#"{{"v":"gabp/1","id":"{ID}","type":"request","method":"attention/ack","params":{{}}}}"#).into_bytes(), -32602),
         (format!(r#"{{"v":"gabp/1","id":"{ID}","type":"response","result":{{}}}}"#).into_bytes(), -32600),
         (b"[]".to_vec(), -32600),
+        (format!(r#"{{"v":"gabp/1","id":"{ID}","type":"request","method":"tools/list","params":{{"x":{}1{}}}}}"#, "[".repeat(200), "]".repeat(200)).into_bytes(), -32600),
     ];
     for (body, code) in cases {
         let r = reply_to(&mut c, &body).await;
-        assert_eq!(
-            error_code(&r),
-            code,
-            "for {}",
-            String::from_utf8_lossy(&body)
-        );
+        let text = String::from_utf8_lossy(&body);
+        assert_eq!(error_code(&r), code, "for {text}");
         assert_no_internals(&r);
+        // The request's id is echoed whenever the body has one, however broken the rest is,
+        // so a bridge with several requests out knows which one failed.
+        if text.contains(ID) {
+            assert_eq!(r["id"], ID, "for {text}: {r}");
+        }
+        let message = r["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            text.len() < 300 || message.contains("nesting deeper"),
+            "{message}"
+        );
     }
     // Still in sync and working.
     assert!(c.call("tools/list", json!({})).await.is_ok());

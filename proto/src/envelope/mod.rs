@@ -197,13 +197,36 @@ impl Parser {
     }
 }
 
-/// The top-level `id` of a body that could not be read, if it is a UUID string standing among
-/// the body's first well-formed members: who a malformed answer (or the first bytes of one too
-/// large to hold) was meant for. Scans without building a value.
-pub fn uuid_id_of(body: &[u8]) -> Option<String> {
-    let span = scan::leading_member(body, b"id")?;
-    let id = std::str::from_utf8(body.get(span.start + 1..span.end.checked_sub(1)?)?).ok()?;
-    (body[span.start] == b'"' && is_uuid(id)).then(|| id.to_string())
+/// The top-level string values of member `key` in a body that could not be read, decoded, in
+/// order (see [`scan::loose_strings`]: nothing else in the body need be valid).
+pub fn loose_strings_of(body: &[u8], key: &str) -> Vec<String> {
+    scan::loose_strings(body, key.as_bytes())
+        .into_iter()
+        .filter_map(|span| {
+            let raw = &body[span.start - 1..span.end + 1];
+            match raw.contains(&b'\\') {
+                true => serde_json::from_slice::<String>(raw).ok(),
+                false => std::str::from_utf8(&raw[1..raw.len() - 1])
+                    .ok()
+                    .map(String::from),
+            }
+        })
+        .collect()
+}
+
+/// The UUIDs a frame that could not be read (or was too large to hold whole) may be the answer
+/// to: its top-level `id`s (a duplicated id gives each), none if a readable `type` says it is
+/// not a response. Only ever used to tell a waiting caller that its answer cannot be forwarded.
+pub fn answer_ids(body: &[u8]) -> Vec<String> {
+    if loose_strings_of(body, "type")
+        .first()
+        .is_some_and(|t| t != "response")
+    {
+        return Vec::new();
+    }
+    let mut ids = loose_strings_of(body, "id");
+    ids.retain(|id| is_uuid(id));
+    ids
 }
 
 /// Tells "valid JSON, but not an object" apart from "not JSON".
@@ -220,6 +243,7 @@ fn invalid_json(body: &[u8]) -> EnvelopeError {
     match scan::diagnose(body) {
         Some(scan::Refusal::NonFiniteNumber) => EnvelopeError::NonFiniteNumber,
         Some(scan::Refusal::LoneSurrogate) => EnvelopeError::LoneSurrogate,
+        Some(scan::Refusal::TooDeep) => EnvelopeError::TooDeep,
         // The scanner holds RFC 8259; what only simd-json refuses is its one number gap.
         None if scan::is_valid_json(body) => EnvelopeError::UnreadableNumber,
         None => EnvelopeError::InvalidJson,
@@ -266,6 +290,9 @@ mod tests {
             "18446744073709551616",
             "-18446744073709551616",
             "123456789012345678901234567890",
+            "-9223372036854775809",
+            "-18446744073709551615",
+            "-1234567890123456789012345678901234567890",
         ] {
             let body = format!(
                 r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":{n}}}}}"#
@@ -273,12 +300,19 @@ mod tests {
             assert!(strict(&body).is_ok(), "{body}: {:?}", strict(&body));
             assert!(tolerant(&body).is_ok(), "{body}");
         }
-        // simd-json's one gap (a negative integer just past i64) is named, not "bad JSON".
+        // simd-json's one gap (a negative integer just past i128) is named, not "bad JSON".
         let body = format!(
-            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":-9223372036854775809}}}}"#
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":-170141183460469231731687303715884105729}}}}"#
         );
         assert_eq!(strict(&body), Err(EnvelopeError::UnreadableNumber));
         assert!(tolerant(&body).is_ok());
+        // Nesting past the scanner's bound is said as such, not as bad JSON.
+        let deep = format!("{}1{}", "[".repeat(129), "]".repeat(129));
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"a/b","params":{{"x":{deep}}}}}"#
+        );
+        assert_eq!(strict(&body), Err(EnvelopeError::TooDeep));
+        assert_eq!(tolerant(&body), Err(EnvelopeError::TooDeep));
         // Past a double's range an integer is refused as what it is, not as bad JSON.
         let huge = "9".repeat(400);
         let body = format!(
@@ -418,19 +452,38 @@ mod tests {
     }
 
     #[test]
-    fn the_id_of_a_malformed_body_is_found_only_when_it_is_a_uuid() {
+    fn the_ids_a_broken_answer_may_answer_are_uuids_of_responses() {
         let id = "550e8400-e29b-41d4-a716-446655440000";
-        let no_type = format!(r#"{{"v":"gabp/1","id":"{id}","result":1}}"#);
-        assert_eq!(uuid_id_of(no_type.as_bytes()).as_deref(), Some(id));
-        assert_eq!(uuid_id_of(br#"{"id":7,"type":"response"}"#), None);
-        assert_eq!(uuid_id_of(br#"{"id":"abc"}"#), None);
-        // The first bytes of a body are enough, and what follows may be broken.
-        assert_eq!(
-            uuid_id_of(format!(r#"{{"id":"{id}","result":[1,"#).as_bytes()).as_deref(),
-            Some(id)
-        );
-        assert_eq!(uuid_id_of(format!(r#"{{"id":"{id}"#).as_bytes()), None);
-        assert_eq!(uuid_id_of(b"[1]"), None);
+        let other = "550e8400-e29b-41d4-a716-446655440001";
+        let cases: [(String, Vec<&str>); 8] = [
+            (
+                format!(r#"{{"v":"gabp/1","id":"{id}","result":1}}"#),
+                vec![id],
+            ),
+            (
+                format!(r#"{{"a":,,"id":"{id}","type":"response"}}"#),
+                vec![id],
+            ),
+            (
+                format!(r#"{{"id":"{other}","id":"{id}"}}"#),
+                vec![other, id],
+            ),
+            (
+                r#"{"id":"550e8400-e29b-41d4-a716-44665544000\u0030","type":"response"}"#
+                    .to_string(),
+                vec![id],
+            ),
+            (format!(r#"{{"id":"{id}","result":[1,"#), vec![id]),
+            (
+                format!(r#"{{"type":"event","id":"{id}","payload":1e999}}"#),
+                vec![],
+            ),
+            (r#"{"id":7,"type":"response"}"#.to_string(), vec![]),
+            (r#"{"id":"abc"}"#.to_string(), vec![]),
+        ];
+        for (body, want) in cases {
+            assert_eq!(answer_ids(body.as_bytes()), want, "{body}");
+        }
     }
 
     #[test]

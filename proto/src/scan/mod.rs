@@ -94,7 +94,9 @@ fn valid_with<const FINITE: bool, const PAIRS: bool>(b: &[u8]) -> bool {
 /// overflows a double, or a lone surrogate escape. `None` when it is malformed anyway (or
 /// valid). Only called on refusals, so it may scan again.
 pub fn diagnose(b: &[u8]) -> Option<Refusal> {
-    if is_valid_json(b) {
+    if deepest(b) > MAX_DEPTH {
+        Some(Refusal::TooDeep)
+    } else if is_valid_json(b) {
         None
     } else if valid_with::<true, false>(b) {
         Some(Refusal::LoneSurrogate)
@@ -105,41 +107,74 @@ pub fn diagnose(b: &[u8]) -> Option<Refusal> {
     }
 }
 
-/// The raw value span of top-level member `key` (quotes included for strings) in the first
-/// bytes of an object whose rest may be missing or malformed: found if the member and every
-/// member before it are whole and well formed. For reading who a frame was meant for when the
-/// frame as a whole cannot be read (or was never held). Checks UTF-8 itself, up to the first
-/// invalid or cut character.
-pub fn leading_member(b: &[u8], key: &[u8]) -> Option<Range<usize>> {
-    let b = match std::str::from_utf8(b) {
-        Ok(_) => b,
-        Err(e) => &b[..e.valid_up_to()],
-    };
-    let mut i = skip_ws(b, 0);
+/// Most string values [`loose_strings`] returns.
+pub const LOOSE_MAX: usize = 4;
+
+/// The string values (spans between the quotes, escapes not decoded) of the top-level members
+/// named `key`, in order, up to [`LOOSE_MAX`], read loosely from a body that may be invalid,
+/// cut short, deeper than [`MAX_DEPTH`], or not UTF-8: only quotes, escapes and brackets are
+/// followed, nothing is validated. For reading who a frame that could not be read (or was
+/// never held whole) was meant for; never for routing a frame that parsed. A leading BOM and
+/// whitespace are passed over; a body that does not then open an object has none.
+pub fn loose_strings(b: &[u8], key: &[u8]) -> Vec<Range<usize>> {
+    let mut found = Vec::new();
+    let mut i = if b.starts_with(b"\xef\xbb\xbf") { 3 } else { 0 };
+    i = skip_ws(b, i);
     if b.get(i) != Some(&b'{') {
-        return None;
+        return found;
     }
-    i = skip_ws(b, i + 1);
+    let mut depth = 1usize;
+    let mut expect_key = true;
+    i += 1;
+    while i < b.len() && found.len() < LOOSE_MAX {
+        match b[i] {
+            b'"' => {
+                let Some(end) = loose_string_end(b, i) else {
+                    break;
+                };
+                if depth == 1 && expect_key {
+                    expect_key = false;
+                    let name = &b[i + 1..end];
+                    let mut j = skip_ws(b, end + 1);
+                    if b.get(j) == Some(&b':') {
+                        j = skip_ws(b, j + 1);
+                        if name == key && b.get(j) == Some(&b'"') {
+                            let Some(value_end) = loose_string_end(b, j) else {
+                                break;
+                            };
+                            found.push(j + 1..value_end);
+                            i = value_end + 1;
+                            continue;
+                        }
+                    }
+                }
+                i = end + 1;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            b',' if depth == 1 => expect_key = true,
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The index of the quote closing the string opened at `b[open]`, following backslash escapes.
+fn loose_string_end(b: &[u8], open: usize) -> Option<usize> {
+    let mut j = open + 1;
     loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
+        match *b.get(j)? {
+            b'"' => return Some(j),
+            b'\\' => j += 2,
+            _ => j += 1,
         }
-        let key_end = skip_string(b, i)?;
-        let this = &b[i + 1..key_end - 1];
-        i = skip_ws(b, key_end);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        i = skip_ws(b, i + 1);
-        let value_end = skip_value(b, i)?;
-        if this == key {
-            return Some(i..value_end);
-        }
-        i = skip_ws(b, value_end);
-        if b.get(i) != Some(&b',') {
-            return None;
-        }
-        i = skip_ws(b, i + 1);
     }
 }
 
@@ -150,6 +185,29 @@ pub enum Refusal {
     NonFiniteNumber,
     /// A `\u` escape naming half of a surrogate pair on its own.
     LoneSurrogate,
+    /// Arrays and objects nested deeper than [`MAX_DEPTH`] (valid or not otherwise).
+    TooDeep,
+}
+
+/// How deep arrays and objects nest, read loosely (strings skipped, nothing validated).
+fn deepest(b: &[u8]) -> usize {
+    let (mut depth, mut most, mut i) = (0usize, 0usize, 0usize);
+    while i < b.len() {
+        match b[i] {
+            b'"' => match loose_string_end(b, i) {
+                Some(end) => i = end,
+                None => break,
+            },
+            b'{' | b'[' => {
+                depth += 1;
+                most = most.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    most
 }
 
 #[cfg(test)]
@@ -158,18 +216,41 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn a_leading_member_is_found_in_a_cut_or_broken_body() {
-        let b = br#" { "v":"gabp/1", "p":{"x":"}"}, "id" : "abc", "rest": [1, 2"#;
-        assert_eq!(&b[leading_member(b, b"id").expect("id")], br#""abc""#);
-        assert_eq!(&b[leading_member(b, b"p").expect("p")], br#"{"x":"}"}"#);
-        // Past the cut, or behind a broken member, or not an object: not found.
-        assert_eq!(leading_member(b, b"rest"), None);
-        assert_eq!(leading_member(br#"{"x":tru,"id":"a"}"#, b"id"), None);
-        assert_eq!(leading_member(br#"["id","a"]"#, b"id"), None);
-        // A character cut in half ends the readable part.
-        let mut cut = br#"{"id":"a","n":""#.to_vec();
-        cut.extend_from_slice(&[0xc3]);
-        assert_eq!(&cut[leading_member(&cut, b"id").expect("id")], br#""a""#);
+    fn loose_strings_are_found_past_what_no_parser_would_read() {
+        let values = |b: &[u8], key: &[u8]| -> Vec<Vec<u8>> {
+            loose_strings(b, key)
+                .into_iter()
+                .map(|r| b[r].to_vec())
+                .collect()
+        };
+        // Past invalid JSON, a non-finite number, a lone surrogate, a raw control character,
+        // invalid UTF-8, and nesting deeper than any parser takes; decoys inside values and
+        // escaped quotes are not top-level members.
+        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+        let mut b = format!(
+            r#"{{"a":1,,"n":1e400,"s":"\ud800","q":"x\"id\":\"no","d":{deep},"r":{{"id":"nested"}},"c":"\u0001"#
+        )
+        .into_bytes();
+        b.extend_from_slice(b"\x01\xff\xfe\",\"id\":\"yes\",\"id\":\"again\"}");
+        assert_eq!(values(&b, b"id"), vec![b"yes".to_vec(), b"again".to_vec()]);
+        // A BOM first; a cut body; escapes left as they are; not an object.
+        assert_eq!(
+            values(b"\xef\xbb\xbf {\"id\":\"a\"}", b"id"),
+            vec![b"a".to_vec()]
+        );
+        assert_eq!(
+            values(br#"{"id":"a","result":[1,"#, b"id"),
+            vec![b"a".to_vec()]
+        );
+        assert!(values(br#"{"id":"a"#, b"id").is_empty());
+        assert_eq!(
+            values(br#"{"id":"a\u0062"}"#, b"id"),
+            vec![br"a\u0062".to_vec()]
+        );
+        assert!(values(br#"["id","a"]"#, b"id").is_empty());
+        assert!(values(br#"{"id":7}"#, b"id").is_empty());
+        let many = br#"{"id":"1","id":"2","id":"3","id":"4","id":"5"}"#;
+        assert_eq!(values(many, b"id").len(), LOOSE_MAX);
     }
 
     #[test]

@@ -63,9 +63,12 @@ impl Secrets {
 
 /// The id of a rejected frame, if it can be read at all (so the error can be matched).
 fn lenient_id(body: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    let id = v.get("id")?.as_str()?;
-    (id.len() <= 64).then(|| id.to_string())
+    // Read loosely: the body failed the strict parse, maybe after its id (a non-finite number,
+    // nesting too deep), and the bridge still needs to know which request failed.
+    gabp_proto::loose_strings_of(body, "id")
+        .into_iter()
+        .next()
+        .filter(|id| id.len() <= 64)
 }
 
 /// Channel names from subscribe params: `None` if there are more than `cap` (checked before

@@ -137,6 +137,15 @@ pub(super) fn targets(a: &StatusArgs) -> Result<Vec<Target>> {
     Ok(out)
 }
 
+/// The bridges a status lists, with `+N` for those an answer cut to fit `--max-body` left out.
+fn bridge_count(st: &Value) -> String {
+    let shown = st["bridges"].as_array().map_or(0, Vec::len);
+    match st["bridgesOmitted"].as_u64() {
+        Some(omitted) if omitted > 0 => format!("{shown}+{omitted}"),
+        _ => shown.to_string(),
+    }
+}
+
 /// Asks one relay for its status; `launch` identifies this connection so it can be left out.
 pub(super) async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
     let addr: Addr = t.addr.parse().map_err(anyhow::Error::msg)?;
@@ -165,8 +174,19 @@ pub async fn run(a: StatusArgs) -> Result<()> {
         let mut doc = json!({"route": t.route, "address": t.addr, "pid": t.pid});
         match ask(&t, a.wait, &launch).await {
             Ok(mut s) => {
-                if let Some(b) = s["bridges"].as_array_mut() {
-                    b.retain(|b| b["launchId"] != launch.as_str());
+                let (listed, kept) = match s["bridges"].as_array_mut() {
+                    Some(b) => {
+                        let listed = b.len();
+                        b.retain(|b| b["launchId"] != launch.as_str());
+                        (listed, b.len())
+                    }
+                    None => (0, 0),
+                };
+                // An answer cut to fit --max-body may have left this connection out instead:
+                // it is then among the omitted.
+                let omitted = s["bridgesOmitted"].as_u64().unwrap_or(0);
+                if kept == listed && omitted > 0 {
+                    s["bridgesOmitted"] = json!(omitted - 1);
                 }
                 doc["modConnected"] = json!(!s["session"].is_null());
                 doc["status"] = s;
@@ -232,7 +252,7 @@ fn render(docs: &[Value]) -> Result<()> {
                 "disconnected"
             },
             s(&st["session"]["id"]),
-            st["bridges"].as_array().map_or(0, Vec::len),
+            bridge_count(st),
             n(&st["recorderLag"]),
             n(&st["pendingRequests"]),
             recorder

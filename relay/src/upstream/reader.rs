@@ -114,6 +114,13 @@ pub(super) async fn read_loop(
         oversized: Repeats::default(),
     };
     let mut since_flush = 0usize;
+    // A frame begun must end within --frame-timeout, as a bridge's must: a mod stuck mid-frame
+    // (a wrong Content-Length, a hung writer) would otherwise hold every answer and event
+    // behind it, with the route looking healthy.
+    let frame_timeout = route.cfg.frame_timeout;
+    let mut stall_check = tokio::time::interval((frame_timeout / 4).max(Duration::from_millis(10)));
+    stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut partial_since: Option<std::time::Instant> = None;
     loop {
         let next = match frames.next().now_or_never() {
             Some(n) => n,
@@ -132,15 +139,25 @@ pub(super) async fn read_loop(
                             break n;
                         }
                         _ = tokio::time::sleep(RECORD_LINGER), if !r.records.is_empty() => r.flush(true).await,
+                        _ = stall_check.tick() => {
+                            if frames.read_buffer().is_empty() && !frames.decoder().is_mid_frame() {
+                                partial_since = None;
+                            } else if partial_since.get_or_insert_with(std::time::Instant::now).elapsed() > frame_timeout {
+                                r.flush(true).await;
+                                tracing::warn!(route = %route.cfg.name, "the mod did not complete a frame within --frame-timeout {frame_timeout:?}; reconnecting");
+                                return EndReason::ModGone;
+                            }
+                        }
                     }
                 }
             }
         };
+        partial_since = None;
         match next {
             Some(Ok(read)) => {
                 match read {
                     Read::Frame(frame) => r.on_frame(frame.body).await,
-                    Read::Skipped { len, id } => r.on_oversized(len, id).await,
+                    Read::Skipped { len, ids } => r.on_oversized(len, &ids).await,
                 }
                 since_flush += 1;
                 if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
@@ -263,14 +280,12 @@ impl Reader<'_> {
                         | gabp_proto::EnvelopeError::InvalidUtf8
                         | gabp_proto::EnvelopeError::NonFiniteNumber
                         | gabp_proto::EnvelopeError::LoneSurrogate
+                        | gabp_proto::EnvelopeError::TooDeep
                 );
                 let why = e.to_string();
                 // A malformed answer to a pending request: its bridge hears so now, not when
                 // the request times out.
-                let waiting = gabp_proto::uuid_id_of(&body)
-                    .and_then(|id| Uuid::parse_str(&id).ok())
-                    .and_then(|id| route.pending.take(&id));
-                let Some(entry) = waiting else {
+                let Some(entry) = self.waiting_for(&gabp_proto::answer_ids(&body)) else {
                     return self.anomaly(body, json_ok, &why);
                 };
                 self.fan_out().await;
@@ -410,7 +425,7 @@ impl Reader<'_> {
     /// A mod frame over `--max-body`, passed over unread: counted as an anomaly (the recording
     /// has its count, not its bytes, which were never held), and the request it answered, if its
     /// first bytes name one, is told so at once.
-    async fn on_oversized(&mut self, len: u64, id: Option<String>) {
+    async fn on_oversized(&mut self, len: u64, ids: &[String]) {
         let route = self.route;
         route.metrics.mod_in.increment(1);
         route.metrics.anomalies.increment(1);
@@ -422,19 +437,23 @@ impl Reader<'_> {
                 session: self.session.id,
             });
         }
-        let Some(entry) = id
-            .and_then(|id| Uuid::parse_str(&id).ok())
-            .and_then(|id| route.pending.take(&id))
-        else {
+        let Some(entry) = self.waiting_for(ids) else {
             return;
         };
         self.fan_out().await;
         let why = format!(
-            "the mod's answer is {len} bytes, over this relay's --max-body of {} bytes, and was not read",
+            "the mod's answer is {len} bytes, over this relay's --max-body of {} bytes, and is not read",
             route.cfg.max_body
         );
         self.answer_unforwarded(entry, ErrorCode::TooLarge, why)
             .await;
+    }
+
+    /// The pending request the first of `ids` that names one is waiting for, taken.
+    fn waiting_for(&self, ids: &[String]) -> Option<crate::pending::Entry> {
+        ids.iter()
+            .filter_map(|id| Uuid::parse_str(id).ok())
+            .find_map(|id| self.route.pending.take(&id))
     }
 
     /// Answers the request a mod frame that could not be forwarded (malformed, or too large)
