@@ -613,7 +613,10 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
     let st = &v["relays"][0]["status"];
     let listed = st["bridges"].as_array().map_or(0, Vec::len) as u64;
     assert_eq!(
-        listed + st["bridgesOmitted"].as_u64().unwrap_or_else(|| panic!("{v}")),
+        listed
+            + st["bridgesOmitted"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{v}")),
         7,
         "{v}"
     );
