@@ -44,9 +44,7 @@ async fn non_finite_numbers_and_lone_surrogates_are_anomalies_not_forwarded() {
     );
     assert_eq!(b["payload"]["ok"], "😀");
     drop(m);
-    let (code, _) = relay.stop().await;
-    assert_eq!(code, Some(0));
-    let s = checked_session(data).await;
+    let s = stopped_session(relay, data).await;
     assert_eq!(s["anomalies"], 4, "{s}");
     assert_eq!(s["events"], 2, "{s}");
     // The recording replays: a bridge of the replay gets the same two events.
@@ -165,10 +163,8 @@ async fn every_answer_reaches_its_bridge_at_once_with_exactly_one_of_result_and_
         }
     }
     drop(m);
-    let (code, _) = relay.stop().await;
-    assert_eq!(code, Some(0));
     // The two unreadable answers are recorded as anomalies, as the mod sent them.
-    let s = checked_session(data).await;
+    let s = stopped_session(relay, data).await;
     assert_eq!(s["anomalies"], 2, "{s}");
 }
 
@@ -276,8 +272,7 @@ async fn events_that_would_outgrow_max_body_are_refused_and_forwarded_frames_fit
     }
     assert_eq!(at_limit, 2);
     drop(m);
-    assert_eq!(relay.stop().await.0, Some(0));
-    let s = checked_session(data).await;
+    let s = stopped_session(relay, data).await;
     assert_eq!(
         (s["events"].as_u64(), s["anomalies"].as_u64()),
         (Some(14), Some(3)),
@@ -350,8 +345,7 @@ async fn a_mod_frame_over_max_body_is_skipped_and_the_session_goes_on() {
     assert_eq!(got["result"]["ok"], true, "{got}");
     relay.wait_log("skipped unread", 1).await;
     drop(m);
-    assert_eq!(relay.stop().await.0, Some(0));
-    let s = checked_session(data).await;
+    let s = stopped_session(relay, data).await;
     assert_eq!(
         (s["events"].as_u64(), s["anomalies"].as_u64()),
         (Some(2), Some(2)),
@@ -468,6 +462,12 @@ async fn a_mod_stuck_mid_frame_is_cut_at_the_frame_timeout_and_reconnected() {
     assert_eq!(relay.stop().await.0, Some(0));
 }
 
+/// Stops the relay (it must exit 0) and returns its recorded session, checked and exported.
+async fn stopped_session(relay: Relay, data: &str) -> Value {
+    assert_eq!(relay.stop().await.0, Some(0));
+    checked_session(data).await
+}
+
 /// A bridge's `tools/call`, read on the mod's side: (the bridge's id, the relay's upstream id).
 async fn call_through(c: &mut Client, m: &mut ModConn) -> (String, String) {
     let id = gabp_sim::client::new_id();
@@ -555,8 +555,7 @@ async fn a_hundred_thousand_channels_cost_bounded_memory_and_disk() {
     );
     let peak = relay.peak_rss_mib();
     drop(m);
-    assert_eq!(relay.stop().await.0, Some(0));
-    let s = checked_session(data).await;
+    let s = stopped_session(relay, data).await;
     let events = s["events"].as_u64().expect("events");
     assert_eq!(events, CAP as u64 + 1, "{s}");
     assert_eq!(s["anomalies"].as_u64(), Some((N - CAP + 1) as u64), "{s}");
