@@ -9,6 +9,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::error::FrameError;
+use crate::scan::LooseScan;
 
 /// Default maximum body size: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
@@ -204,25 +205,21 @@ impl Decoder for GabpCodec {
 pub enum Read {
     /// A frame within the limit.
     Frame(Frame),
-    /// A frame whose declared body exceeds the limit, told as soon as its first [`SKIP_PREFIX`]
-    /// bytes (or all of it, if shorter) have arrived; the rest is passed over as it arrives,
-    /// never held. `ids` are the pending requests it may answer ([`crate::answer_ids`] of
-    /// those first bytes).
+    /// A frame whose declared body exceeds the limit, passed over as it arrives, never held.
+    /// Told as soon as its top-level `type` and `id` have gone by, or when it ends; `answers`
+    /// is the pending request it may answer ([`crate::answer_id`]).
     Skipped {
         /// The declared body length.
         len: u64,
-        /// Who the frame may answer, if its first bytes say.
-        ids: Vec<String>,
+        /// Who the frame may answer, if what went by says.
+        answers: Option<String>,
     },
 }
 
-/// Bytes of a skipped body kept to find its id.
-pub const SKIP_PREFIX: usize = 4096;
-
 /// A decoder for a trusted peer (the mod) whose frame over the body limit should not end the
 /// connection: the framing is intact, so the body is passed over unread (memory stays bounded
-/// by the read buffer) and reported as [`Read::Skipped`] once its first bytes are in, in stream
-/// order. Every other error is [`GabpCodec`]'s.
+/// by the read buffer, and a [`LooseScan`] reads who it answers as it goes by) and reported as
+/// [`Read::Skipped`], in stream order. Every other error is [`GabpCodec`]'s.
 #[derive(Debug, Clone)]
 pub struct SkippingCodec {
     inner: GabpCodec,
@@ -233,7 +230,7 @@ pub struct SkippingCodec {
 struct Skip {
     len: u64,
     left: u64,
-    prefix: Vec<u8>,
+    scan: LooseScan,
     told: bool,
 }
 
@@ -264,18 +261,18 @@ impl Decoder for SkippingCodec {
                     .len()
                     .min(usize::try_from(skip.left).unwrap_or(usize::MAX));
                 if !skip.told {
-                    let keep = n.min(SKIP_PREFIX - skip.prefix.len());
-                    skip.prefix.extend_from_slice(&src[..keep]);
+                    skip.scan.feed(&src[..n]);
                 }
                 src.advance(n);
                 skip.left -= n as u64;
                 let done = skip.left == 0;
-                let tell = !skip.told && (done || skip.prefix.len() == SKIP_PREFIX);
-                let told = tell.then(|| {
+                // Both read: what follows cannot change who it answers (short of a duplicate).
+                let known = !skip.scan.values(0).is_empty() && !skip.scan.values(1).is_empty();
+                let told = (!skip.told && (done || known)).then(|| {
                     skip.told = true;
                     Read::Skipped {
                         len: skip.len,
-                        ids: crate::envelope::answer_ids(&std::mem::take(&mut skip.prefix)),
+                        answers: crate::envelope::answer_id(&skip.scan),
                     }
                 });
                 if done {
@@ -293,7 +290,7 @@ impl Decoder for SkippingCodec {
                     self.skipping = Some(Skip {
                         len,
                         left: len,
-                        prefix: Vec::new(),
+                        scan: LooseScan::new(crate::envelope::ANSWER_KEYS),
                         told: false,
                     });
                     continue;
@@ -613,7 +610,7 @@ mod tests {
                     }),
                     Read::Skipped {
                         len: big.len() as u64,
-                        ids: vec![id.into()]
+                        answers: Some(id.into())
                     },
                     Read::Frame(Frame {
                         body: Bytes::from_static(b"{\"b\":2}")

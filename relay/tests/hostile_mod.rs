@@ -462,6 +462,69 @@ async fn a_mod_stuck_mid_frame_is_cut_at_the_frame_timeout_and_reconnected() {
     assert_eq!(relay.stop().await.0, Some(0));
 }
 
+/// Who a frame that is not forwarded answers is read past its first bytes and past a repeated
+/// `id` (the last counts, as JSON parsers read it), and an event is nobody's answer, however
+/// late its `type` comes: only the caller it names hears, and only once.
+#[tokio::test]
+async fn a_frame_not_forwarded_fails_only_the_call_its_last_id_names() {
+    let (listener, up) = bind().await;
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--no-record",
+        "--max-body",
+        "4KiB",
+        "--request-timeout",
+        "10m",
+    ])
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&["c"]).await;
+    m.subscribed().await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    let (x, up_x) = call_through(&mut c, &mut m).await;
+    let (y, up_y) = call_through(&mut c, &mut m).await;
+    let (z, up_z) = call_through(&mut c, &mut m).await;
+    let pad = "x".repeat(10_000);
+    m.send_all([
+        // Oversized, its id and type after 10 KB: y.
+        format!(r#"{{"result":{{"pad":"{pad}"}},"v":"gabp/1","id":"{up_y}","type":"response"}}"#),
+        // Unreadable, its id repeated: the last, z, not x.
+        format!(r#"{{"id":"{up_x}","type":"response","result":1e400,"id":"{up_z}"}}"#),
+        // Oversized event carrying x's id, its type last: nobody's answer.
+        format!(r#"{{"v":"gabp/1","id":"{up_x}","channel":"c","payload":"{pad}","type":"event"}}"#),
+        format!(r#"{{"v":"gabp/1","id":"{up_x}","type":"response","result":"real"}}"#),
+    ])
+    .await;
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let v = tokio::time::timeout(Duration::from_secs(10), c.next_message())
+            .await
+            .expect("in time, not by the request timeout")
+            .expect("frame")
+            .expect("open");
+        if v["type"] == "response" {
+            got.push((
+                v["id"].as_str().expect("id").to_string(),
+                v["error"]["code"].clone(),
+                v["result"].clone(),
+            ));
+        }
+    }
+    assert_eq!(
+        got,
+        vec![
+            (y, (-32003).into(), Value::Null),
+            (z, (-32001).into(), Value::Null),
+            (x, Value::Null, "real".into()),
+        ]
+    );
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+}
+
 /// Stops the relay (it must exit 0) and returns its recorded session, checked and exported.
 async fn stopped_session(relay: Relay, data: &str) -> Value {
     assert_eq!(relay.stop().await.0, Some(0));
@@ -646,4 +709,13 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
     };
     // The connection closes after the refusal.
     assert!(c.next_frame().await.expect("read").is_none());
+    // `status` (relay-only) still sees the relay: it is welcomed with the relay's part alone.
+    let out = run(&["status", "--address", &addr, "--token", TOKEN, "--json"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["relays"][0]["modConnected"], true, "{v}");
 }

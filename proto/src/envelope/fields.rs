@@ -126,11 +126,16 @@ impl<'a> Field<'a> {
     }
 }
 
-/// Reads the error code of a response's error object from its raw span.
+/// Reads the error code of a response's error object from its raw span: `None` unless the
+/// object has the integer `code` and the string `message` GABP requires of every error.
 pub(super) fn error_code(body: &[u8], span: &Range<usize>) -> Option<i64> {
     let obj = &body[span.clone()];
     let mut inner = Vec::new();
     scan::members(obj, &mut inner)?;
+    let message = inner.iter().find(|m| &obj[m.key.clone()] == b"message")?;
+    if obj.get(message.value.start) != Some(&b'"') {
+        return None;
+    }
     let m = inner.iter().find(|m| &obj[m.key.clone()] == b"code")?;
     std::str::from_utf8(&obj[m.value.clone()])
         .ok()?

@@ -21,7 +21,7 @@ use std::ops::Range;
 use simd_json::Node;
 
 use crate::error::EnvelopeError;
-use crate::scan::{self, Member};
+use crate::scan::{self, LooseScan, Member};
 
 mod fields;
 mod tape;
@@ -198,35 +198,29 @@ impl Parser {
 }
 
 /// The top-level string values of member `key` in a body that could not be read, decoded, in
-/// order (see [`scan::loose_strings`]: nothing else in the body need be valid).
-pub fn loose_strings_of(body: &[u8], key: &str) -> Vec<String> {
-    scan::loose_strings(body, key.as_bytes())
-        .into_iter()
-        .filter_map(|span| {
-            let raw = &body[span.start - 1..span.end + 1];
-            match raw.contains(&b'\\') {
-                true => serde_json::from_slice::<String>(raw).ok(),
-                false => std::str::from_utf8(&raw[1..raw.len() - 1])
-                    .ok()
-                    .map(String::from),
-            }
-        })
-        .collect()
+/// order (the last [`scan::LOOSE_MAX`]; see [`scan::LooseScan`]: nothing else in the body need
+/// be valid).
+pub fn loose_strings_of(body: &[u8], key: &'static str) -> Vec<String> {
+    let keys: &'static [&'static str] = match key {
+        "id" => &["id"],
+        "type" => &["type"],
+        _ => return Vec::new(),
+    };
+    LooseScan::of(keys, body).values(0).to_vec()
 }
 
-/// The UUIDs a frame that could not be read (or was too large to hold whole) may be the answer
-/// to: its top-level `id`s (a duplicated id gives each), none if a readable `type` says it is
-/// not a response. Only ever used to tell a waiting caller that its answer cannot be forwarded.
-pub fn answer_ids(body: &[u8]) -> Vec<String> {
-    if loose_strings_of(body, "type")
-        .first()
-        .is_some_and(|t| t != "response")
-    {
-        return Vec::new();
+/// The keys [`answer_id`] reads.
+pub const ANSWER_KEYS: &[&str] = &["type", "id"];
+
+/// The UUID a frame that could not be read (or was too large to hold whole) answers, from a
+/// [`LooseScan`] of [`ANSWER_KEYS`]: its last top-level `id`, as JSON parsers keep the last of
+/// duplicates; none if a readable `type` says it is not a response. Only ever used to tell a
+/// waiting caller that its answer cannot be forwarded.
+pub fn answer_id(scan: &LooseScan) -> Option<String> {
+    if scan.values(0).last().is_some_and(|t| t != "response") {
+        return None;
     }
-    let mut ids = loose_strings_of(body, "id");
-    ids.retain(|id| is_uuid(id));
-    ids
+    scan.values(1).last().filter(|id| is_uuid(id)).cloned()
 }
 
 /// Tells "valid JSON, but not an object" apart from "not JSON".
@@ -452,37 +446,35 @@ mod tests {
     }
 
     #[test]
-    fn the_ids_a_broken_answer_may_answer_are_uuids_of_responses() {
+    fn a_broken_answer_answers_its_last_uuid_id_unless_its_type_says_otherwise() {
         let id = "550e8400-e29b-41d4-a716-446655440000";
         let other = "550e8400-e29b-41d4-a716-446655440001";
-        let cases: [(String, Vec<&str>); 8] = [
+        let cases: [(String, Option<&str>); 8] = [
             (
                 format!(r#"{{"v":"gabp/1","id":"{id}","result":1}}"#),
-                vec![id],
+                Some(id),
             ),
             (
                 format!(r#"{{"a":,,"id":"{id}","type":"response"}}"#),
-                vec![id],
+                Some(id),
             ),
-            (
-                format!(r#"{{"id":"{other}","id":"{id}"}}"#),
-                vec![other, id],
-            ),
+            (format!(r#"{{"id":"{other}","id":"{id}"}}"#), Some(id)),
             (
                 r#"{"id":"550e8400-e29b-41d4-a716-44665544000\u0030","type":"response"}"#
                     .to_string(),
-                vec![id],
+                Some(id),
             ),
-            (format!(r#"{{"id":"{id}","result":[1,"#), vec![id]),
+            (format!(r#"{{"id":"{id}","result":[1,"#), Some(id)),
             (
-                format!(r#"{{"type":"event","id":"{id}","payload":1e999}}"#),
-                vec![],
+                format!(r#"{{"id":"{id}","payload":1e999,"type":"event"}}"#),
+                None,
             ),
-            (r#"{"id":7,"type":"response"}"#.to_string(), vec![]),
-            (r#"{"id":"abc"}"#.to_string(), vec![]),
+            (r#"{"id":7,"type":"response"}"#.to_string(), None),
+            (r#"{"id":"abc"}"#.to_string(), None),
         ];
         for (body, want) in cases {
-            assert_eq!(answer_ids(body.as_bytes()), want, "{body}");
+            let scan = LooseScan::of(ANSWER_KEYS, body.as_bytes());
+            assert_eq!(answer_id(&scan).as_deref(), want, "{body}");
         }
     }
 
@@ -510,6 +502,20 @@ mod tests {
             assert_eq!(
                 &body.as_bytes()[null.result.clone().expect("a result")],
                 b"null"
+            );
+        }
+        // An error without its message (or with one that is not a string) is no answer a
+        // bridge could take.
+        for error in [
+            r#"{"code":5}"#,
+            r#"{"code":5,"message":7}"#,
+            r#"{"message":"m"}"#,
+        ] {
+            let body = format!(r#"{{"v":"gabp/1","id":"{id}","type":"response","error":{error}}}"#);
+            assert_eq!(
+                tolerant(&body),
+                Err(EnvelopeError::InvalidField("error")),
+                "{body}"
             );
         }
         // Neither a result nor an error is still no response.

@@ -21,9 +21,11 @@
 use std::ops::Range;
 
 mod lexeme;
+mod loose;
 
 use lexeme::{skip_str, skip_val, skip_ws};
 pub use lexeme::{skip_string, skip_value};
+pub use loose::{LooseScan, LOOSE_MAX};
 
 /// Deepest nesting accepted.
 pub const MAX_DEPTH: usize = 128;
@@ -107,65 +109,6 @@ pub fn diagnose(b: &[u8]) -> Option<Refusal> {
     }
 }
 
-/// Most string values [`loose_strings`] returns.
-pub const LOOSE_MAX: usize = 4;
-
-/// The string values (spans between the quotes, escapes not decoded) of the top-level members
-/// named `key`, in order, up to [`LOOSE_MAX`], read loosely from a body that may be invalid,
-/// cut short, deeper than [`MAX_DEPTH`], or not UTF-8: only quotes, escapes and brackets are
-/// followed, nothing is validated. For reading who a frame that could not be read (or was
-/// never held whole) was meant for; never for routing a frame that parsed. A leading BOM and
-/// whitespace are passed over; a body that does not then open an object has none.
-pub fn loose_strings(b: &[u8], key: &[u8]) -> Vec<Range<usize>> {
-    let mut found = Vec::new();
-    let mut i = if b.starts_with(b"\xef\xbb\xbf") { 3 } else { 0 };
-    i = skip_ws(b, i);
-    if b.get(i) != Some(&b'{') {
-        return found;
-    }
-    let mut depth = 1usize;
-    let mut expect_key = true;
-    i += 1;
-    while i < b.len() && found.len() < LOOSE_MAX {
-        match b[i] {
-            b'"' => {
-                let Some(end) = loose_string_end(b, i) else {
-                    break;
-                };
-                if depth == 1 && expect_key {
-                    expect_key = false;
-                    let name = &b[i + 1..end];
-                    let mut j = skip_ws(b, end + 1);
-                    if b.get(j) == Some(&b':') {
-                        j = skip_ws(b, j + 1);
-                        if name == key && b.get(j) == Some(&b'"') {
-                            let Some(value_end) = loose_string_end(b, j) else {
-                                break;
-                            };
-                            found.push(j + 1..value_end);
-                            i = value_end + 1;
-                            continue;
-                        }
-                    }
-                }
-                i = end + 1;
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    break;
-                }
-            }
-            b',' if depth == 1 => expect_key = true,
-            _ => {}
-        }
-        i += 1;
-    }
-    found
-}
-
 /// The index of the quote closing the string opened at `b[open]`, following backslash escapes.
 fn loose_string_end(b: &[u8], open: usize) -> Option<usize> {
     let mut j = open + 1;
@@ -214,44 +157,6 @@ fn deepest(b: &[u8]) -> usize {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    #[test]
-    fn loose_strings_are_found_past_what_no_parser_would_read() {
-        let values = |b: &[u8], key: &[u8]| -> Vec<Vec<u8>> {
-            loose_strings(b, key)
-                .into_iter()
-                .map(|r| b[r].to_vec())
-                .collect()
-        };
-        // Past invalid JSON, a non-finite number, a lone surrogate, a raw control character,
-        // invalid UTF-8, and nesting deeper than any parser takes; decoys inside values and
-        // escaped quotes are not top-level members.
-        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
-        let mut b = format!(
-            r#"{{"a":1,,"n":1e400,"s":"\ud800","q":"x\"id\":\"no","d":{deep},"r":{{"id":"nested"}},"c":"\u0001"#
-        )
-        .into_bytes();
-        b.extend_from_slice(b"\x01\xff\xfe\",\"id\":\"yes\",\"id\":\"again\"}");
-        assert_eq!(values(&b, b"id"), vec![b"yes".to_vec(), b"again".to_vec()]);
-        // A BOM first; a cut body; escapes left as they are; not an object.
-        assert_eq!(
-            values(b"\xef\xbb\xbf {\"id\":\"a\"}", b"id"),
-            vec![b"a".to_vec()]
-        );
-        assert_eq!(
-            values(br#"{"id":"a","result":[1,"#, b"id"),
-            vec![b"a".to_vec()]
-        );
-        assert!(values(br#"{"id":"a"#, b"id").is_empty());
-        assert_eq!(
-            values(br#"{"id":"a\u0062"}"#, b"id"),
-            vec![br"a\u0062".to_vec()]
-        );
-        assert!(values(br#"["id","a"]"#, b"id").is_empty());
-        assert!(values(br#"{"id":7}"#, b"id").is_empty());
-        let many = br#"{"id":"1","id":"2","id":"3","id":"4","id":"5"}"#;
-        assert_eq!(values(many, b"id").len(), LOOSE_MAX);
-    }
 
     #[test]
     fn finds_spans_around_nested_values_and_escapes() {

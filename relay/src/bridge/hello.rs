@@ -151,7 +151,16 @@ impl BridgeReader {
         route.backend.extend_welcome(&mut welcome);
         // The relay never sends what its own limit refuses: a mod's welcome close to the limit
         // can pass it once the relay's extension is added.
-        let answer = message::result_response(id, welcome);
+        let mut answer = message::result_response(id, welcome.clone());
+        if answer.len() > route.cfg.max_body && relay_only {
+            // A relay-only bridge (`status`) needs only the relay's part: it must still see a
+            // relay whose mod's welcome is near the limit.
+            let ext = welcome["capabilities"]["extensions"]["relay"].take();
+            answer = message::result_response(
+                id,
+                json!({"capabilities": {"extensions": {"relay": ext}}}),
+            );
+        }
         if answer.len() > route.cfg.max_body {
             // Debug only: every hello would log it; the bridge's error says what to do.
             tracing::debug!(route = %route.cfg.name, bytes = answer.len(), max_body = route.cfg.max_body, "a bridge's welcome, with the relay's extension, is over --max-body");

@@ -66,8 +66,7 @@ fn lenient_id(body: &[u8]) -> Option<String> {
     // Read loosely: the body failed the strict parse, maybe after its id (a non-finite number,
     // nesting too deep), and the bridge still needs to know which request failed.
     gabp_proto::loose_strings_of(body, "id")
-        .into_iter()
-        .next()
+        .pop()
         .filter(|id| id.len() <= 64)
 }
 

@@ -157,7 +157,7 @@ pub(super) async fn read_loop(
             Some(Ok(read)) => {
                 match read {
                     Read::Frame(frame) => r.on_frame(frame.body).await,
-                    Read::Skipped { len, ids } => r.on_oversized(len, &ids).await,
+                    Read::Skipped { len, answers } => r.on_oversized(len, answers).await,
                 }
                 since_flush += 1;
                 if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
@@ -285,7 +285,8 @@ impl Reader<'_> {
                 let why = e.to_string();
                 // A malformed answer to a pending request: its bridge hears so now, not when
                 // the request times out.
-                let Some(entry) = self.waiting_for(&gabp_proto::answer_ids(&body)) else {
+                let scan = gabp_proto::scan::LooseScan::of(gabp_proto::ANSWER_KEYS, &body);
+                let Some(entry) = self.waiting_for(gabp_proto::answer_id(&scan)) else {
                     return self.anomaly(body, json_ok, &why);
                 };
                 self.fan_out().await;
@@ -425,7 +426,7 @@ impl Reader<'_> {
     /// A mod frame over `--max-body`, passed over unread: counted as an anomaly (the recording
     /// has its count, not its bytes, which were never held), and the request it answered, if its
     /// first bytes name one, is told so at once.
-    async fn on_oversized(&mut self, len: u64, ids: &[String]) {
+    async fn on_oversized(&mut self, len: u64, answers: Option<String>) {
         let route = self.route;
         route.metrics.mod_in.increment(1);
         route.metrics.anomalies.increment(1);
@@ -437,7 +438,7 @@ impl Reader<'_> {
                 session: self.session.id,
             });
         }
-        let Some(entry) = self.waiting_for(ids) else {
+        let Some(entry) = self.waiting_for(answers) else {
             return;
         };
         self.fan_out().await;
@@ -449,11 +450,10 @@ impl Reader<'_> {
             .await;
     }
 
-    /// The pending request the first of `ids` that names one is waiting for, taken.
-    fn waiting_for(&self, ids: &[String]) -> Option<crate::pending::Entry> {
-        ids.iter()
-            .filter_map(|id| Uuid::parse_str(id).ok())
-            .find_map(|id| self.route.pending.take(&id))
+    /// The pending request `id` names, taken.
+    fn waiting_for(&self, id: Option<String>) -> Option<crate::pending::Entry> {
+        let id = Uuid::parse_str(&id?).ok()?;
+        self.route.pending.take(&id)
     }
 
     /// Answers the request a mod frame that could not be forwarded (malformed, or too large)

@@ -140,7 +140,9 @@ async fn handshake(
         while let Some(frame) = frames.next().await {
             let frame = match frame.map_err(|e| format!("broken framing from the mod: {e}"))? {
                 gabp_proto::codec::Read::Frame(frame) => frame,
-                gabp_proto::codec::Read::Skipped { len, ids } if ids.contains(&id) => {
+                gabp_proto::codec::Read::Skipped { len, answers }
+                    if answers.as_ref() == Some(&id) =>
+                {
                     return Err(format!(
                         "the mod's welcome is {len} bytes, over --max-body {}: raise --max-body",
                         route.cfg.max_body
