@@ -3,7 +3,8 @@
 //! The decoder yields each body as [`Bytes`] split from the read buffer, so a frame travels to
 //! subscribers and the recorder without a copy. It never trusts the peer's length: the length is
 //! checked against the limit before any memory is reserved, and the header section is bounded.
-//! It does not look inside the body; that is [`crate::envelope`]'s job.
+//! It does not look inside the body; that is [`crate::envelope`]'s job. The one exception is
+//! [`SkippingCodec`], which reads who a body too large to hold answers as it streams past.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio_util::codec::{Decoder, Encoder};
@@ -266,9 +267,9 @@ impl Decoder for SkippingCodec {
                 src.advance(n);
                 skip.left -= n as u64;
                 let done = skip.left == 0;
-                // Both read: what follows cannot change who it answers (short of a duplicate).
-                let known = !skip.scan.values(0).is_empty() && !skip.scan.values(1).is_empty();
-                let told = (!skip.told && (done || known)).then(|| {
+                // Type and id both read: what follows cannot change who it answers (short of
+                // a duplicate).
+                let told = (!skip.told && (done || skip.scan.found_all())).then(|| {
                     skip.told = true;
                     Read::Skipped {
                         len: skip.len,

@@ -27,7 +27,7 @@ pub use codec::{
     DEFAULT_MAX_HEADER,
 };
 pub use codes::ErrorCode;
-pub use envelope::{answer_id, loose_strings_of, EnvelopeView, Mode, MsgType, Parser, ANSWER_KEYS};
+pub use envelope::{answer_id, EnvelopeView, Mode, MsgType, Parser, ANSWER_KEYS};
 pub use error::{EnvelopeError, FrameError};
 
 /// The protocol version string every GABP 1.x envelope carries in `v`.

@@ -197,18 +197,6 @@ impl Parser {
     }
 }
 
-/// The top-level string values of member `key` in a body that could not be read, decoded, in
-/// order (the last [`scan::LOOSE_MAX`]; see [`scan::LooseScan`]: nothing else in the body need
-/// be valid).
-pub fn loose_strings_of(body: &[u8], key: &'static str) -> Vec<String> {
-    let keys: &'static [&'static str] = match key {
-        "id" => &["id"],
-        "type" => &["type"],
-        _ => return Vec::new(),
-    };
-    LooseScan::of(keys, body).values(0).to_vec()
-}
-
 /// The keys [`answer_id`] reads.
 pub const ANSWER_KEYS: &[&str] = &["type", "id"];
 

@@ -69,6 +69,11 @@ impl LooseScan {
         &self.found[which]
     }
 
+    /// Whether every key has a value by now.
+    pub fn found_all(&self) -> bool {
+        self.found.iter().all(|v| !v.is_empty())
+    }
+
     /// Reads the next bytes of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         for &b in chunk {

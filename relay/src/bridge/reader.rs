@@ -65,9 +65,8 @@ impl Secrets {
 fn lenient_id(body: &[u8]) -> Option<String> {
     // Read loosely: the body failed the strict parse, maybe after its id (a non-finite number,
     // nesting too deep), and the bridge still needs to know which request failed.
-    gabp_proto::loose_strings_of(body, "id")
-        .pop()
-        .filter(|id| id.len() <= 64)
+    let scan = gabp_proto::scan::LooseScan::of(&["id"], body);
+    scan.values(0).last().filter(|id| id.len() <= 64).cloned()
 }
 
 /// Channel names from subscribe params: `None` if there are more than `cap` (checked before

@@ -424,8 +424,8 @@ impl Reader<'_> {
     }
 
     /// A mod frame over `--max-body`, passed over unread: counted as an anomaly (the recording
-    /// has its count, not its bytes, which were never held), and the request it answered, if its
-    /// first bytes name one, is told so at once.
+    /// has its count, not its bytes, which were never held), and the request it answered, if
+    /// what streamed by names one, is told so at once.
     async fn on_oversized(&mut self, len: u64, answers: Option<String>) {
         let route = self.route;
         route.metrics.mod_in.increment(1);
