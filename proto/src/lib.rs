@@ -8,6 +8,7 @@
 //!   strict (bridge) and tolerant (mod) validation.
 //! - [`params`]: parameter checks for the methods whose schemas the relay enforces.
 //! - [`rewrite`]: in-place id rewrites and seq replacement, so forwarding never re-serializes.
+//! - [`splice`]: members added to a received object (the welcome's extensions) byte for byte.
 //! - [`message`]: builders for the frames the relay writes itself (errors, events, requests).
 //! - [`codes`]: the wire error codes.
 //! - [`error`]: framing errors (stream out of sync) and envelope errors (stream still in sync).
@@ -21,6 +22,7 @@ pub mod message;
 pub mod params;
 pub mod rewrite;
 pub mod scan;
+pub mod splice;
 
 pub use codec::{
     encode_frame, encode_header, frame_bytes, Frame, GabpCodec, SkippingCodec, DEFAULT_MAX_BODY,

@@ -54,6 +54,20 @@ pub fn error_response(
     Bytes::from(to_ascii_json(&v))
 }
 
+/// A success response body for request `id` whose `result` is `result`, a valid JSON value
+/// written as is (the mod's welcome, forwarded byte for byte).
+pub fn result_response_raw(id: &str, result: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(result.len() + id.len() + 48);
+    out.extend_from_slice(b"{\"v\":\"");
+    out.extend_from_slice(PROTOCOL_VERSION.as_bytes());
+    out.extend_from_slice(b"\",\"id\":");
+    out.extend_from_slice(&to_ascii_json(&Value::from(id)));
+    out.extend_from_slice(b",\"type\":\"response\",\"result\":");
+    out.extend_from_slice(result);
+    out.push(b'}');
+    Bytes::from(out)
+}
+
 /// A success response body for request `id`.
 pub fn result_response(id: &str, result: Value) -> Bytes {
     let v = serde_json::json!({ "v": PROTOCOL_VERSION, "id": id, "type": "response", "result": result });

@@ -19,10 +19,9 @@ pub(super) enum Val<'a> {
     Other,
 }
 
-/// One top-level member: decoded key, typed value, raw span, and (strict) its tape index.
+/// One top-level member: typed value, raw span, and (strict) its tape index.
 #[derive(Debug)]
 pub(super) struct Field<'a> {
-    pub(super) key: Cow<'a, str>,
     pub(super) val: Val<'a>,
     pub(super) span: Range<usize>,
     /// Where the member starts in the body: its key's opening quote.
@@ -48,20 +47,42 @@ pub(super) struct Known<'a> {
 }
 
 impl<'a> Known<'a> {
-    pub(super) fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Field<'a>>> {
+    /// Which envelope field `key` (decoded) names, if any.
+    pub(super) fn index(key: &[u8]) -> Option<usize> {
         Some(match key {
-            b"v" => &mut self.v,
-            b"id" => &mut self.id,
-            b"type" => &mut self.ty,
-            b"method" => &mut self.method,
-            b"channel" => &mut self.channel,
-            b"seq" => &mut self.seq,
-            b"params" => &mut self.params,
-            b"payload" => &mut self.payload,
-            b"result" => &mut self.result,
-            b"error" => &mut self.error,
+            b"v" => 0,
+            b"id" => 1,
+            b"type" => 2,
+            b"method" => 3,
+            b"channel" => 4,
+            b"seq" => 5,
+            b"params" => 6,
+            b"payload" => 7,
+            b"result" => 8,
+            b"error" => 9,
             _ => return None,
         })
+    }
+
+    /// The slot of field [`Known::index`] `i`.
+    pub(super) fn slot_at(&mut self, i: usize) -> &mut Option<Field<'a>> {
+        match i {
+            0 => &mut self.v,
+            1 => &mut self.id,
+            2 => &mut self.ty,
+            3 => &mut self.method,
+            4 => &mut self.channel,
+            5 => &mut self.seq,
+            6 => &mut self.params,
+            7 => &mut self.payload,
+            8 => &mut self.result,
+            _ => &mut self.error,
+        }
+    }
+
+    /// The slot of the envelope field `key` (decoded) names, if any.
+    pub(super) fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Field<'a>>> {
+        Known::index(key).map(|i| self.slot_at(i))
     }
 }
 
@@ -82,12 +103,8 @@ pub(super) fn decode_str<'a>(
 }
 
 impl<'a> Field<'a> {
-    /// The member `m` of `text`, whose key (decoded) is `key`.
-    pub(super) fn from_raw(
-        text: &'a str,
-        m: &Member,
-        key: Cow<'a, str>,
-    ) -> Result<Field<'a>, EnvelopeError> {
+    /// The value of member `m` of `text`.
+    pub(super) fn from_raw(text: &'a str, m: &Member) -> Result<Field<'a>, EnvelopeError> {
         let raw = text
             .as_bytes()
             .get(m.value.clone())
@@ -117,7 +134,6 @@ impl<'a> Field<'a> {
             _ => Val::Other,
         };
         Ok(Field {
-            key,
             val,
             span: m.value.clone(),
             start: m.key.start - 1,

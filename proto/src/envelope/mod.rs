@@ -168,14 +168,27 @@ impl Parser {
                     .ok_or_else(|| not_object_or_invalid(body))?;
                 let mut known = Known::default();
                 for m in &self.members {
-                    let key = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
-                    // Extra fields are the mod's business; only routing fields are read.
-                    if let Some(slot) = known.slot(key.as_bytes()) {
-                        if slot.is_some() {
-                            return Err(EnvelopeError::DuplicateKey(truncate_key(&key)));
+                    // Envelope names have no escapes: a raw key is decoded only when it is not
+                    // one of them as it stands (an escaped `"\u0069d"` still counts as `id`).
+                    let raw = &text[m.key.clone()];
+                    let decoded;
+                    let key = match Known::index(raw.as_bytes()) {
+                        Some(i) => (i, raw),
+                        None if raw.contains('\\') => {
+                            decoded = decode_str(text, &(m.key.start - 1..m.key.end + 1))?;
+                            match Known::index(decoded.as_bytes()) {
+                                Some(i) => (i, &*decoded),
+                                None => continue,
+                            }
                         }
-                        *slot = Some(Field::from_raw(text, m, key)?);
+                        // Extra fields are the mod's business; only routing fields are read.
+                        None => continue,
+                    };
+                    let slot = known.slot_at(key.0);
+                    if slot.is_some() {
+                        return Err(EnvelopeError::DuplicateKey(truncate_key(key.1)));
                     }
+                    *slot = Some(Field::from_raw(text, m)?);
                 }
                 build_view(body, &known, mode)
             }
@@ -263,6 +276,21 @@ mod tests {
     fn escaped_strings_are_decoded() {
         let s = r#"{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440020","type":"event","channel":"a\/b","seq":0,"payload":1}"#;
         assert_eq!(strict(s).expect("valid").channel.as_deref(), Some("a/b"));
+    }
+
+    #[test]
+    fn tolerant_reads_escaped_envelope_keys_and_counts_them_as_repeats() {
+        let id = "550e8400-e29b-41d4-a716-446655440020";
+        let s = format!(
+            r#"{{"v":"gabp/1","\u0069d":"{id}","typ\u0065":"event","channel":"a","seq":3,"payload":1,"extr\u0061":2}}"#
+        );
+        let v = tolerant(&s).expect("valid");
+        assert_eq!(v.id.as_deref(), Some(id));
+        assert_eq!(v.kind, MsgType::Event);
+        let s = format!(
+            r#"{{"v":"gabp/1","id":"{id}","\u0069d":"{id}","type":"event","channel":"a","payload":1}}"#
+        );
+        assert_eq!(tolerant(&s), Err(EnvelopeError::DuplicateKey("id".into())));
     }
 
     #[test]

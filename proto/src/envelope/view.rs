@@ -2,8 +2,6 @@
 //! parameter schemas of [`crate::params`]) and the rules both modes share (version, type, id,
 //! method, channel, seq). Must not parse: it reads what [`super::fields`] and the tape hold.
 
-use std::borrow::Cow;
-
 use simd_json::{Node, StaticNode};
 
 use super::fields::{borrow_or_own, error_code, truncate_key, Field, Known, Val};
@@ -41,23 +39,16 @@ pub(super) fn strict_view<'a>(
             Node::Static(StaticNode::I64(n)) => Val::Int(n),
             _ => Val::Other,
         };
-        let raw_key = &body[m.key.clone()];
-        let key = if raw_key == key.as_bytes() {
-            Cow::Borrowed(std::str::from_utf8(raw_key).expect("checked UTF-8"))
-        } else {
-            Cow::Owned(key.to_string())
-        };
         let field = Field {
-            key,
             val,
             span,
             start: m.key.start - 1,
             node: Some(node),
         };
-        match known.slot(field.key.as_bytes()) {
+        match known.slot(key.as_bytes()) {
             Some(slot) => *slot = Some(field), // duplicates were refused on the tape
             None => {
-                known.unknown.get_or_insert_with(|| field.key.to_string());
+                known.unknown.get_or_insert_with(|| key.to_string());
             }
         }
     }

@@ -39,6 +39,30 @@ pub struct Member {
     pub value: Range<usize>,
 }
 
+impl Member {
+    /// Whether this member's key, escapes decoded, is `name` (`b` is the scanned object).
+    pub fn key_is(&self, b: &[u8], name: &str) -> bool {
+        let raw = &b[self.key.clone()];
+        if !raw.contains(&b'\\') {
+            return raw == name.as_bytes();
+        }
+        serde_json::from_slice::<String>(&b[self.key.start - 1..self.key.end + 1])
+            .is_ok_and(|k| k == name)
+    }
+}
+
+/// The value span of the last top-level member named `name` of the object in `b` (as JSON
+/// readers that keep the last of a repeated key see it); `None` if there is none or `b` is not
+/// one valid JSON object.
+pub fn member_value(b: &[u8], name: &str) -> Option<Range<usize>> {
+    let mut m = Vec::new();
+    members(b, &mut m)?;
+    m.iter()
+        .rev()
+        .find(|m| m.key_is(b, name))
+        .map(|m| m.value.clone())
+}
+
 /// Appends the top-level members of the object in `b` to `out`, validating the whole input as
 /// JSON (UTF-8 must already be checked). `None` if `b` is not exactly one valid JSON object.
 pub fn members(b: &[u8], out: &mut Vec<Member>) -> Option<()> {
