@@ -137,7 +137,10 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
         outbox.close();
         outbox.socket().discard();
         if let Some(why) = outbox.cut_reason() {
-            tracing::info!(route = %route.cfg.name, conn = conn_id, peer = %bridge.peer, "bridge cut: {}", why.as_str());
+            static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(20);
+            if let Some(earlier_unlogged) = LOG.admit() {
+                tracing::info!(route = %route.cfg.name, conn = conn_id, peer = %bridge.peer, earlier_unlogged, "bridge cut: {}", why.as_str());
+            }
         }
     }
     drop(closer);

@@ -257,7 +257,10 @@ impl Lease {
             }
             body
         };
-        tracing::info!(route = %route.cfg.name, bridge = %h.name, conn = h.conn, "lease {change}");
+        static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(20);
+        if let Some(earlier_unlogged) = LOG.admit() {
+            tracing::info!(route = %route.cfg.name, bridge = %h.name, conn = h.conn, earlier_unlogged, "lease {change}");
+        }
         route
             .record_current(Direction::RelayToBridge, conn, body, true)
             .await;

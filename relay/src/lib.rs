@@ -21,6 +21,7 @@
 //! - [`route`]: one route's shared state and status.
 //! - `recorder`: the recorder thread in front of `gabp-storage`.
 //! - [`metrics`]: metric names, bounded labels and per-route handles.
+//! - `log_budget`: log lines a peer can cause, sampled per call site.
 //! - `http`: the metrics port (`/metrics`, `/healthz`, `/readyz`).
 //! - `server`: starting and stopping a relay.
 //! - [`replay`], [`export`], [`stats`], [`report`]: reading recordings back.
@@ -46,6 +47,7 @@ pub(crate) mod http;
 pub mod hub;
 pub mod identity;
 pub mod lease;
+pub(crate) mod log_budget;
 pub(crate) mod mcp;
 pub mod metrics;
 pub mod outbox;

@@ -39,6 +39,9 @@ pub struct SessionInfo {
     pub id: Uuid,
     /// The mod's welcome result, whole.
     pub welcome: Value,
+    /// The same, as the mod wrote it: what bridges are welcomed with, the relay's extension set
+    /// in it byte for byte ([`gabp_proto::splice`]).
+    pub welcome_result: Bytes,
     /// Channels the mod advertised.
     pub advertised: Vec<String>,
     /// When the welcome arrived (ns since epoch).
@@ -54,6 +57,7 @@ impl SessionInfo {
     pub fn new(
         id: Uuid,
         welcome: Value,
+        welcome_result: Bytes,
         advertised: Vec<String>,
         started_ns: u64,
         upstream: Option<mpsc::Sender<Bytes>>,
@@ -61,6 +65,7 @@ impl SessionInfo {
         SessionInfo {
             id,
             welcome,
+            welcome_result,
             advertised_set: advertised.iter().cloned().collect(),
             advertised,
             started_ns,

@@ -94,8 +94,11 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// What it is, for status and logs.
     fn describe(&self, cfg: &RouteConfig) -> String;
 
-    /// Adds the backend's own fields to the welcome a bridge gets (after the relay's).
-    fn extend_welcome(&self, _welcome: &mut Value) {}
+    /// The backend's own extensions, set beside the relay's under `capabilities.extensions` in
+    /// the welcome a bridge gets.
+    fn welcome_extensions(&self) -> Vec<(&'static str, Value)> {
+        Vec::new()
+    }
 
     /// `bridge` now subscribes to `chans` too (already added to its `subs`).
     fn subscribe<'a>(

@@ -30,6 +30,9 @@ async fn serve_tagged(sim: &ModSim, data: &str, route: &str, tags: &[&str]) -> S
     serve(&args).await
 }
 
+/// A mark's data holds this number, which no double holds.
+const BIG: &str = "123456789012345678901234567890";
+
 /// Records one session with `serve --tag …`: a bridge marks `ep-start`, calls `sim/echo`,
 /// marks `ep-end`, and the relay stops (SIGTERM) so the data dir is free.
 async fn record(data: &str, route: &str, tags: &[&str]) {
@@ -38,12 +41,14 @@ async fn record(data: &str, route: &str, tags: &[&str]) {
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
-    c.call(
-        "relay/mark",
-        json!({"label": "ep-start", "data": {"episode": 1}}),
-    )
-    .await
-    .expect("mark");
+    // Sent as text: the data's number is one no double holds, and it must export exact.
+    let id = "5f0c2d1e-8a3b-4c6d-9e7f-1a2b3c4d5e6f";
+    let mark = format!(
+        r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"relay/mark","params":{{"label":"ep-start","data":{{"episode":1,"big":{BIG}}}}}}}"#
+    );
+    c.send_body(mark.as_bytes()).await.expect("mark sent");
+    let answer = c.response_to(id).await.expect("mark answered");
+    assert!(answer["result"].is_object(), "{answer}");
     c.call(
         "tools/call",
         json!({"name": "sim/echo", "arguments": {"q": route}}),
@@ -235,7 +240,17 @@ async fn tags_selection_and_marks() {
     let marks: Vec<&Value> = ex.iter().filter(|l| l["kind"] == "mark").collect();
     assert_eq!(marks.len(), 4, "two marks per session");
     assert_eq!(marks[0]["label"], "ep-start");
-    assert_eq!(marks[0]["data"], json!({"episode": 1}));
+    assert_eq!(marks[0]["data"]["episode"], 1);
+    let exported = String::from_utf8(
+        output(&["export", &ids[0], "--data-dir", data])
+            .await
+            .stdout,
+    )
+    .expect("utf-8");
+    assert!(
+        exported.contains(&format!(r#""data":{{"episode":1,"big":{BIG}}}"#)),
+        "a mark's data is exported exactly as the bridge wrote it"
+    );
     assert_eq!(marks[0]["dir"], "bridge->relay");
     let ep = lines(
         &output(&[

@@ -14,7 +14,7 @@ use gabp_storage::{
     Direction, EndReason, FrameRecord, SessionMeta, SessionWriter, Store, StoreOptions,
 };
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::Child;
 use tokio::task::JoinHandle;
@@ -245,4 +245,163 @@ async fn replay_listens_and_streams_before_its_answers_are_indexed() {
         first_at < indexed_at,
         "the first event came before the answers were indexed"
     );
+}
+
+/// Log lines any peer can cause are sampled: 200 wrong tokens and 40 connections that never say
+/// hello each leave a handful of lines, not one per connection, while every one is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_wrong_tokens_and_silent_connections_are_logged_on_a_budget() {
+    use support::hostile;
+    let sim = start_mod(None);
+    let upstream = sim.addr().to_string();
+    let r = hostile::serve(&[
+        "--upstream",
+        &upstream,
+        "--upstream-token",
+        support::MOD_TOKEN,
+        "--no-record",
+        "--frame-timeout",
+        "1s",
+    ])
+    .await;
+    // Every wrong token is answered (after the per-source delay, at most 2 s): two waves of
+    // 100 at once, within the 128 connections that may wait for their hello.
+    for wave in 0..2 {
+        let guesses: Vec<_> = (wave * 100..wave * 100 + 100)
+        .map(|i| {
+            let addr = r.addr.clone();
+            tokio::spawn(async move {
+                let mut c = Client::connect(&addr).await.expect("connect");
+                c.set_wait(Duration::from_secs(20));
+                let guess = json!({"token": format!("wrong-guess-{i:04}-xxxxxxxx"), "bridgeVersion": "x", "platform": "linux", "launchId": "x"});
+                let r = c.request("session/hello", guess).await.expect("answered");
+                assert_eq!(r["error"]["code"], -31000, "{r}");
+            })
+        })
+        .collect();
+        for g in guesses {
+            g.await.expect("guess answered");
+        }
+    }
+    // Silent connections, each closed by the relay after the frame timeout.
+    let sa: std::net::SocketAddr = r.addr.to_string().parse().expect("tcp address");
+    let mut silent = Vec::new();
+    for _ in 0..40 {
+        silent.push(TcpStream::connect(sa).await.expect("connect"));
+    }
+    for mut s in silent {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut buf))
+            .await
+            .expect("closed by the relay")
+            .ok();
+    }
+    let wrong = r.log_lines("wrong token");
+    let silent = r.log_lines("no session/hello within");
+    // One budget window is 5 (wrong tokens) and 10 (silent) lines; a slow machine may reach a
+    // second window, never one line per connection.
+    assert!(
+        (1..=10).contains(&wrong),
+        "{wrong} wrong-token lines: {:#?}",
+        r.log.lock()
+    );
+    assert!(
+        (1..=20).contains(&silent),
+        "{silent} silent-connection lines"
+    );
+    // A bridge with the right token is still welcomed, and its attach is logged.
+    let (c, _) = Client::connect_hello(&r.addr, hostile::TOKEN)
+        .await
+        .expect("welcomed");
+    drop(c);
+    r.wait_log("bridge attached", 1).await;
+    let (code, _) = r.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// `gabp-relay status` must see a relay whose `--max-bridges` is full: relay-only hellos have
+/// places of their own, and only a few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
+    let sim = start_mod(None);
+    let s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        support::MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        TOKEN,
+        "--no-record",
+        "--max-bridges",
+        "2",
+    ])
+    .await;
+    let mut full = Vec::new();
+    for _ in 0..2 {
+        full.push(
+            Client::connect_hello(&s.addr, TOKEN)
+                .await
+                .expect("welcomed")
+                .0,
+        );
+    }
+    let mut third = Client::connect(&s.addr).await.expect("connect");
+    let refused = third
+        .request("session/hello", hello_params(TOKEN, false))
+        .await
+        .expect("answered");
+    assert_eq!(refused["error"]["code"], -32002, "{refused}");
+    // The eight relay-only places: each welcomed and served its status while the cap is full.
+    let mut lookers = Vec::new();
+    for i in 0..8 {
+        let (mut c, welcome) = relay_only_hello(&s.addr).await;
+        assert!(
+            welcome["result"].is_object(),
+            "relay-only hello {i}: {welcome}"
+        );
+        let status = c.call("relay/status", json!({})).await.expect("status");
+        assert!(status["bridges"].is_array(), "{status}");
+        lookers.push(c);
+    }
+    // A ninth at once is refused; once one leaves, its place comes back.
+    let (_, ninth) = relay_only_hello(&s.addr).await;
+    assert_eq!(ninth["error"]["code"], -32002, "{ninth}");
+    assert!(
+        ninth["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("relay-only")),
+        "{ninth}"
+    );
+    drop(lookers.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !relay_only_hello(&s.addr).await.1["result"].is_object() {
+        assert!(
+            Instant::now() < deadline,
+            "a relay-only place never came back"
+        );
+        tokio::task::yield_now().await;
+    }
+    drop(full);
+    s.stop_cleanly().await;
+}
+
+/// A hello's params, relay-only (as `gabp-relay status` sends them) or not.
+fn hello_params(token: &str, relay_only: bool) -> serde_json::Value {
+    let mut p = json!({"token": token, "bridgeVersion": "t", "platform": "linux", "launchId": "l"});
+    if relay_only {
+        p["relay"] = json!({"withoutMod": true});
+    }
+    p
+}
+
+/// A `session/hello` as `gabp-relay status` sends it, and its answer.
+async fn relay_only_hello(addr: &Addr) -> (Client, serde_json::Value) {
+    let mut c = Client::connect(addr).await.expect("connect");
+    let r = c
+        .request("session/hello", hello_params(TOKEN, true))
+        .await
+        .expect("answered");
+    (c, r)
 }

@@ -719,3 +719,38 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["relays"][0]["modConnected"], true, "{v}");
 }
+
+#[tokio::test]
+async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte() {
+    let (listener, up) = bind().await;
+    let relay = serve(&["--upstream", &up, "--no-record"]).await;
+    let mut m = accept(&listener).await;
+    // Keys out of order, numbers no double holds, escapes, spacing, non-ASCII, and a forged
+    // relay extension: all as the mod wrote them, except the relay's extension.
+    let kept = r#""zeta": 1, "alpha": {"big": 123456789012345678901234567890, "f": 1.50e2, "neg": -18446744073709551617}, "name": "G\u00e4me ü""#;
+    let ext = r#""extensions": {"mod": {"n": 340282366920938463463374607431768211457}, "relay": "#;
+    m.welcome_raw(&format!(
+        r#"{{ "agentId":"w", {kept}, "capabilities": {{"events": [], {ext}"forged"}}}} }}"#
+    ))
+    .await;
+    let mut c = Client::connect(&relay.addr).await.expect("connect");
+    let id = "0b9f6a3e-5d2c-4c8e-9a71-2f4d6b8e1c05";
+    let hello = gabp_proto::message::request(
+        id,
+        "session/hello",
+        json!({"token": TOKEN, "bridgeVersion": "t", "platform": "linux", "launchId": "l"}),
+    );
+    c.send_body(&hello).await.expect("hello sent");
+    let body = c.next_frame().await.expect("read").expect("welcome");
+    let text = std::str::from_utf8(&body).expect("utf-8");
+    assert!(text.contains(kept), "{text}");
+    assert!(text.contains(ext), "{text}");
+    assert!(!text.contains("forged"), "{text}");
+    let v: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(v["id"], id);
+    let relay_ext = &v["result"]["capabilities"]["extensions"]["relay"];
+    assert_eq!(relay_ext["name"], "gabp-relay", "{text}");
+    assert_eq!(relay_ext["modConnected"], true, "{text}");
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+}

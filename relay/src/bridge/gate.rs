@@ -1,5 +1,7 @@
 //! Who may hold a connection: the route's bridge cap counts only welcomed bridges, and
-//! connections that have not said hello yet have a bound of their own. When that bound is full
+//! connections that have not said hello yet have a bound of their own. Relay-only bridges
+//! (`gabp-relay status`, which talk to the relay and never to the mod) have a small cap of their
+//! own, [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full can still be looked at. When that bound is full
 //! the OLDEST waiting connection is closed to make room, so idle connections can never keep an
 //! honest bridge (which says hello at once) from getting in. Refusals and evictions are counted
 //! (`gabp_bridge_refusals_total`) and logged at most once per burst.
@@ -15,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Connections that may wait for their hello at once (per route).
 pub const MAX_PREHELLO_CONNS: usize = 128;
+/// Relay-only bridges (`relay.withoutMod`) that may be welcomed at once, beside the bridge cap.
+pub const MAX_RELAY_ONLY: usize = 8;
 /// At most one log line per this long about refusals and evictions.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -24,6 +28,7 @@ pub struct Gate {
     route: String,
     max_bridges: usize,
     bridges: Arc<Semaphore>,
+    relay_only: Arc<Semaphore>,
     waiting: Mutex<Waiting>,
     evicted: Counter,
     refused: Counter,
@@ -63,6 +68,7 @@ impl Gate {
             route: label.clone(),
             max_bridges,
             bridges: Arc::new(Semaphore::new(max_bridges)),
+            relay_only: Arc::new(Semaphore::new(MAX_RELAY_ONLY)),
             waiting: Mutex::new(Waiting::default()),
             evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "evicted_before_hello"),
             refused: metrics::counter!("gabp_bridge_refusals_total", "route" => label, "reason" => "too_many_bridges"),
@@ -126,9 +132,10 @@ impl Gate {
 }
 
 impl Slot {
-    /// Admits the connection as a bridge (it leaves the pre-hello bound): false if it was
-    /// evicted, or if the bridge cap is full (counted and logged); either way it then closes.
-    pub fn admit(&mut self) -> bool {
+    /// Admits the connection as a bridge (it leaves the pre-hello bound), under the bridge cap
+    /// or, when `relay_only`, under [`MAX_RELAY_ONLY`]: false if it was evicted, or if its cap is
+    /// full (counted and logged); either way it then closes.
+    pub fn admit(&mut self, relay_only: bool) -> bool {
         if self.permit.is_some() {
             return true;
         }
@@ -136,7 +143,12 @@ impl Slot {
         if self.gate.waiting.lock().conns.remove(&self.id).is_none() {
             return false;
         }
-        match self.gate.bridges.clone().try_acquire_owned() {
+        let cap = if relay_only {
+            &self.gate.relay_only
+        } else {
+            &self.gate.bridges
+        };
+        match cap.clone().try_acquire_owned() {
             Ok(p) => {
                 self.permit = Some(p);
                 true

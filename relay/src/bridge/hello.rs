@@ -11,13 +11,14 @@
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use gabp_proto::{message, ErrorCode};
+use gabp_proto::{message, splice, ErrorCode};
 use gabp_rt::clock::now_ns;
 use gabp_storage::{BridgeInfo, Direction};
 use serde_json::{json, Value};
 
 use super::reader::BridgeReader;
 use crate::auth;
+use crate::log_budget::LogBudget;
 use crate::recorder::RecMsg;
 use crate::route::VERSION;
 
@@ -48,24 +49,16 @@ impl BridgeReader {
         let Some(identity) = self.identify(p["token"].as_str().unwrap_or("")) else {
             route.metrics.auth_failures.increment(1);
             let delay = route.throttle.fail(&source);
-            tracing::warn!(route = %route.cfg.name, peer = %self.bridge.peer, "security: rejected session/hello with a wrong token");
+            static LOG: LogBudget = LogBudget::new(5);
+            if let Some(earlier_unlogged) = LOG.admit() {
+                tracing::warn!(route = %route.cfg.name, peer = %self.bridge.peer, earlier_unlogged, "security: rejected session/hello with a wrong token (all are counted in gabp_auth_failures_total; at most 5 per 10 s logged)");
+            }
             tokio::time::sleep(delay).await;
             return self
                 .reply_error(Some(id), ErrorCode::BadToken, "invalid token")
                 .await;
         };
         route.throttle.succeed(&source);
-        // Only welcomed bridges count against the cap: taken here, with the right token.
-        if !self.slot.admit() {
-            self.done = true;
-            return self
-                .reply_error(
-                    Some(id),
-                    ErrorCode::LimitExceeded,
-                    "too many bridges connected",
-                )
-                .await;
-        }
         let relay_only = match &p["relay"]["withoutMod"] {
             Value::Null => false,
             Value::Bool(b) => *b,
@@ -76,6 +69,20 @@ impl BridgeReader {
                     .await;
             }
         };
+        // Only welcomed bridges count against the cap: taken here, with the right token. A
+        // relay-only bridge takes one of the few places of its own, so `status` still sees a
+        // relay whose bridge cap is full.
+        if !self.slot.admit(relay_only) {
+            self.done = true;
+            let why = if relay_only {
+                "too many relay-only bridges (relay.withoutMod) connected"
+            } else {
+                "too many bridges connected"
+            };
+            return self
+                .reply_error(Some(id), ErrorCode::LimitExceeded, why)
+                .await;
+        }
         let session = match route.current() {
             Some(s) => Some(s),
             // A relay-only bridge is not kept waiting for a mod it does not talk to.
@@ -119,19 +126,7 @@ impl BridgeReader {
                     .await
             }
         };
-        let mut welcome = session
-            .as_ref()
-            .map_or_else(|| json!({}), |s| s.welcome.clone());
-        if !welcome.is_object() {
-            welcome = json!({});
-        }
-        if !welcome["capabilities"].is_object() {
-            welcome["capabilities"] = json!({});
-        }
-        if !welcome["capabilities"]["extensions"].is_object() {
-            welcome["capabilities"]["extensions"] = json!({});
-        }
-        welcome["capabilities"]["extensions"]["relay"] = json!({
+        let mut relay_ext = json!({
             "name": "gabp-relay",
             "version": VERSION,
             "route": route.cfg.name,
@@ -146,20 +141,25 @@ impl BridgeReader {
             "methods": if relay_only { json!(["relay/status"]) } else { json!(["relay/status", "relay/mark", "relay/lease"]) },
             "bridge": {"name": identity.name, "role": identity.role.as_str()},
         });
-        let ext = &mut welcome["capabilities"]["extensions"]["relay"];
-        super::resume::extend_welcome(&route, resume.as_ref(), ext);
-        route.backend.extend_welcome(&mut welcome);
+        super::resume::extend_welcome(&route, resume.as_ref(), &mut relay_ext);
+        // The mod's welcome as it wrote it (big numbers, key order and all), with the relay's
+        // and the backend's extensions set in it.
+        let mut extensions = vec![("relay", message::to_ascii_json(&relay_ext))];
+        for (name, ext) in route.backend.welcome_extensions() {
+            extensions.push((name, message::to_ascii_json(&ext)));
+        }
+        let extensions: Vec<(&str, &[u8])> =
+            extensions.iter().map(|(n, e)| (*n, e.as_slice())).collect();
+        let mod_welcome = session.as_ref().map_or(&b"{}"[..], |s| &s.welcome_result);
+        let welcome = splice::set_extensions(mod_welcome, &extensions);
         // The relay never sends what its own limit refuses: a mod's welcome close to the limit
         // can pass it once the relay's extension is added.
-        let mut answer = message::result_response(id, welcome.clone());
+        let mut answer = message::result_response_raw(id, &welcome);
         if answer.len() > route.cfg.max_body && relay_only {
             // A relay-only bridge (`status`) needs only the relay's part: it must still see a
             // relay whose mod's welcome is near the limit.
-            let ext = welcome["capabilities"]["extensions"]["relay"].take();
-            answer = message::result_response(
-                id,
-                json!({"capabilities": {"extensions": {"relay": ext}}}),
-            );
+            answer =
+                message::result_response_raw(id, &splice::set_extensions(b"{}", &extensions[..1]));
         }
         if answer.len() > route.cfg.max_body {
             // Debug only: every hello would log it; the bridge's error says what to do.
@@ -204,7 +204,10 @@ impl BridgeReader {
             })
             .await;
         }
-        tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %identity.label(), peer = %self.bridge.peer, "bridge attached");
+        static ATTACHED: LogBudget = LogBudget::new(50);
+        if let Some(earlier_unlogged) = ATTACHED.admit() {
+            tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %identity.label(), peer = %self.bridge.peer, earlier_unlogged, "bridge attached");
+        }
         self.admitted(identity);
         self.reply(answer).await;
         if let Some(plan) = resume {

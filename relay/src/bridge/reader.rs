@@ -18,6 +18,7 @@ use tokio_util::codec::FramedRead;
 use super::gate::Slot;
 use super::MAX_PREHELLO_ERRORS;
 use crate::auth;
+use crate::log_budget::LogBudget;
 use crate::pending::ByteBudget;
 use crate::route::{BridgeState, Route};
 use crate::upstream::Request;
@@ -32,6 +33,10 @@ const MAX_BAD_RECORDED: u32 = 16;
 const READ_BUFFER_KEEP: usize = 1 << 20;
 /// Longest `relay/mark` label (the whole frame is already bounded by `--max-body`).
 const MAX_MARK_LABEL: usize = 256;
+/// Connections closed for saying no hello, or for a frame left unfinished, in time: any peer
+/// can cause these, so they are logged on a budget.
+static NO_HELLO: LogBudget = LogBudget::new(10);
+static PARTIAL: LogBudget = LogBudget::new(10);
 
 /// One bridge's reading side and its conversation state.
 pub(super) struct BridgeReader {
@@ -133,13 +138,17 @@ impl BridgeReader {
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if !self.authed && now.duration_since(connected) > timeout {
-                        tracing::info!(peer = %self.bridge.peer, "closing bridge: no session/hello within {timeout:?}");
+                        if let Some(earlier_unlogged) = NO_HELLO.admit() {
+                            tracing::info!(peer = %self.bridge.peer, earlier_unlogged, "closing bridge: no session/hello within {timeout:?}");
+                        }
                         return self.reply_error(None, ErrorCode::NoSession, "no session/hello in time; closing").await;
                     }
                     if frames.read_buffer().is_empty() {
                         partial_since = None;
                     } else if now.duration_since(*partial_since.get_or_insert(now)) > timeout {
-                        tracing::info!(peer = %self.bridge.peer, "closing bridge: frame not completed within {timeout:?}");
+                        if let Some(earlier_unlogged) = PARTIAL.admit() {
+                            tracing::info!(peer = %self.bridge.peer, earlier_unlogged, "closing bridge: frame not completed within {timeout:?}");
+                        }
                         return self.reply_error(None, ErrorCode::InvalidRequest, "frame not completed in time; closing").await;
                     }
                     continue;

@@ -25,6 +25,7 @@ use gabp_storage::{SessionId, Store};
 use serde_json::{json, Map, Value};
 
 use crate::hub::Join;
+use crate::log_budget::LogBudget;
 use crate::outbox::{EventFrame, Offer, Outbox};
 use crate::route::{BridgeState, Route, SessionInfo};
 
@@ -33,6 +34,8 @@ const JOIN_TAIL: usize = 1024;
 /// Events, and bytes, read from the recording per batch.
 const READ_FRAMES: usize = 1024;
 const READ_BYTES: usize = 1 << 20;
+/// A bridge that resumes in a loop must not grow the log without bound.
+static RESUMED: LogBudget = LogBudget::new(50);
 /// Recorder flushes that bring no new history before the rest counts as not retained (each
 /// waits for a commit; what the mod reader has sent is committed after one or two).
 const MAX_FLUSHES: u32 = 20;
@@ -186,7 +189,9 @@ pub(super) async fn run(route: &Arc<Route>, bridge: &Arc<BridgeState>, plan: Pla
                     "note": "the session named in relay.resume is over and no mod is connected"}),
             };
             bridge.outbox.push_ordered(route.session_notice(payload));
-            tracing::info!(route = %route.cfg.name, conn = bridge.conn, "bridge resumed another session: new epoch, no history");
+            if let Some(earlier_unlogged) = RESUMED.admit() {
+                tracing::info!(route = %route.cfg.name, conn = bridge.conn, earlier_unlogged, "bridge resumed another session: new epoch, no history");
+            }
         }
         Kind::Resume { session, epoch } => {
             let mut c = CatchUp {
@@ -200,7 +205,9 @@ pub(super) async fn run(route: &Arc<Route>, bridge: &Arc<BridgeState>, plan: Pla
             };
             let joined = c.run().await;
             let [memory, recording, lost] = c.counts;
-            tracing::info!(route = %route.cfg.name, conn = bridge.conn, from_memory = memory, from_recording = recording, not_retained = lost, joined, "bridge resumed");
+            if let Some(earlier_unlogged) = RESUMED.admit() {
+                tracing::info!(route = %route.cfg.name, conn = bridge.conn, from_memory = memory, from_recording = recording, not_retained = lost, joined, earlier_unlogged, "bridge resumed");
+            }
         }
     }
     if !bridge.outbox.is_closed() {

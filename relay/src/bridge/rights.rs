@@ -84,7 +84,10 @@ impl BridgeReader {
         if let Err(Denial::Forbidden(why)) = me.check(method, tool.as_deref()) {
             self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
             refused(&route, &self.bridge, "denied");
-            tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %me.label(), %method, "request refused: {why}");
+            static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(10);
+            if let Some(earlier_unlogged) = LOG.admit() {
+                tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %me.label(), %method, earlier_unlogged, "request refused: {why}");
+            }
             self.reply_error(Some(id), ErrorCode::Forbidden, &why).await;
             return true;
         }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::config::parse_duration;
+use crate::config::{limits, parse_duration, units};
 use anyhow::{Context, Result};
 use clap::Args;
 use gabp_rt::Addr;
@@ -34,6 +34,10 @@ pub struct ReplayArgs {
     /// Start this far into the session (e.g. 10s).
     #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
+    /// Largest frame body sent or accepted, e.g. 4MiB; 1KiB to 64MiB [default: 1MiB]. A session
+    /// recorded with a larger `serve --max-body` needs the same here to serve its largest frames.
+    #[arg(long, value_parser = super::serve::max_body)]
+    pub max_body: Option<String>,
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     pub allow_remote: bool,
@@ -58,6 +62,14 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
         Some(t) => (check_token(t)?.to_string(), false),
         None => (crate::auth::generate_token(), true),
     };
+    let max_body = a
+        .max_body
+        .as_deref()
+        .map(|s| {
+            units::parse_size_in(s, limits::MIN_SIZE, limits::MAX_BODY)
+                .map_err(|e| usage(format!("--max-body: {e}")))
+        })
+        .transpose()?;
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
     // A cut that leaves nothing to play is a mistake to say, not an empty replay to serve.
@@ -115,11 +127,16 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     super::print_best_effort(&text);
     let cancel = tokio_util::sync::CancellationToken::new();
     let rec = std::sync::Arc::new(rec);
-    let mut server = tokio::spawn(crate::replay::serve(
+    let mut server = tokio::spawn(crate::replay::serve_with(
         listener,
         rec.clone(),
         opts,
         cancel.clone(),
+        move |cfg| {
+            if let Some(n) = max_body {
+                cfg.max_body = n;
+            }
+        },
     ));
     // A recording found unreadable while serving ends the replay with its one line.
     tokio::select! {

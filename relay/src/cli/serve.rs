@@ -185,7 +185,7 @@ fn outbox_bytes(s: &str) -> Result<String, String> {
     units::parse_size_in(s, limits::MIN_SIZE, limits::OUTBOX_BYTES).map(|_| s.to_string())
 }
 
-fn max_body(s: &str) -> Result<String, String> {
+pub(super) fn max_body(s: &str) -> Result<String, String> {
     units::parse_size_in(s, limits::MIN_SIZE, limits::MAX_BODY).map(|_| s.to_string())
 }
 

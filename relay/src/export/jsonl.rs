@@ -8,7 +8,7 @@
 use std::io::Write;
 
 use gabp_storage::{SessionMeta, Store};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{for_each_row, write_atomically, ExportError, ExportFilter, Kind, Row};
 
@@ -63,11 +63,6 @@ fn line(
     });
     if row.kind == Kind::Mark {
         head["label"] = json!(row.label);
-        head["data"] = row
-            .data
-            .as_deref()
-            .and_then(|d| serde_json::from_str(d).ok())
-            .unwrap_or(Value::Null);
     }
     if !meta.tags.is_empty() {
         head["tags"] = json!(meta.tags);
@@ -75,12 +70,17 @@ fn line(
     let mut head = serde_json::to_vec(&head).expect("serializable");
     head.pop(); // reopen the object to append the frame
     out.write_all(&head)?;
-    if rec.json_ok && !rec.body.contains(&b'\n') && !rec.body.contains(&b'\r') {
+    if row.kind == Kind::Mark {
+        // The mark's data as the bridge wrote it (numbers of any size exact), on one line.
+        out.write_all(b",\"data\":")?;
+        match row.data.as_deref() {
+            Some(d) => write_one_line(d.as_bytes(), out)?,
+            None => out.write_all(b"null")?,
+        }
+    }
+    if rec.json_ok {
         out.write_all(b",\"msg\":")?;
-        out.write_all(&rec.body)?;
-    } else if let (true, Ok(v)) = (rec.json_ok, serde_json::from_slice::<Value>(&rec.body)) {
-        out.write_all(b",\"msg\":")?;
-        serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::other)?;
+        write_one_line(&rec.body, out)?;
     } else {
         out.write_all(b",\"raw\":")?;
         serde_json::to_writer(&mut *out, &String::from_utf8_lossy(&rec.body))
@@ -88,6 +88,20 @@ fn line(
     }
     out.write_all(b"}\n")?;
     Ok(())
+}
+
+/// Writes valid JSON `json` with its line breaks made spaces: in valid JSON a raw CR or LF can
+/// only be whitespace between tokens (inside strings they are escaped), so the value, every
+/// number and string of it, is unchanged and the line stays one line.
+fn write_one_line(json: &[u8], out: &mut dyn Write) -> std::io::Result<()> {
+    if !json.contains(&b'\n') && !json.contains(&b'\r') {
+        return out.write_all(json);
+    }
+    let flat: Vec<u8> = json
+        .iter()
+        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
+        .collect();
+    out.write_all(&flat)
 }
 
 /// Exports into `path` atomically (see [`write_atomically`]); returns the lines per session.

@@ -145,17 +145,19 @@ impl Classifier {
                         .and_then(|p| serde_json::from_str(p).ok())
                         .unwrap_or(Value::Null);
                     row.label = params["label"].as_str().map(String::from);
-                    row.data = params.get("data").map(Value::to_string);
+                    // As the bridge wrote it: numbers of any size stay exact.
+                    row.data = row.payload.as_deref().and_then(|p| {
+                        let span = gabp_proto::scan::member_value(p.as_bytes(), "data")?;
+                        Some(p[span].to_string())
+                    });
                 }
                 row.method = view.method;
             }
             MsgType::Response => {
                 row.kind = Kind::Response;
                 row.payload = match view.error_code {
-                    // The error object has no span in the view; errors are rare, so parse.
-                    Some(_) => serde_json::from_slice::<Value>(body)
-                        .ok()
-                        .map(|v| Cow::Owned(v["error"].to_string())),
+                    // The error object has no span in the view; errors are rare, so scan.
+                    Some(_) => text(gabp_proto::scan::member_value(body, "error")),
                     None => text(view.result.clone()),
                 };
             }

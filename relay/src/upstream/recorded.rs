@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use gabp_proto::{frame_bytes, message, ErrorCode};
@@ -177,9 +178,12 @@ impl Backend for Recorded {
         async move {
             let meta = &self.plan.meta;
             let welcome = meta.welcome.clone().unwrap_or_else(|| json!({}));
+            // The catalog keeps the welcome parsed; it is served as serde_json writes it.
+            let welcome_result = Bytes::from(gabp_proto::message::to_ascii_json(&welcome));
             route.session.send_replace(Some(Arc::new(SessionInfo::new(
                 meta.id,
                 welcome,
+                welcome_result,
                 meta.channels.clone(),
                 meta.started_ns,
                 None,
@@ -215,12 +219,15 @@ impl Backend for Recorded {
         format!("recording {}", self.plan.meta.id)
     }
 
-    fn extend_welcome(&self, welcome: &mut Value) {
-        welcome["capabilities"]["extensions"]["replay"] = json!({
-            "sessionId": self.plan.meta.id.to_string(),
-            "route": self.plan.meta.route,
-            "notices": player::NOTICE_CHANNEL,
-        });
+    fn welcome_extensions(&self) -> Vec<(&'static str, Value)> {
+        vec![(
+            "replay",
+            json!({
+                "sessionId": self.plan.meta.id.to_string(),
+                "route": self.plan.meta.route,
+                "notices": player::NOTICE_CHANNEL,
+            }),
+        )]
     }
 
     fn subscribe<'a>(

@@ -121,12 +121,24 @@ async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: A
     let _ = write.shutdown().await;
 }
 
+/// What the handshake got from the mod and said to it.
+struct Handshake {
+    /// The welcome result, parsed.
+    welcome: Value,
+    /// The welcome result's bytes as the mod wrote them (`{}` when it is null).
+    welcome_result: Bytes,
+    /// The relay's hello as recorded (its token redacted).
+    hello_rec: Bytes,
+    /// The mod's whole answer, as recorded.
+    welcome_frame: Bytes,
+}
+
 /// Says hello and waits for the welcome. Frames before the answer are discarded.
 async fn handshake(
     route: &Route,
     frames: &mut Frames,
     tx: &mpsc::Sender<Bytes>,
-) -> Result<(Value, Bytes, Bytes), String> {
+) -> Result<Handshake, String> {
     let id = Uuid::new_v4().to_string();
     let params = |token: &str| json!({"token": token, "bridgeVersion": format!("gabp-relay/{VERSION}"), "platform": std::env::consts::OS, "launchId": route.launch_id});
     let hello = message::request(&id, "session/hello", params(&route.cfg.upstream_token));
@@ -164,6 +176,7 @@ async fn handshake(
             if view.kind != MsgType::Response || view.id.as_deref() != Some(id.as_str()) {
                 continue;
             }
+            let result_span = view.result.clone();
             let msg: Value = serde_json::from_slice(&frame.body)
                 .map_err(|e| format!("the mod's answer to session/hello is unreadable ({e})"))?;
             if let Some(err) = msg.get("error").filter(|e| !e.is_null()) {
@@ -177,18 +190,25 @@ async fn handshake(
                     err["code"], err["message"]
                 ));
             }
-            return Ok((msg["result"].clone(), frame.body));
+            let result = result_span
+                .map_or_else(|| Bytes::from_static(b"{}"), |span| frame.body.slice(span));
+            return Ok((msg["result"].clone(), result, frame.body));
         }
         Err("mod closed the connection during the handshake".to_string())
     };
-    let (welcome, raw) = tokio::select! {
+    let (welcome, welcome_result, welcome_frame) = tokio::select! {
         biased;
         _ = route.cancel.cancelled() => return Err("the relay is shutting down".to_string()),
         w = tokio::time::timeout(route.cfg.hello_wait, wait) => {
             w.map_err(|_| "mod did not answer session/hello in time".to_string())??
         }
     };
-    Ok((welcome, redacted, raw))
+    Ok(Handshake {
+        welcome,
+        welcome_result,
+        hello_rec: redacted,
+        welcome_frame,
+    })
 }
 
 /// Serves one connection. Returns why no session could be established, if none was.
@@ -200,7 +220,12 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     );
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     let writer = tokio::spawn(write_loop(conn.write, rx, route.clone()));
-    let (welcome, hello_rec, welcome_raw) = match handshake(route, &mut frames, &tx).await {
+    let Handshake {
+        welcome,
+        welcome_result,
+        hello_rec,
+        welcome_frame,
+    } = match handshake(route, &mut frames, &tx).await {
         Ok(w) => w,
         Err(reason) => {
             writer.abort();
@@ -245,13 +270,14 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
         r.send_batch(vec![
             RecMsg::Begin(Box::new(meta)),
             rec(Direction::RelayToMod, hello_rec),
-            rec(Direction::ModToRelay, welcome_raw),
+            rec(Direction::ModToRelay, welcome_frame),
         ])
         .await;
     }
     let info = Arc::new(SessionInfo::new(
         id,
         welcome.clone(),
+        welcome_result,
         advertised,
         started_ns,
         Some(tx),
