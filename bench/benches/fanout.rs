@@ -1,4 +1,6 @@
-//! The hub's fan-out: one published event offered to 8 and 32 outboxes, drained by writers.
+//! The hub's fan-out: one published event offered to 8 and 32 outboxes, drained by writers;
+//! and one subscriber behind the default resume window, whose oldest events are freed as new
+//! ones arrive (long out of cache by then).
 
 use std::sync::Arc;
 
@@ -51,6 +53,29 @@ fn fanout(c: &mut Criterion) {
             },
         );
     }
+    // One subscriber, the default resume window (16,384 events) full: every publish evicts.
+    let hub = Hub::with_window(16_384, 16 << 20);
+    let outbox = Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 30));
+    hub.subscribe(0, &outbox, &["world/tick".to_string()]);
+    for _ in 0..16_384 {
+        hub.publish("world/tick", &body, span.clone());
+    }
+    g.throughput(Throughput::Elements(EVENTS as u64));
+    g.bench_function("publish+offer+drain/1 with a full resume window", |b| {
+        let mut batch = Batch::default();
+        b.iter(|| {
+            for _ in 0..EVENTS {
+                let p = hub.publish("world/tick", &body, span.clone());
+                for (_, o) in p.subscribers.iter() {
+                    o.offer(&p.event);
+                }
+            }
+            outbox.take(&mut batch).expect("open");
+            let bytes: usize = batch.frames.iter().map(|f| f.bytes().len()).sum();
+            batch.frames.clear();
+            bytes
+        })
+    });
     g.finish();
 }
 
