@@ -15,6 +15,8 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use serde::Serialize;
 
+use crate::report::collect::{MAX_METHODS, MAX_OPEN, OTHER_METHODS};
+
 /// A sparse log-linear histogram: values below 32 exactly, larger ones in buckets of 1/16 of
 /// their power of two; only buckets that occur are stored (a channel's payload sizes and a
 /// method's latencies fall in a handful).
@@ -185,6 +187,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
     let mut chans: BTreeMap<u32, Chan> = BTreeMap::new();
     let mut methods: BTreeMap<String, Method> = BTreeMap::new();
     let mut open: HashMap<String, (String, u64)> = HashMap::new();
+    let mut unanswered_untracked: HashMap<String, u64> = HashMap::new();
     let mut notices: HashMap<u32, u64> = HashMap::new();
     let mut parser = Parser::new();
     for item in store.frames(meta.id) {
@@ -216,7 +219,16 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 }
             }
             (Direction::RelayToMod, MsgType::Request) => {
-                let method = view.method.as_deref().unwrap_or("?").to_string();
+                // The report's bounds: methods past the first MAX_METHODS are pooled, and at
+                // most MAX_OPEN requests are awaited (the rest count as unanswered), so a
+                // session of endless distinct methods or unanswered calls reads in bounded
+                // memory and prints a bounded table.
+                let name = view.method.as_deref().unwrap_or("?");
+                let method = if methods.contains_key(name) || methods.len() < MAX_METHODS {
+                    name.to_string()
+                } else {
+                    OTHER_METHODS.to_string()
+                };
                 methods
                     .entry(method.clone())
                     .or_insert_with(|| Method {
@@ -226,7 +238,11 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                     })
                     .calls += 1;
                 if let Some(id) = view.id.as_deref() {
-                    open.insert(id.to_string(), (method, rec.time_ns));
+                    if open.len() < MAX_OPEN {
+                        open.insert(id.to_string(), (method, rec.time_ns));
+                    } else {
+                        *unanswered_untracked.entry(method).or_default() += 1;
+                    }
                 }
             }
             (Direction::ModToRelay, MsgType::Response) => {
@@ -247,7 +263,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             _ => {}
         }
     }
-    let mut unanswered: HashMap<String, u64> = HashMap::new();
+    let mut unanswered = unanswered_untracked;
     for (method, _) in open.into_values() {
         *unanswered.entry(method).or_default() += 1;
     }

@@ -55,6 +55,15 @@ async fn record(data: &str, route: &str, tags: &[&str]) {
     )
     .await
     .expect("echo");
+    // Refused marks are recorded, and are not marks: the export below counts two per session.
+    for bad in [
+        json!({"label": ""}),
+        json!({"label": "x".repeat(300)}),
+        json!({"data": 1}),
+    ] {
+        let r = c.request("relay/mark", bad).await.expect("answered");
+        assert_eq!(r["error"]["code"], -32602, "{r}");
+    }
     c.call("relay/mark", json!({"label": "ep-end"}))
         .await
         .expect("mark");
@@ -385,4 +394,40 @@ async fn tagging_a_data_dir_a_relay_holds_is_refused_in_one_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `stats` reads a session of endless distinct methods into a bounded table: the first 64 by
+/// name, the rest pooled, every call counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_pools_methods_past_the_first_64() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let sim = start_mod(None);
+    let s = serve_tagged(&sim, data, "lab", &[]).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    for i in 0..100 {
+        // Unknown to the mod: forwarded, answered with an error, recorded both ways.
+        let r = c
+            .request(&format!("probe/m{i:03}"), json!({}))
+            .await
+            .expect("answered");
+        assert!(r["error"].is_object(), "{r}");
+    }
+    s.stop_cleanly().await;
+    let st = json(&output(&["stats", "latest", "--json", "--data-dir", data]).await);
+    let methods = st["methods"].as_array().expect("methods");
+    assert_eq!(methods.len(), 65, "64 named and the pool: {st}");
+    let pooled = methods
+        .iter()
+        .find(|m| m["method"] == "(other methods)")
+        .expect("pool");
+    let calls: u64 = methods
+        .iter()
+        .map(|m| m["calls"].as_u64().expect("calls"))
+        .sum();
+    assert!(calls >= 100, "every call counted: {calls}");
+    assert!(pooled["calls"].as_u64().expect("calls") >= 36, "{pooled}");
 }

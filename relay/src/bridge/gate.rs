@@ -1,9 +1,10 @@
 //! Who may hold a connection: the route's bridge cap counts only welcomed bridges, and
 //! connections that have not said hello yet have a bound of their own. Relay-only bridges
-//! (`gabp-relay status`, which talk to the relay and never to the mod) have a small cap of their
-//! own, [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full can still be looked at. When that bound is full
-//! the OLDEST waiting connection is closed to make room, so idle connections can never keep an
-//! honest bridge (which says hello at once) from getting in. Refusals and evictions are counted
+//! (`gabp-relay status`, which talk to the relay and never to the mod) have a small bound of
+//! their own, [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full can still be looked at.
+//! When either of those two bounds is full the OLDEST connection in it is closed to make room, so
+//! idle connections can never keep an honest bridge (which says hello at once) or `status`
+//! (which asks and leaves) from getting in. Refusals and evictions are counted
 //! (`gabp_bridge_refusals_total`) and logged at most once per burst.
 
 use std::collections::BTreeMap;
@@ -17,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Connections that may wait for their hello at once (per route).
 pub const MAX_PREHELLO_CONNS: usize = 128;
-/// Relay-only bridges (`relay.withoutMod`) that may be welcomed at once, beside the bridge cap.
+/// Relay-only bridges (`relay.withoutMod`) welcomed at once, beside the bridge cap; the oldest
+/// is closed to make room for a new one.
 pub const MAX_RELAY_ONLY: usize = 8;
 /// At most one log line per this long about refusals and evictions.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -28,9 +30,11 @@ pub struct Gate {
     route: String,
     max_bridges: usize,
     bridges: Arc<Semaphore>,
-    relay_only: Arc<Semaphore>,
+    /// Welcomed relay-only connections, oldest first.
+    relay_only: Mutex<BTreeMap<u64, CancellationToken>>,
     waiting: Mutex<Waiting>,
     evicted: Counter,
+    relay_only_evicted: Counter,
     refused: Counter,
     log: Mutex<Burst>,
 }
@@ -50,14 +54,29 @@ struct Burst {
     refused: u64,
 }
 
-/// One connection's place: in the pre-hello bound until admitted, then a bridge permit.
+/// Where a connection stands.
+#[derive(Debug)]
+enum Place {
+    /// In the pre-hello bound.
+    Waiting,
+    /// Welcomed as a bridge, under the cap.
+    Bridge {
+        /// Held for as long as the bridge is: its place under the cap.
+        _permit: OwnedSemaphorePermit,
+    },
+    /// Welcomed relay-only, in the relay-only bound.
+    RelayOnly,
+}
+
+/// One connection's place: in the pre-hello bound until admitted, then a bridge permit or a
+/// relay-only place.
 #[derive(Debug)]
 pub struct Slot {
     gate: Arc<Gate>,
     id: u64,
     /// Cancelled when the connection is evicted to make room for a newer one.
     pub evicted: CancellationToken,
-    permit: Option<OwnedSemaphorePermit>,
+    place: Place,
 }
 
 impl Gate {
@@ -68,9 +87,10 @@ impl Gate {
             route: label.clone(),
             max_bridges,
             bridges: Arc::new(Semaphore::new(max_bridges)),
-            relay_only: Arc::new(Semaphore::new(MAX_RELAY_ONLY)),
+            relay_only: Mutex::new(BTreeMap::new()),
             waiting: Mutex::new(Waiting::default()),
             evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "evicted_before_hello"),
+            relay_only_evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "relay_only_evicted"),
             refused: metrics::counter!("gabp_bridge_refusals_total", "route" => label, "reason" => "too_many_bridges"),
             log: Mutex::new(Burst::default()),
         })
@@ -100,7 +120,7 @@ impl Gate {
             gate: self.clone(),
             id,
             evicted,
-            permit: None,
+            place: Place::Waiting,
         }
     }
 
@@ -132,25 +152,37 @@ impl Gate {
 }
 
 impl Slot {
-    /// Admits the connection as a bridge (it leaves the pre-hello bound), under the bridge cap
-    /// or, when `relay_only`, under [`MAX_RELAY_ONLY`]: false if it was evicted, or if its cap is
-    /// full (counted and logged); either way it then closes.
+    /// Admits the connection (it leaves the pre-hello bound) as a bridge under the bridge cap,
+    /// or, when `relay_only`, into the relay-only bound (closing the oldest there when it is
+    /// full): false if it was evicted, or if the bridge cap is full (counted and logged); either
+    /// way it then closes.
     pub fn admit(&mut self, relay_only: bool) -> bool {
-        if self.permit.is_some() {
+        if !matches!(self.place, Place::Waiting) {
             return true;
         }
         // Already evicted (a newer connection took the room): closing anyway.
         if self.gate.waiting.lock().conns.remove(&self.id).is_none() {
             return false;
         }
-        let cap = if relay_only {
-            &self.gate.relay_only
-        } else {
-            &self.gate.bridges
-        };
-        match cap.clone().try_acquire_owned() {
+        if relay_only {
+            let oldest = {
+                let mut held = self.gate.relay_only.lock();
+                let oldest = (held.len() >= MAX_RELAY_ONLY)
+                    .then(|| held.pop_first().map(|(_, t)| t))
+                    .flatten();
+                held.insert(self.id, self.evicted.clone());
+                oldest
+            };
+            if let Some(t) = oldest {
+                t.cancel();
+                self.gate.relay_only_evicted.increment(1);
+            }
+            self.place = Place::RelayOnly;
+            return true;
+        }
+        match self.gate.bridges.clone().try_acquire_owned() {
             Ok(p) => {
-                self.permit = Some(p);
+                self.place = Place::Bridge { _permit: p };
                 true
             }
             Err(_) => {
@@ -164,8 +196,14 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.permit.is_none() {
-            self.gate.waiting.lock().conns.remove(&self.id);
+        match self.place {
+            Place::Waiting => {
+                self.gate.waiting.lock().conns.remove(&self.id);
+            }
+            Place::RelayOnly => {
+                self.gate.relay_only.lock().remove(&self.id);
+            }
+            Place::Bridge { .. } => {}
         }
     }
 }

@@ -70,17 +70,16 @@ impl BridgeReader {
             }
         };
         // Only welcomed bridges count against the cap: taken here, with the right token. A
-        // relay-only bridge takes one of the few places of its own, so `status` still sees a
-        // relay whose bridge cap is full.
+        // relay-only bridge takes one of the few places of its own (the oldest holder closed to
+        // make room), so `status` always sees a relay whose bridge cap is full.
         if !self.slot.admit(relay_only) {
             self.done = true;
-            let why = if relay_only {
-                "too many relay-only bridges (relay.withoutMod) connected"
-            } else {
-                "too many bridges connected"
-            };
             return self
-                .reply_error(Some(id), ErrorCode::LimitExceeded, why)
+                .reply_error(
+                    Some(id),
+                    ErrorCode::LimitExceeded,
+                    "too many bridges connected",
+                )
                 .await;
         }
         let session = match route.current() {

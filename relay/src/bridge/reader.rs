@@ -31,8 +31,6 @@ const CONTROL_PAUSE: usize = 1 << 20;
 const MAX_BAD_RECORDED: u32 = 16;
 /// A read buffer grown past this by one big frame is given back once empty.
 const READ_BUFFER_KEEP: usize = 1 << 20;
-/// Longest `relay/mark` label (the whole frame is already bounded by `--max-body`).
-const MAX_MARK_LABEL: usize = 256;
 /// Connections closed for saying no hello, or for a frame left unfinished, in time: any peer
 /// can cause these, so they are logged on a budget.
 static NO_HELLO: LogBudget = LogBudget::new(10);
@@ -139,9 +137,9 @@ impl BridgeReader {
                     let now = Instant::now();
                     if !self.authed && now.duration_since(connected) > timeout {
                         if let Some(earlier_unlogged) = NO_HELLO.admit() {
-                            tracing::info!(peer = %self.bridge.peer, earlier_unlogged, "closing bridge: no session/hello within {timeout:?}");
+                            tracing::info!(peer = %self.bridge.peer, earlier_unlogged, "closing bridge: not welcomed within {timeout:?} (no session/hello, or none that succeeded)");
                         }
-                        return self.reply_error(None, ErrorCode::NoSession, "no session/hello in time; closing").await;
+                        return self.reply_error(None, ErrorCode::NoSession, "not welcomed in time (no successful session/hello); closing").await;
                     }
                     if frames.read_buffer().is_empty() {
                         partial_since = None;
@@ -367,13 +365,16 @@ impl BridgeReader {
     /// end, a reward, a test step). The request itself is the recorded mark (with its bridge
     /// and time); it is answered here and never reaches the mod.
     async fn mark(&mut self, id: &str, params: &Value) {
-        match params["label"].as_str() {
-            Some(label) if !label.is_empty() && label.len() <= MAX_MARK_LABEL => {
+        match crate::export::mark_label(params) {
+            Some(label) => {
                 let answer = json!({"marked": true, "label": label, "tNs": now_ns()});
                 self.reply(message::result_response(id, answer)).await;
             }
-            _ => {
-                let why = format!("relay/mark needs a label: a non-empty string of at most {MAX_MARK_LABEL} bytes");
+            None => {
+                let why = format!(
+                    "relay/mark needs a label: a non-empty string of at most {} bytes",
+                    crate::export::MAX_MARK_LABEL
+                );
                 self.reply_error(Some(id), ErrorCode::InvalidParams, &why)
                     .await;
             }

@@ -34,8 +34,9 @@ pub struct ReplayArgs {
     /// Start this far into the session (e.g. 10s).
     #[arg(long, value_parser = parse_duration)]
     pub from: Option<Duration>,
-    /// Largest frame body sent or accepted, e.g. 4MiB; 1KiB to 64MiB [default: 1MiB]. A session
-    /// recorded with a larger `serve --max-body` needs the same here to serve its largest frames.
+    /// Largest frame body a bridge may send, and largest welcome sent, e.g. 4MiB; 1KiB to 64MiB
+    /// [default: 1MiB]. A session whose mod's welcome was larger needs as much here to welcome
+    /// bridges; recorded events are served whole whatever their size.
     #[arg(long, value_parser = super::serve::max_body)]
     pub max_body: Option<String>,
     /// Allow listening on a non-loopback address.

@@ -137,14 +137,20 @@ impl Classifier {
             MsgType::Request => {
                 row.kind = Kind::Request;
                 row.payload = text(view.params.clone());
-                if rec.dir == Direction::BridgeToRelay && view.method.as_deref() == Some(MARK) {
-                    row.kind = Kind::Mark;
-                    let params: Value = row
-                        .payload
+                let params = || -> Value {
+                    row.payload
                         .as_deref()
                         .and_then(|p| serde_json::from_str(p).ok())
-                        .unwrap_or(Value::Null);
-                    row.label = params["label"].as_str().map(String::from);
+                        .unwrap_or(Value::Null)
+                };
+                let label = (rec.dir == Direction::BridgeToRelay
+                    && view.method.as_deref() == Some(MARK))
+                .then(|| mark_label(&params()).map(String::from))
+                .flatten();
+                // A refused mark (no valid label) stays a request: it marks nothing.
+                if let Some(label) = label {
+                    row.kind = Kind::Mark;
+                    row.label = Some(label);
                     // As the bridge wrote it: numbers of any size stay exact.
                     row.data = row.payload.as_deref().and_then(|p| {
                         let span = gabp_proto::scan::member_value(p.as_bytes(), "data")?;
@@ -172,6 +178,18 @@ impl Classifier {
 
 /// The relay's own request that marks a timeline.
 pub const MARK: &str = "relay/mark";
+
+/// Longest `relay/mark` label (the whole frame is already bounded by `--max-body`).
+pub const MAX_MARK_LABEL: usize = 256;
+
+/// The label of a `relay/mark` with these params, if the relay accepts it: a non-empty string
+/// of at most [`MAX_MARK_LABEL`] bytes. One rule for the bridge reader, which answers marks,
+/// and the exporters, which list only the marks it accepted (a refused one is recorded too).
+pub fn mark_label(params: &Value) -> Option<&str> {
+    params["label"]
+        .as_str()
+        .filter(|l| !l.is_empty() && l.len() <= MAX_MARK_LABEL)
+}
 
 /// Whether `meta` has what `filter` cuts at: every `--channel` and the marks (an extra pass
 /// over the session when marks are asked for). A selection skips the sessions that fail this

@@ -240,20 +240,21 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
             (Direction::BridgeToRelay, MsgType::Request)
                 if view.method.as_deref() == Some("relay/mark") =>
             {
+                let params = view
+                    .params
+                    .clone()
+                    .and_then(|p| serde_json::from_slice(&rec.body[p]).ok())
+                    .unwrap_or(serde_json::Value::Null);
+                // A mark the relay refused (no valid label) is not on the timeline.
+                let Some(label) = crate::export::mark_label(&params) else {
+                    continue;
+                };
                 c.marks_total += 1;
                 if c.marks.len() < MAX_MARKS {
-                    let label = field(&rec.body, view.params.clone(), "label")
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default();
-                    // An unlabelled mark was refused by the relay: not on the timeline.
-                    if label.is_empty() {
-                        c.marks_total -= 1;
-                        continue;
-                    }
                     c.marks.push(Mark {
                         offset_ns: rec.time_ns.saturating_sub(meta.started_ns),
                         conn: rec.conn,
-                        label,
+                        label: label.to_string(),
                     });
                 }
             }
