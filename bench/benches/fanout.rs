@@ -35,48 +35,47 @@ fn fanout(c: &mut Criterion) {
             &subs,
             |b, _| {
                 let mut batch = Batch::default();
-                b.iter(|| {
-                    for _ in 0..EVENTS {
-                        let p = hub.publish("world/tick", &body, span.clone());
-                        for (_, o) in p.subscribers.iter() {
-                            o.offer(&p.event);
-                        }
-                    }
-                    let mut bytes = 0usize;
-                    for o in &outboxes {
-                        o.take(&mut batch).expect("open");
-                        bytes += batch.frames.iter().map(|f| f.bytes().len()).sum::<usize>();
-                        batch.frames.clear();
-                    }
-                    bytes
-                })
+                b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch))
             },
         );
     }
     // One subscriber, the default resume window (16,384 events) full: every publish evicts.
     let hub = Hub::with_window(16_384, 16 << 20);
-    let outbox = Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 30));
-    hub.subscribe(0, &outbox, &["world/tick".to_string()]);
+    let outboxes = [Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 30))];
+    hub.subscribe(0, &outboxes[0], &["world/tick".to_string()]);
     for _ in 0..16_384 {
         hub.publish("world/tick", &body, span.clone());
     }
     g.throughput(Throughput::Elements(EVENTS as u64));
     g.bench_function("publish+offer+drain/1 with a full resume window", |b| {
         let mut batch = Batch::default();
-        b.iter(|| {
-            for _ in 0..EVENTS {
-                let p = hub.publish("world/tick", &body, span.clone());
-                for (_, o) in p.subscribers.iter() {
-                    o.offer(&p.event);
-                }
-            }
-            outbox.take(&mut batch).expect("open");
-            let bytes: usize = batch.frames.iter().map(|f| f.bytes().len()).sum();
-            batch.frames.clear();
-            bytes
-        })
+        b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch))
     });
     g.finish();
+}
+
+/// One iteration: `EVENTS` events published and offered to their subscribers, then every
+/// outbox drained as a writer would; returns the bytes taken.
+fn publish_and_drain(
+    hub: &Hub,
+    body: &[u8],
+    span: &Option<std::ops::Range<usize>>,
+    outboxes: &[Arc<Outbox>],
+    batch: &mut Batch,
+) -> usize {
+    for _ in 0..EVENTS {
+        let p = hub.publish("world/tick", body, span.clone());
+        for (_, o) in p.subscribers.iter() {
+            o.offer(&p.event);
+        }
+    }
+    let mut bytes = 0usize;
+    for o in outboxes {
+        o.take(batch).expect("open");
+        bytes += batch.frames.iter().map(|f| f.bytes().len()).sum::<usize>();
+        batch.frames.clear();
+    }
+    bytes
 }
 
 criterion_group! {

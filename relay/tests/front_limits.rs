@@ -74,7 +74,16 @@ async fn honest_bridges_get_in(addr: &Addr, token: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_cannot_lock_bridges_out_of_serve() {
     let sim = start_mod(None);
-    let s = serve(&[
+    // Far fewer bridges than idle connections (256): only welcomed bridges count. Room for the
+    // five honest bridges, since a closed bridge's place comes back only once the relay has
+    // seen it go.
+    let s = serve_capped(&sim, "8").await;
+    honest_bridges_get_in(&s.addr, TOKEN).await;
+}
+
+/// `serve` in front of `sim`, not recording, with `--max-bridges max_bridges`.
+async fn serve_capped(sim: &support::ModSim, max_bridges: &str) -> support::Serve {
+    serve(&[
         "--upstream",
         &sim.addr().to_string(),
         "--upstream-token",
@@ -84,14 +93,10 @@ async fn idle_connections_cannot_lock_bridges_out_of_serve() {
         "--token",
         TOKEN,
         "--no-record",
-        // Far fewer bridges than idle connections (256): only welcomed bridges count. Room for
-        // the five honest bridges, since a closed bridge's place comes back only once the relay
-        // has seen it go.
         "--max-bridges",
-        "8",
+        max_bridges,
     ])
-    .await;
-    honest_bridges_get_in(&s.addr, TOKEN).await;
+    .await
 }
 
 /// Writes one ended session of `events` events on one channel, with one recorded answer to a
@@ -324,20 +329,7 @@ async fn floods_of_wrong_tokens_and_silent_connections_are_logged_on_a_budget() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
     let sim = start_mod(None);
-    let s = serve(&[
-        "--upstream",
-        &sim.addr().to_string(),
-        "--upstream-token",
-        support::MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        TOKEN,
-        "--no-record",
-        "--max-bridges",
-        "2",
-    ])
-    .await;
+    let s = serve_capped(&sim, "2").await;
     let mut full = Vec::new();
     for _ in 0..2 {
         full.push(
