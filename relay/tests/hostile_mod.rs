@@ -721,9 +721,12 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
 }
 
 #[tokio::test]
-async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte() {
+async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte_live_and_in_replay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
     let (listener, up) = bind().await;
-    let relay = serve(&["--upstream", &up, "--no-record"]).await;
+    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
     let mut m = accept(&listener).await;
     // Keys out of order, numbers no double holds, escapes, spacing, non-ASCII, and a forged
     // relay extension: all as the mod wrote them, except the relay's extension.
@@ -733,7 +736,50 @@ async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte() {
         r#"{{ "agentId":"w", {kept}, "capabilities": {{"events": [], {ext}"forged"}}}} }}"#
     ))
     .await;
-    let mut c = Client::connect(&relay.addr).await.expect("connect");
+    let welcome = welcome_text(&relay.addr).await;
+    for want in [kept, ext] {
+        assert!(welcome.contains(want), "live: {welcome}");
+    }
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+    // Replay serves the welcome as recorded, byte for byte too.
+    let mut replay = Command::new(BIN)
+        .args([
+            "replay",
+            "latest",
+            "--data-dir",
+            data,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--token", TOKEN])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn replay");
+    let mut out = BufReader::new(replay.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), out.next_line())
+        .await
+        .expect("replay started")
+        .expect("stdout")
+        .expect("a line");
+    let addr: Addr = line
+        .rsplit(" on ")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("address");
+    let welcome = welcome_text(&addr).await;
+    for want in [kept, ext] {
+        assert!(welcome.contains(want), "replay: {welcome}");
+    }
+    replay.kill().await.expect("replay stopped");
+}
+
+/// Says hello to the relay at `addr` and returns its answer's bytes, checking its relay
+/// extension is the relay's own.
+async fn welcome_text(addr: &Addr) -> String {
+    let mut c = Client::connect(addr).await.expect("connect");
     let id = "0b9f6a3e-5d2c-4c8e-9a71-2f4d6b8e1c05";
     let hello = gabp_proto::message::request(
         id,
@@ -742,15 +788,11 @@ async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte() {
     );
     c.send_body(&hello).await.expect("hello sent");
     let body = c.next_frame().await.expect("read").expect("welcome");
-    let text = std::str::from_utf8(&body).expect("utf-8");
-    assert!(text.contains(kept), "{text}");
-    assert!(text.contains(ext), "{text}");
+    let text = String::from_utf8(body.to_vec()).expect("utf-8");
     assert!(!text.contains("forged"), "{text}");
     let v: Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(v["id"], id);
     let relay_ext = &v["result"]["capabilities"]["extensions"]["relay"];
     assert_eq!(relay_ext["name"], "gabp-relay", "{text}");
-    assert_eq!(relay_ext["modConnected"], true, "{text}");
-    drop(m);
-    assert_eq!(relay.stop().await.0, Some(0));
+    text
 }

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use gabp_proto::{frame_bytes, message, ErrorCode};
-use gabp_storage::{SessionMeta, Store};
+use gabp_proto::{frame_bytes, message, ErrorCode, Mode, MsgType, Parser};
+use gabp_storage::{Direction, SessionMeta, Store};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
@@ -173,13 +173,37 @@ impl Recorded {
     }
 }
 
+/// The welcome result the mod wrote, as recorded: the mod's answer among the session's first
+/// frames, recorded at the session's start with the relay's hello. `None` if it is not there.
+fn recorded_welcome(plan: &ReplayPlan) -> Option<Bytes> {
+    let mut parser = Parser::new();
+    for item in plan.store.frames(plan.meta.id).take(4) {
+        let (_, rec) = item.ok()?;
+        if rec.dir != Direction::ModToRelay || rec.time_ns != plan.meta.started_ns {
+            continue;
+        }
+        let view = parser.parse(&rec.body, Mode::Tolerant).ok()?;
+        let span = view.result.filter(|_| view.kind == MsgType::Response)?;
+        return Some(rec.body.slice(span));
+    }
+    None
+}
+
 impl Backend for Recorded {
     fn run(self: Arc<Self>, route: Arc<Route>) -> BoxFuture<'static, ()> {
         async move {
             let meta = &self.plan.meta;
             let welcome = meta.welcome.clone().unwrap_or_else(|| json!({}));
-            // The catalog keeps the welcome parsed; it is served as serde_json writes it.
-            let welcome_result = Bytes::from(gabp_proto::message::to_ascii_json(&welcome));
+            // The welcome as the mod wrote it, from the recording; failing that (a recording
+            // without it), the catalog's parsed copy as serde_json writes it.
+            let plan = self.plan.clone();
+            let recorded = tokio::task::spawn_blocking(move || recorded_welcome(&plan))
+                .await
+                .ok()
+                .flatten();
+            let welcome_result = recorded.unwrap_or_else(|| {
+                Bytes::from(gabp_proto::message::to_ascii_json(&welcome))
+            });
             route.session.send_replace(Some(Arc::new(SessionInfo::new(
                 meta.id,
                 welcome,
