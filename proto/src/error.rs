@@ -63,8 +63,9 @@ pub enum EnvelopeError {
     /// the 128-bit range (below -2^127, above -2^128). Larger magnitudes are read as doubles.
     #[error("a negative integer between -2^128 and -2^127 cannot be read: send it as a string or with a fraction")]
     UnreadableNumber,
-    /// Arrays and objects nest deeper than the relay reads (128 levels).
-    #[error("nesting deeper than 128 levels")]
+    /// Arrays and objects nest deeper than the relay reads (127 levels, the frame's own object
+    /// included: serde_json's limit).
+    #[error("nesting deeper than 127 levels")]
     TooDeep,
     /// A string escape names a lone surrogate (`"\ud800"`), which no decoder can represent.
     #[error("lone surrogate in a string escape")]

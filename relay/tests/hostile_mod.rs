@@ -796,3 +796,71 @@ async fn welcome_text(addr: &Addr) -> String {
     assert_eq!(relay_ext["name"], "gabp-relay", "{text}");
     text
 }
+
+/// Nesting is refused exactly where serde_json stops reading (a 128th level, the frame's own
+/// object counting as the first), from a bridge and from the mod: whatever is forwarded, a
+/// serde_json peer decodes.
+#[tokio::test]
+async fn nesting_past_serde_jsons_limit_is_refused_both_ways_and_up_to_it_forwarded() {
+    let (listener, up) = bind().await;
+    let relay = serve(&["--upstream", &up, "--no-record"]).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&["c"]).await;
+    assert_eq!(m.subscribed().await, vec!["c"]);
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    c.subscribe(&["c"]).await.expect("subscribe");
+    // The envelope is level 1 and its params or payload object level 2.
+    let nested = |levels: usize| {
+        format!(
+            r#"{{"x":{}{}}}"#,
+            "[".repeat(levels - 2),
+            "]".repeat(levels - 2)
+        )
+    };
+    let request = |id: &str, levels: usize| {
+        format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/list","params":{}}}"#,
+            nested(levels)
+        )
+    };
+    let too_deep = "6a0f3c2e-1b4d-4e8f-9a7c-5d3e2f1a0b9c";
+    c.send_body(request(too_deep, 128).as_bytes())
+        .await
+        .expect("sent");
+    let r = c.response_to(too_deep).await.expect("answered");
+    assert_eq!(r["error"]["code"], -32600, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("nesting deeper than 127")),
+        "{r}"
+    );
+    let deepest = "7b1e4d3f-2c5e-4f90-8b6d-6e4f3a2b1c0d";
+    c.send_body(request(deepest, 127).as_bytes())
+        .await
+        .expect("sent");
+    let forwarded = loop {
+        let f = m.next().await.expect("a request reaches the mod");
+        if f["method"] == "tools/list" {
+            break f;
+        }
+    };
+    // The mod gets the 127-level request, and it is the first request since the subscribe.
+    assert!(forwarded["params"]["x"].is_array(), "{forwarded}");
+    // From the mod: the event one level too deep is an anomaly; the next is forwarded.
+    m.send_all([
+        event("c", Some(1), &nested(128)),
+        event("c", Some(2), &nested(127)),
+    ])
+    .await;
+    let e = c.next_event().await.expect("event");
+    assert_eq!(
+        e["seq"], 0,
+        "the first event forwarded has relay seq 0: {e}"
+    );
+    assert!(e["payload"]["x"].is_array(), "the 127-level event: {e}");
+    drop(m);
+    assert_eq!(relay.stop().await.0, Some(0));
+}

@@ -160,14 +160,19 @@ pub(super) fn skip_number<const FINITE: bool>(b: &[u8], mut i: usize) -> Option<
 
 /// Validates the value starting at `i` (no leading whitespace); returns the index past it.
 pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
-    skip_val::<true, true>(b, i)
+    skip_val::<true, true>(b, i, MAX_DEPTH)
 }
 
-/// [`skip_value`] with the two extra rules switchable (diagnosis only).
-pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(b: &[u8], i: usize) -> Option<usize> {
+/// [`skip_value`] with the two extra rules switchable (diagnosis only), and at most `levels`
+/// levels of nesting (the value itself counting as one).
+pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(
+    b: &[u8],
+    i: usize,
+    levels: usize,
+) -> Option<usize> {
     match *b.get(i)? {
         b'"' => skip_str::<PAIRS>(b, i),
-        b'{' | b'[' => skip_container::<FINITE, PAIRS>(b, i),
+        b'{' | b'[' => skip_container::<FINITE, PAIRS>(b, i, levels),
         b't' => b.get(i..i + 4).filter(|s| *s == b"true").map(|_| i + 4),
         b'f' => b.get(i..i + 5).filter(|s| *s == b"false").map(|_| i + 5),
         b'n' => b.get(i..i + 4).filter(|s| *s == b"null").map(|_| i + 4),
@@ -175,11 +180,14 @@ pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(b: &[u8], i: usize
     }
 }
 
-/// Validates an object or array with an explicit stack (no recursion).
+/// Validates an object or array, at most `levels` deep (at most [`MAX_DEPTH`]), with an
+/// explicit stack (no recursion).
 pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
     b: &[u8],
     i: usize,
+    levels: usize,
 ) -> Option<usize> {
+    let levels = levels.min(MAX_DEPTH);
     // Each stack entry says whether that level is an object.
     let mut stack = [false; MAX_DEPTH];
     let mut depth = 0usize;
@@ -188,7 +196,7 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
     // or a comma (expecting a member/element) or just after a value.
     let open =
         |b: &[u8], j: usize, stack: &mut [bool; MAX_DEPTH], depth: &mut usize| -> Option<usize> {
-            if *depth == MAX_DEPTH {
+            if *depth == levels {
                 return None;
             }
             stack[*depth] = b[j] == b'{';
@@ -230,7 +238,8 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
                     first = true;
                     continue;
                 }
-                _ => j = skip_val::<FINITE, PAIRS>(b, j)?,
+                // Containers are opened above: only scalars get here.
+                _ => j = skip_val::<FINITE, PAIRS>(b, j, 0)?,
             }
             expect_item = false;
             first = false;

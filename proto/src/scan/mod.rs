@@ -27,8 +27,9 @@ use lexeme::{skip_str, skip_val, skip_ws};
 pub use lexeme::{skip_string, skip_value};
 pub use loose::{LooseScan, LOOSE_MAX};
 
-/// Deepest nesting accepted.
-pub const MAX_DEPTH: usize = 128;
+/// Deepest nesting accepted, a frame's own object counting as one level: serde_json's default
+/// limit (it refuses a 128th level), so every frame the relay forwards decodes there too.
+pub const MAX_DEPTH: usize = 127;
 
 /// One top-level member: the raw key (between the quotes) and the raw value span.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +93,8 @@ fn members_with<const FINITE: bool, const PAIRS: bool>(
             return None;
         }
         i = skip_ws(b, i + 1);
-        let value_end = skip_val::<FINITE, PAIRS>(b, i)?;
+        // The object these members are in is the first level.
+        let value_end = skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH - 1)?;
         out.push(Member {
             key,
             value: i..value_end,
@@ -113,7 +115,7 @@ pub fn is_valid_json(b: &[u8]) -> bool {
 
 fn valid_with<const FINITE: bool, const PAIRS: bool>(b: &[u8]) -> bool {
     let i = skip_ws(b, 0);
-    skip_val::<FINITE, PAIRS>(b, i).is_some_and(|end| skip_ws(b, end) == b.len())
+    skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH).is_some_and(|end| skip_ws(b, end) == b.len())
 }
 
 /// Why a body the scanner refused would otherwise be well-formed JSON: it holds a number that
@@ -230,19 +232,25 @@ mod tests {
     }
 
     #[test]
-    fn depth_is_bounded() {
-        let deep = format!(
-            "{{\"a\":{}{}}}",
-            "[".repeat(MAX_DEPTH + 1),
-            "]".repeat(MAX_DEPTH + 1)
-        );
-        assert!(members(deep.as_bytes(), &mut Vec::new()).is_none());
-        let ok = format!(
-            "{{\"a\":{}{}}}",
-            "[".repeat(MAX_DEPTH - 1),
-            "]".repeat(MAX_DEPTH - 1)
-        );
+    fn depth_is_bounded_exactly_where_serde_json_stops() {
+        // `levels` levels in all, the outer object the first.
+        let nested = |levels: usize| {
+            format!(
+                "{{\"a\":{}{}}}",
+                "[".repeat(levels - 1),
+                "]".repeat(levels - 1)
+            )
+        };
+        let ok = nested(MAX_DEPTH);
         assert!(members(ok.as_bytes(), &mut Vec::new()).is_some());
+        assert!(is_valid_json(ok.as_bytes()));
+        assert!(serde_json::from_str::<serde_json::Value>(&ok).is_ok());
+        assert_eq!(diagnose(ok.as_bytes()), None);
+        let deep = nested(MAX_DEPTH + 1);
+        assert!(members(deep.as_bytes(), &mut Vec::new()).is_none());
+        assert!(!is_valid_json(deep.as_bytes()));
+        assert!(serde_json::from_str::<serde_json::Value>(&deep).is_err());
+        assert_eq!(diagnose(deep.as_bytes()), Some(Refusal::TooDeep));
     }
 
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
