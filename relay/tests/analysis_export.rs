@@ -64,6 +64,24 @@ async fn record(data: &str, route: &str, tags: &[&str]) {
         let r = c.request("relay/mark", bad).await.expect("answered");
         assert_eq!(r["error"]["code"], -32602, "{r}");
     }
+    // So are marks refused at the bridge boundary (a repeated key), whatever their label.
+    for (id, params) in [
+        (
+            "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f",
+            r#"{"label":"","label":"dup-label"}"#,
+        ),
+        (
+            "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a",
+            r#"{"label":"dup-data","data":{"a":1,"a":2}}"#,
+        ),
+    ] {
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"relay/mark","params":{params}}}"#
+        );
+        c.send_body(body.as_bytes()).await.expect("sent");
+        let r = c.response_to(id).await.expect("answered");
+        assert_eq!(r["error"]["code"], -32600, "{r}");
+    }
     c.call("relay/mark", json!({"label": "ep-end"}))
         .await
         .expect("mark");

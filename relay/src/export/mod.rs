@@ -97,6 +97,8 @@ pub struct Row<'a> {
 #[derive(Default)]
 pub struct Classifier {
     parser: Parser,
+    /// For the strict second look at marks.
+    strict: Parser,
 }
 
 impl Classifier {
@@ -137,17 +139,11 @@ impl Classifier {
             MsgType::Request => {
                 row.kind = Kind::Request;
                 row.payload = text(view.params.clone());
-                let params = || -> Value {
-                    row.payload
-                        .as_deref()
-                        .and_then(|p| serde_json::from_str(p).ok())
-                        .unwrap_or(Value::Null)
-                };
                 let label = (rec.dir == Direction::BridgeToRelay
                     && view.method.as_deref() == Some(MARK))
-                .then(|| mark_label(&params()).map(String::from))
+                .then(|| accepted_mark(&mut self.strict, body))
                 .flatten();
-                // A refused mark (no valid label) stays a request: it marks nothing.
+                // A refused mark (a bad frame, or no valid label) stays a request.
                 if let Some(label) = label {
                     row.kind = Kind::Mark;
                     row.label = Some(label);
@@ -189,6 +185,21 @@ pub fn mark_label(params: &Value) -> Option<&str> {
     params["label"]
         .as_str()
         .filter(|l| !l.is_empty() && l.len() <= MAX_MARK_LABEL)
+}
+
+/// The label of `body`, a recorded bridge frame, if it is a `relay/mark` the relay accepted:
+/// valid at the bridge boundary (the strict parse: UUID id, no duplicate keys, …) and with a
+/// label [`mark_label`] takes. Marks are rare, so each is parsed again, strictly.
+pub fn accepted_mark(parser: &mut Parser, body: &[u8]) -> Option<String> {
+    let view = parser.parse(body, Mode::Strict).ok()?;
+    if view.kind != MsgType::Request || view.method.as_deref() != Some(MARK) {
+        return None;
+    }
+    let params: Value = view
+        .params
+        .and_then(|p| serde_json::from_slice(&body[p]).ok())
+        .unwrap_or(Value::Null);
+    mark_label(&params).map(String::from)
 }
 
 /// Whether `meta` has what `filter` cuts at: every `--channel` and the marks (an extra pass

@@ -134,6 +134,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
     let mut open: HashMap<String, (usize, u64)> = HashMap::new();
     let mut gaps = store.gaps(meta.id)?.into_iter().peekable();
     let mut parser = Parser::new();
+    let mut strict = Parser::new();
     for item in store.frames(meta.id) {
         let (n, rec) = item?;
         c.frames += 1;
@@ -240,13 +241,8 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
             (Direction::BridgeToRelay, MsgType::Request)
                 if view.method.as_deref() == Some("relay/mark") =>
             {
-                let params = view
-                    .params
-                    .clone()
-                    .and_then(|p| serde_json::from_slice(&rec.body[p]).ok())
-                    .unwrap_or(serde_json::Value::Null);
-                // A mark the relay refused (no valid label) is not on the timeline.
-                let Some(label) = crate::export::mark_label(&params) else {
+                // A mark the relay refused (a bad frame, no valid label) is not on the timeline.
+                let Some(label) = crate::export::accepted_mark(&mut strict, &rec.body) else {
                     continue;
                 };
                 c.marks_total += 1;
@@ -254,7 +250,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                     c.marks.push(Mark {
                         offset_ns: rec.time_ns.saturating_sub(meta.started_ns),
                         conn: rec.conn,
-                        label: label.to_string(),
+                        label,
                     });
                 }
             }
