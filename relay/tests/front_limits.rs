@@ -325,15 +325,28 @@ async fn floods_of_wrong_tokens_and_silent_connections_are_logged_on_a_budget() 
 }
 
 /// `gabp-relay status` must see a relay whose `--max-bridges` is full: relay-only hellos have
-/// places of their own, a few, the oldest holder closed to make room.
+/// places of their own, a few per identity, that identity's oldest closed to make room; one
+/// identity's churn never closes another's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
+    use support::identities::{config_text, serve_config, WATCHER};
+    let dir = tempfile::tempdir().expect("tempdir");
     let sim = start_mod(None);
-    let s = serve_capped(&sim, "2").await;
+    let bridges = format!(
+        "[[route.bridge]]\nname = \"watcher\"\ntoken = \"{WATCHER}\"\nrole = \"observe\"\n"
+    );
+    let cfg = support::config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(sim.addr(), "max_bridges = 2\nrecord = false\n", &bridges),
+    );
+    let file = dir.path().join("bridge.json");
+    let s = serve_config(&cfg, file.to_str().expect("utf-8"), &[]).await;
+    let operator = support::BRIDGE_TOKEN;
     let mut full = Vec::new();
     for _ in 0..2 {
         full.push(
-            Client::connect_hello(&s.addr, TOKEN)
+            Client::connect_hello(&s.addr, operator)
                 .await
                 .expect("welcomed")
                 .0,
@@ -341,14 +354,17 @@ async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
     }
     let mut third = Client::connect(&s.addr).await.expect("connect");
     let refused = third
-        .request("session/hello", hello_params(TOKEN, false))
+        .request("session/hello", hello_params(operator, false))
         .await
         .expect("answered");
     assert_eq!(refused["error"]["code"], -32002, "{refused}");
-    // The eight relay-only places: each welcomed and served its status while the cap is full.
+    // The operator looks, and stays connected: the oldest relay-only connection of all.
+    let (mut looking, welcome) = relay_only_hello(&s.addr, operator).await;
+    assert!(welcome["result"].is_object(), "{welcome}");
+    // Another identity takes its four places, each welcomed and served while the cap is full.
     let mut lookers = Vec::new();
-    for i in 0..8 {
-        let (mut c, welcome) = relay_only_hello(&s.addr).await;
+    for i in 0..4 {
+        let (mut c, welcome) = relay_only_hello(&s.addr, WATCHER).await;
         assert!(
             welcome["result"].is_object(),
             "relay-only hello {i}: {welcome}"
@@ -357,27 +373,32 @@ async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
         assert!(status["bridges"].is_array(), "{status}");
         lookers.push(c);
     }
-    // Holding the eight places locks nobody out: each newcomer is welcomed, and the oldest
+    // Holding them locks nobody out: each newcomer is welcomed, and that identity's oldest
     // holder is closed to make room.
     for i in 0..8 {
-        let (mut c, welcome) = relay_only_hello(&s.addr).await;
+        let (mut c, welcome) = relay_only_hello(&s.addr, WATCHER).await;
         assert!(welcome["result"].is_object(), "newcomer {i}: {welcome}");
         c.call("relay/status", json!({})).await.expect("status");
         let mut oldest = lookers.remove(0);
         assert!(
             matches!(oldest.next_frame().await, Ok(None) | Err(_)),
-            "the oldest relay-only connection is closed"
+            "the watcher's oldest relay-only connection is closed"
         );
         lookers.push(c);
     }
-    // The bridge cap is untouched by all this.
+    // The operator's connection was never closed by the watcher's churn, nor the full bridges.
+    looking
+        .call("relay/status", json!({}))
+        .await
+        .expect("the operator's status connection is still served");
     for c in &mut full {
         c.call("relay/status", json!({}))
             .await
             .expect("a full bridge still served");
     }
     drop(full);
-    s.stop_cleanly().await;
+    let (code, _) = s.stop().await;
+    assert_eq!(code, Some(0));
 }
 
 /// A hello's params, relay-only (as `gabp-relay status` sends them) or not.
@@ -390,10 +411,10 @@ fn hello_params(token: &str, relay_only: bool) -> serde_json::Value {
 }
 
 /// A `session/hello` as `gabp-relay status` sends it, and its answer.
-async fn relay_only_hello(addr: &Addr) -> (Client, serde_json::Value) {
+async fn relay_only_hello(addr: &Addr, token: &str) -> (Client, serde_json::Value) {
     let mut c = Client::connect(addr).await.expect("connect");
     let r = c
-        .request("session/hello", hello_params(TOKEN, true))
+        .request("session/hello", hello_params(token, true))
         .await
         .expect("answered");
     (c, r)

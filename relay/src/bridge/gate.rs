@@ -1,10 +1,11 @@
 //! Who may hold a connection: the route's bridge cap counts only welcomed bridges, and
 //! connections that have not said hello yet have a bound of their own. Relay-only bridges
 //! (`gabp-relay status`, which talk to the relay and never to the mod) have a small bound of
-//! their own, [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full can still be looked at.
-//! When either of those two bounds is full the OLDEST connection in it is closed to make room, so
-//! idle connections can never keep an honest bridge (which says hello at once) or `status`
-//! (which asks and leaves) from getting in. Refusals and evictions are counted
+//! their own per identity (token), [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full
+//! can still be looked at, and one identity's connections never take another's places. When
+//! either of those bounds is full the OLDEST connection in it is closed to make room, so idle
+//! connections can never keep an honest bridge (which says hello at once) or `status` (which
+//! asks and leaves) from getting in. Refusals and evictions are counted
 //! (`gabp_bridge_refusals_total`) and logged at most once per burst.
 
 use std::collections::BTreeMap;
@@ -18,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Connections that may wait for their hello at once (per route).
 pub const MAX_PREHELLO_CONNS: usize = 128;
-/// Relay-only bridges (`relay.withoutMod`) welcomed at once, beside the bridge cap; the oldest
-/// is closed to make room for a new one.
-pub const MAX_RELAY_ONLY: usize = 8;
+/// Relay-only bridges (`relay.withoutMod`) welcomed at once per identity, beside the bridge cap;
+/// that identity's oldest is closed to make room for a new one.
+pub const MAX_RELAY_ONLY: usize = 4;
 /// At most one log line per this long about refusals and evictions.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -30,8 +31,9 @@ pub struct Gate {
     route: String,
     max_bridges: usize,
     bridges: Arc<Semaphore>,
-    /// Welcomed relay-only connections, oldest first.
-    relay_only: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Welcomed relay-only connections, oldest first, with their identity's name (configured
+    /// identities are few, so this is bounded by [`MAX_RELAY_ONLY`] per identity).
+    relay_only: Mutex<BTreeMap<u64, (String, CancellationToken)>>,
     waiting: Mutex<Waiting>,
     evicted: Counter,
     relay_only_evicted: Counter,
@@ -153,10 +155,10 @@ impl Gate {
 
 impl Slot {
     /// Admits the connection (it leaves the pre-hello bound) as a bridge under the bridge cap,
-    /// or, when `relay_only`, into the relay-only bound (closing the oldest there when it is
-    /// full): false if it was evicted, or if the bridge cap is full (counted and logged); either
-    /// way it then closes.
-    pub fn admit(&mut self, relay_only: bool) -> bool {
+    /// or, when `relay_only` names its identity, into that identity's relay-only places
+    /// (closing its oldest when they are full): false if it was evicted, or if the bridge cap is
+    /// full (counted and logged); either way it then closes.
+    pub fn admit(&mut self, relay_only: Option<&str>) -> bool {
         if !matches!(self.place, Place::Waiting) {
             return true;
         }
@@ -164,13 +166,16 @@ impl Slot {
         if self.gate.waiting.lock().conns.remove(&self.id).is_none() {
             return false;
         }
-        if relay_only {
+        if let Some(identity) = relay_only {
             let oldest = {
                 let mut held = self.gate.relay_only.lock();
-                let oldest = (held.len() >= MAX_RELAY_ONLY)
-                    .then(|| held.pop_first().map(|(_, t)| t))
-                    .flatten();
-                held.insert(self.id, self.evicted.clone());
+                let mine = held.iter().filter(|(_, (who, _))| who == identity);
+                let oldest = (mine.clone().count() >= MAX_RELAY_ONLY)
+                    .then(|| mine.map(|(id, _)| *id).next())
+                    .flatten()
+                    .and_then(|id| held.remove(&id))
+                    .map(|(_, t)| t);
+                held.insert(self.id, (identity.to_string(), self.evicted.clone()));
                 oldest
             };
             if let Some(t) = oldest {

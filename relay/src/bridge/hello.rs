@@ -70,9 +70,10 @@ impl BridgeReader {
             }
         };
         // Only welcomed bridges count against the cap: taken here, with the right token. A
-        // relay-only bridge takes one of the few places of its own (the oldest holder closed to
-        // make room), so `status` always sees a relay whose bridge cap is full.
-        if !self.slot.admit(relay_only) {
+        // relay-only bridge takes one of its identity's few places (its oldest closed to make
+        // room), so `status` always sees a relay whose bridge cap is full, and no other
+        // identity's churn can close it.
+        if !self.slot.admit(relay_only.then(|| identity.label())) {
             self.done = true;
             return self
                 .reply_error(
