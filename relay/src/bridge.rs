@@ -156,6 +156,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     {
         info.detached_ns = Some(now_ns());
         info.dropped = outbox.dropped();
+        info.unrecorded_bad_frames = reader.bad_unrecorded;
         rec.send(RecMsg::Bridge {
             session: s.id,
             info: Box::new(info),

@@ -139,6 +139,8 @@ pub struct BridgeStats {
     pub dropped: u64,
     /// `relay/dropped` notices it was sent.
     pub drop_notices: u64,
+    /// Bad frames it sent that were answered and counted but not recorded (past the first 16).
+    pub unrecorded_bad_frames: u64,
 }
 
 /// Everything `stats` reports.
@@ -315,6 +317,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 bridge_version: b.bridge_version.clone(),
                 dropped: b.dropped,
                 drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
+                unrecorded_bad_frames: b.unrecorded_bad_frames,
             })
             .collect(),
     })

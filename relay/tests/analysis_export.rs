@@ -449,3 +449,41 @@ async fn stats_pools_methods_past_the_first_64() {
     assert!(calls >= 100, "every call counted: {calls}");
     assert!(pooled["calls"].as_u64().expect("calls") >= 36, "{pooled}");
 }
+
+/// A bridge's bad frames past the first 16 are answered but not recorded (garbage must not fill
+/// the disk); the recording says how many, so the gap is visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_not_recorded_are_counted_in_the_recording() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let sim = start_mod(None);
+    let s = serve_tagged(&sim, data, "lab", &[]).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    for i in 0..20 {
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"bad-id-{i}","type":"request","method":"tools/list","params":{{}}}}"#
+        );
+        c.send_body(body.as_bytes()).await.expect("sent");
+        let answer = c.next_message().await.expect("read").expect("answer");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    }
+    drop(c);
+    // The bridge's leaving is recorded when the relay sees it go, at the latest as it stops.
+    s.stop_cleanly().await;
+    let st = json(&output(&["stats", "latest", "--json", "--data-dir", data]).await);
+    assert_eq!(st["bridges"][0]["unrecordedBadFrames"], 4, "{st}");
+    let export = String::from_utf8(
+        output(&["export", "latest", "--data-dir", data])
+            .await
+            .stdout,
+    )
+    .expect("utf-8");
+    let recorded = export
+        .lines()
+        .filter(|l| l.contains(r#""dir":"bridge->relay""#) && l.contains("bad-id-"))
+        .count();
+    assert_eq!(recorded, 16, "the first 16 bad frames are recorded");
+}

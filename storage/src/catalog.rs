@@ -79,6 +79,15 @@ pub struct BridgeInfo {
     pub dropped: u64,
     /// Its backpressure policy.
     pub policy: String,
+    /// Frames it sent that failed the bridge boundary's checks beyond the first few the relay
+    /// records (with their error replies) per connection: answered and counted, not recorded,
+    /// so garbage cannot fill the disk. Absent in older recordings (0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrecorded_bad_frames: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One session's catalog entry.

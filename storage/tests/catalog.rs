@@ -42,6 +42,7 @@ fn bridge(conn: u32) -> BridgeInfo {
         detached_ns: None,
         dropped: 0,
         policy: "drop-oldest".into(),
+        unrecorded_bad_frames: 0,
     }
 }
 

@@ -195,6 +195,7 @@ impl BridgeReader {
             detached_ns: None,
             dropped: 0,
             policy: route.cfg.on_slow.as_str().into(),
+            unrecorded_bad_frames: 0,
         };
         *self.bridge.info.lock() = Some(info.clone());
         if let (Some(rec), Some(session), false) = (&route.recorder, &session, relay_only) {

@@ -80,6 +80,7 @@ mod tests {
                 platform: EVIL.into(),
                 attached_ns: 1_000_000_000,
                 policy: "drop-oldest".into(),
+                unrecorded_bad_frames: 0,
                 ..BridgeInfo::default()
             },
         );
