@@ -286,8 +286,13 @@ impl Route {
             json!({
                 "id": s.id.to_string(),
                 "state": "connected",
-                "agentId": s.welcome.get("agentId"),
-                "app": s.welcome.get("app"),
+                // Only the strings: the mod's own values nested in this answer could take it
+                // past what serde_json reads (MAX_DEPTH), and no mod may break `status`.
+                "agentId": s.welcome.get("agentId").filter(|v| v.is_string()),
+                "app": {
+                    "name": s.welcome["app"].get("name").filter(|v| v.is_string()),
+                    "version": s.welcome["app"].get("version").filter(|v| v.is_string()),
+                },
                 "startedNs": s.started_ns,
                 "channels": self.hub.channel_counts().into_iter().map(|(c, n)| json!({"channel": c, "events": n})).collect::<Vec<_>>(),
             })

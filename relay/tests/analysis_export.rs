@@ -463,9 +463,16 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
         .await
         .expect("hello");
     for i in 0..20 {
-        let body = format!(
-            r#"{{"v":"gabp/1","id":"bad-id-{i}","type":"request","method":"tools/list","params":{{}}}}"#
-        );
+        // Half invalid, half valid events (which bridges may not send): both are bad frames.
+        let body = if i % 2 == 0 {
+            format!(
+                r#"{{"v":"gabp/1","id":"bad-id-{i}","type":"request","method":"tools/list","params":{{}}}}"#
+            )
+        } else {
+            format!(
+                r#"{{"v":"gabp/1","id":"00000000-0000-4000-8000-{i:012}","type":"event","channel":"c","seq":0,"payload":{{"bad-id-{i}":1}}}}"#
+            )
+        };
         c.send_body(body.as_bytes()).await.expect("sent");
         let answer = c.next_message().await.expect("read").expect("answer");
         assert_eq!(answer["error"]["code"], -32600, "{answer}");

@@ -864,3 +864,52 @@ async fn nesting_past_serde_jsons_limit_is_refused_both_ways_and_up_to_it_forwar
     drop(m);
     assert_eq!(relay.stop().await.0, Some(0));
 }
+
+/// A mod's own values never make `relay/status` unreadable: a welcome at the nesting limit is
+/// served, and status stays within it. A mark with no mod connected is refused, not answered
+/// and lost.
+#[tokio::test]
+async fn a_deep_welcome_leaves_status_readable_and_marks_need_a_session() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
+    let mut m = accept(&listener).await;
+    // The envelope is level 1, the result 2, app 3: 127 levels in all.
+    let app = format!(
+        r#"{{"name":"deep","a":{}1{}}}"#,
+        r#"{"a":"#.repeat(124),
+        "}".repeat(124)
+    );
+    m.welcome_raw(&format!(
+        r#"{{"agentId":"x","app":{app},"capabilities":{{"events":[]}}}}"#
+    ))
+    .await;
+    let (mut c, welcome) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("the 127-level welcome is served");
+    assert_eq!(welcome["app"]["name"], "deep");
+    let status = c
+        .call("relay/status", json!({}))
+        .await
+        .expect("status is readable");
+    assert_eq!(status["session"]["app"]["name"], "deep", "{status}");
+    // The mod goes; once the relay knows, a mark is refused.
+    drop(m);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = c.call("relay/status", json!({})).await.expect("status");
+        if s["session"].is_null() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the relay never saw the mod go");
+        tokio::task::yield_now().await;
+    }
+    let r = c
+        .request("relay/mark", json!({"label": "while-down"}))
+        .await
+        .expect("answered");
+    assert_eq!(r["error"]["code"], -32000, "{r}");
+    drop(c);
+    assert_eq!(relay.stop().await.0, Some(0));
+}

@@ -244,6 +244,23 @@ impl BridgeReader {
         }
     }
 
+    /// A frame refused at the bridge boundary: counted, answered, and recorded (redacted, with
+    /// its reply) only among the connection's first [`MAX_BAD_RECORDED`]; later ones are
+    /// counted for the recording instead, so garbage cannot fill the disk.
+    async fn bad_frame(&mut self, body: &Bytes, id: Option<&str>, code: ErrorCode, msg: &str) {
+        self.route.metrics.bad_frames.increment(1);
+        let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
+        if self.authed && !record {
+            self.bad_unrecorded += 1;
+        }
+        if record {
+            self.bad_recorded += 1;
+            let (rec, json_ok) = auth::redact_unparsed(body, &self.secrets().list());
+            self.record(Direction::BridgeToRelay, rec, json_ok).await;
+        }
+        self.error_reply(id, code, msg, record).await;
+    }
+
     async fn on_frame(&mut self, body: Bytes) {
         let route = self.route.clone();
         route.metrics.bridge_in.increment(1);
@@ -253,19 +270,9 @@ impl BridgeReader {
         let view = match self.parser.parse(&body, Mode::Strict) {
             Ok(v) => v,
             Err(e) => {
-                route.metrics.bad_frames.increment(1);
-                let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
-                if self.authed && !record {
-                    self.bad_unrecorded += 1;
-                }
-                if record {
-                    self.bad_recorded += 1;
-                    let (rec, json_ok) = auth::redact_unparsed(&body, &self.secrets().list());
-                    self.record(Direction::BridgeToRelay, rec, json_ok).await;
-                }
                 let id = lenient_id(&body);
                 return self
-                    .error_reply(id.as_deref(), e.code(), &e.to_string(), record)
+                    .bad_frame(&body, id.as_deref(), e.code(), &e.to_string())
                     .await;
             }
         };
@@ -276,9 +283,9 @@ impl BridgeReader {
             .to_string();
         if view.kind != MsgType::Request {
             drop(view);
-            self.record(Direction::BridgeToRelay, body, true).await;
             return self
-                .reply_error(
+                .bad_frame(
+                    &body,
                     Some(&id),
                     ErrorCode::InvalidRequest,
                     "bridges may only send requests",
@@ -371,6 +378,15 @@ impl BridgeReader {
     /// end, a reward, a test step). The request itself is the recorded mark (with its bridge
     /// and time); it is answered here and never reaches the mod.
     async fn mark(&mut self, id: &str, params: &Value) {
+        if self.route.current().is_none() && !self.relay_only() {
+            // A mark lives in a session's recording: with no mod connected there is none, and
+            // a mark answered but kept nowhere would be a silent loss.
+            let why =
+                "no session is being recorded (the mod is not connected); mark again once it is";
+            return self
+                .reply_error(Some(id), ErrorCode::ModUnavailable, why)
+                .await;
+        }
         match crate::export::mark_label(params) {
             Some(label) => {
                 let answer = json!({"marked": true, "label": label, "tNs": now_ns()});
