@@ -421,11 +421,7 @@ async fn stats_pools_methods_past_the_first_64() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let data = data.to_str().expect("utf-8");
-    let sim = start_mod(None);
-    let s = serve_tagged(&sim, data, "lab", &[]).await;
-    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
-        .await
-        .expect("hello");
+    let (_sim, s, mut c) = recording_bridge(data).await;
     for i in 0..100 {
         // Unknown to the mod: forwarded, answered with an error, recorded both ways.
         let r = c
@@ -457,11 +453,7 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let data = data.to_str().expect("utf-8");
-    let sim = start_mod(None);
-    let s = serve_tagged(&sim, data, "lab", &[]).await;
-    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
-        .await
-        .expect("hello");
+    let (_sim, s, mut c) = recording_bridge(data).await;
     for i in 0..20 {
         // Half invalid, half valid events (which bridges may not send): both are bad frames.
         let body = if i % 2 == 0 {
@@ -493,4 +485,14 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
         .filter(|l| l.contains(r#""dir":"bridge->relay""#) && l.contains("bad-id-"))
         .count();
     assert_eq!(recorded, 16, "the first 16 bad frames are recorded");
+}
+
+/// A simulated mod, a relay recording it into `data`, and a welcomed bridge.
+async fn recording_bridge(data: &str) -> (ModSim, Serve, Client) {
+    let sim = start_mod(None);
+    let s = serve_tagged(&sim, data, "lab", &[]).await;
+    let (c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    (sim, s, c)
 }

@@ -48,32 +48,7 @@ async fn non_finite_numbers_and_lone_surrogates_are_anomalies_not_forwarded() {
     assert_eq!(s["anomalies"], 4, "{s}");
     assert_eq!(s["events"], 2, "{s}");
     // The recording replays: a bridge of the replay gets the same two events.
-    let mut replay = Command::new(BIN)
-        .args([
-            "replay",
-            "latest",
-            "--data-dir",
-            data,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--token", TOKEN, "--speed", "max"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn replay");
-    let mut lines = BufReader::new(replay.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .expect("replay started")
-        .expect("stdout")
-        .expect("a line");
-    let addr: Addr = line
-        .rsplit(' ')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("replay address");
+    let (mut replay, addr) = replay_latest(data).await;
     let (mut c, _) = Client::connect_hello(&addr, TOKEN).await.expect("hello");
     c.subscribe(&["c"]).await.expect("subscribe");
     let a = next_on(&mut c, "c").await;
@@ -743,32 +718,7 @@ async fn a_bridge_is_welcomed_with_the_mods_welcome_byte_for_byte_live_and_in_re
     drop(m);
     assert_eq!(relay.stop().await.0, Some(0));
     // Replay serves the welcome as recorded, byte for byte too.
-    let mut replay = Command::new(BIN)
-        .args([
-            "replay",
-            "latest",
-            "--data-dir",
-            data,
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(["--token", TOKEN])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn replay");
-    let mut out = BufReader::new(replay.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), out.next_line())
-        .await
-        .expect("replay started")
-        .expect("stdout")
-        .expect("a line");
-    let addr: Addr = line
-        .rsplit(" on ")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("address");
+    let (mut replay, addr) = replay_latest(data).await;
     let welcome = welcome_text(&addr).await;
     for want in [kept, ext] {
         assert!(welcome.contains(want), "replay: {welcome}");
@@ -912,4 +862,35 @@ async fn a_deep_welcome_leaves_status_readable_and_marks_need_a_session() {
     assert_eq!(r["error"]["code"], -32000, "{r}");
     drop(c);
     assert_eq!(relay.stop().await.0, Some(0));
+}
+
+/// `replay latest` of the recording in `data` at full speed, and the address it listens on.
+async fn replay_latest(data: &str) -> (Child, Addr) {
+    let mut replay = Command::new(BIN)
+        .args([
+            "replay",
+            "latest",
+            "--data-dir",
+            data,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--token", TOKEN, "--speed", "max"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn replay");
+    let mut lines = BufReader::new(replay.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("replay started")
+        .expect("stdout")
+        .expect("a line");
+    let addr: Addr = line
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("replay address");
+    (replay, addr)
 }
