@@ -469,6 +469,7 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
         let answer = c.next_message().await.expect("read").expect("answer");
         assert_eq!(answer["error"]["code"], -32600, "{answer}");
     }
+    c.call("relay/status", json!({})).await.expect("status");
     drop(c);
     // The bridge's leaving is recorded when the relay sees it go, at the latest as it stops.
     s.stop_cleanly().await;
@@ -485,6 +486,20 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
         .filter(|l| l.contains(r#""dir":"bridge->relay""#) && l.contains("bad-id-"))
         .count();
     assert_eq!(recorded, 16, "the first 16 bad frames are recorded");
+    // A status request is recorded before its answer, as they happened.
+    let lines: Vec<Value> = export
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let asked = lines
+        .iter()
+        .position(|l| l["msg"]["method"] == "relay/status")
+        .expect("the status request is recorded");
+    let answered = lines
+        .iter()
+        .position(|l| l["msg"]["id"] == lines[asked]["msg"]["id"] && l["kind"] == "response")
+        .expect("its answer is recorded");
+    assert!(asked < answered, "request at {asked}, answer at {answered}");
 }
 
 /// A simulated mod, a relay recording it into `data`, and a welcomed bridge.

@@ -313,20 +313,24 @@ impl BridgeReader {
                 .await;
         }
         if method == "relay/status" {
-            // Answered before it is recorded, so the status stays visible even while a failing
-            // disk holds the recorder (policy `stall`).
-            match super::status::answer(&id, route.status(), route.cfg.max_body) {
-                Some(answer) => self.reply(answer).await,
-                None => {
-                    self.reply_error(
+            // Queued before anything is recorded, so the status stays visible even while a
+            // failing disk holds the recorder (policy `stall`); recorded request first, then
+            // its answer, in the order they happened.
+            let answer = super::status::answer(&id, route.status(), route.cfg.max_body)
+                .unwrap_or_else(|| {
+                    message::error_response(
                         Some(&id),
                         ErrorCode::TooLarge,
                         "the status does not fit in this relay's --max-body even with its lists left out; raise --max-body",
+                        None,
                     )
-                    .await
-                }
+                });
+            let queued = self.bridge.outbox.push_control(frame_bytes(&answer));
+            self.record(Direction::BridgeToRelay, body, true).await;
+            if queued {
+                self.record(Direction::RelayToBridge, answer, true).await;
             }
-            return self.record(Direction::BridgeToRelay, body, true).await;
+            return;
         }
         if self.relay_only() {
             return self
