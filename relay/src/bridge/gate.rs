@@ -169,11 +169,15 @@ impl Slot {
         if let Some(identity) = relay_only {
             let oldest = {
                 let mut held = self.gate.relay_only.lock();
-                let mine = held.iter().filter(|(_, (who, _))| who == identity);
-                let oldest = (mine.clone().count() >= MAX_RELAY_ONLY)
-                    .then(|| mine.map(|(id, _)| *id).next())
+                let mine: Vec<u64> = held
+                    .iter()
+                    .filter(|(_, (who, _))| who == identity)
+                    .map(|(id, _)| *id)
+                    .collect();
+                // Ids grow with arrival, so the first is this identity's oldest.
+                let oldest = (mine.len() >= MAX_RELAY_ONLY)
+                    .then(|| held.remove(&mine[0]))
                     .flatten()
-                    .and_then(|id| held.remove(&id))
                     .map(|(_, t)| t);
                 held.insert(self.id, (identity.to_string(), self.evicted.clone()));
                 oldest

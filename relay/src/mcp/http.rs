@@ -15,7 +15,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
@@ -25,7 +25,6 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -33,6 +32,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use super::server::{Front, FrontConfig};
+use crate::log_budget::LogBudget;
 use crate::route::Route;
 
 /// The path the MCP endpoint is served at.
@@ -50,8 +50,6 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 /// How long a finished request's answer is kept for a client resuming its stream: short, as
 /// every kept answer (an `events_poll` can be megabytes) is memory.
 const RESUME_TTL: Duration = Duration::from_secs(2);
-/// Wrong tokens are logged at most once per this long.
-const LOG_EVERY: Duration = Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -92,8 +90,8 @@ fn bearer_ok<B>(req: &Request<B>, token: &str) -> bool {
 struct Gate {
     token: String,
     route: Weak<Route>,
-    /// When the current burst's line was logged, and the failures since.
-    burst: Mutex<Option<(Instant, u64)>>,
+    /// Wrong tokens are logged once per `log_budget::WINDOW`, with the count since.
+    burst: LogBudget,
 }
 
 impl Gate {
@@ -102,17 +100,11 @@ impl Gate {
         let route = self.route.upgrade()?;
         route.metrics.auth_failures.increment(1);
         let delay = route.throttle.fail(&peer.ip().to_string());
-        let mut burst = self.burst.lock();
-        match &mut *burst {
-            Some((at, n)) if at.elapsed() < LOG_EVERY => *n += 1,
-            last => {
-                let before = last.as_ref().map_or(0, |(_, n)| *n);
-                tracing::warn!(
-                    route = %route.cfg.name, source = %peer.ip(), earlier_unlogged = before,
-                    "security: MCP request without the route's bearer token (more in the next 10 s are counted in gabp_auth_failures_total, not logged)"
-                );
-                *last = Some((Instant::now(), 0));
-            }
+        if let Some(earlier_unlogged) = self.burst.admit() {
+            tracing::warn!(
+                route = %route.cfg.name, source = %peer.ip(), earlier_unlogged,
+                "security: MCP request without the route's bearer token (more in the next 10 s are counted in gabp_auth_failures_total, not logged)"
+            );
         }
         Some(delay)
     }
@@ -229,7 +221,7 @@ pub async fn listen(
         gate: Gate {
             token,
             route,
-            burst: Mutex::new(None),
+            burst: LogBudget::new(1),
         },
         service,
         sessions,
