@@ -203,6 +203,23 @@ impl Route {
         }
     }
 
+    /// Records a reply the relay wrote to a bridge in `session`, if that is still the session
+    /// being recorded, without ever waiting (see `Recorder::send_detached`).
+    pub fn record_reply_detached(&self, session: Uuid, conn: u32, body: Bytes) {
+        if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
+            if s.id == session {
+                let rec = FrameRecord::message(
+                    Direction::RelayToBridge,
+                    conn,
+                    gabp_rt::clock::now_ns(),
+                    true,
+                    body,
+                );
+                r.send_detached(RecMsg::Frame { session, rec });
+            }
+        }
+    }
+
     /// Sends a reply the relay wrote itself to a bridge, and records it.
     pub async fn reply(&self, bridge: &BridgeState, body: Bytes) {
         bridge.outbox.push_control(frame_bytes(&body));

@@ -305,7 +305,10 @@ async fn sweeper(route: Arc<Route>) {
             let (_, count) = route.metrics.request(&entry.method, "timeout");
             count.increment(1);
             if let Origin::Bridge {
-                outbox, bridge_id, ..
+                conn,
+                outbox,
+                bridge_id,
+                ..
             } = &entry.origin
             {
                 let msg = format!("no answer from the mod within {:?}; the request may or may not have taken effect", route.cfg.request_timeout);
@@ -316,6 +319,8 @@ async fn sweeper(route: Arc<Route>) {
                     Some(json!({"method": entry.method})),
                 );
                 outbox.push_control(frame_bytes(&body));
+                // Recorded without waiting, so a stalled disk does not hold later timeouts.
+                route.record_reply_detached(entry.session, *conn, body);
             }
         }
         let deepest = route

@@ -143,6 +143,65 @@ async fn every_answer_reaches_its_bridge_at_once_with_exactly_one_of_result_and_
     assert_eq!(s["anomalies"], 2, "{s}");
 }
 
+/// Every "outcome unknown" a bridge is told is in the recording, as the relay's other replies
+/// are: for an answer the relay could not read, a request timed out, and a mod gone first.
+#[tokio::test]
+async fn every_outcome_unknown_a_bridge_is_told_is_recorded() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--data-dir",
+        data,
+        "--request-timeout",
+        "500ms",
+    ])
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    async fn outcome_unknown(c: &mut Client, id: &str) {
+        let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(id))
+            .await
+            .expect("answered")
+            .expect("response");
+        assert_eq!(got["error"]["code"], -32001, "{got}");
+    }
+    let (unreadable, up_id) = call_through(&mut c, &mut m).await;
+    m.send(format!(r#"{{"v":"gabp/1","id":"{up_id}","result":1}}"#).as_bytes())
+        .await;
+    outcome_unknown(&mut c, &unreadable).await;
+    let (timed_out, _) = call_through(&mut c, &mut m).await;
+    outcome_unknown(&mut c, &timed_out).await;
+    let (mod_gone, _) = call_through(&mut c, &mut m).await;
+    drop(m);
+    outcome_unknown(&mut c, &mod_gone).await;
+    let told = [unreadable, timed_out, mod_gone];
+    assert_eq!(relay.stop().await.0, Some(0));
+    let out = run(&["export", "latest", "--data-dir", data]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let replies: Vec<Value> = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice::<Value>(l).expect("json"))
+        .filter(|r| r["dir"] == "relay->bridge" && r["msg"]["error"]["code"] == -32001)
+        .collect();
+    let ids: Vec<&str> = replies
+        .iter()
+        .filter_map(|r| r["msg"]["id"].as_str())
+        .collect();
+    assert_eq!(ids, told, "{replies:#?}");
+}
+
 #[tokio::test]
 async fn an_unreadable_welcome_or_a_refused_hello_is_logged_once_with_a_count() {
     let (listener, up) = bind().await;

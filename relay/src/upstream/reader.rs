@@ -457,8 +457,8 @@ impl Reader<'_> {
     }
 
     /// Answers the request a mod frame that could not be forwarded (malformed, or too large)
-    /// was meant to answer, at once rather than after `--request-timeout`. Recorded (as the
-    /// anomaly) before the bridge can have the answer.
+    /// was meant to answer, at once rather than after `--request-timeout`. Recorded (the
+    /// anomaly, then this answer) before the bridge can have the answer.
     async fn answer_unforwarded(
         &mut self,
         entry: crate::pending::Entry,
@@ -468,7 +468,10 @@ impl Reader<'_> {
         let (_, count) = self.route.metrics.request(&entry.method, "malformed");
         count.increment(1);
         let Origin::Bridge {
-            outbox, bridge_id, ..
+            conn,
+            outbox,
+            bridge_id,
+            ..
         } = &entry.origin
         else {
             return;
@@ -479,6 +482,13 @@ impl Reader<'_> {
             &msg,
             Some(serde_json::json!({"method": entry.method})),
         );
+        self.record(FrameRecord::message(
+            Direction::RelayToBridge,
+            *conn,
+            now_ns(),
+            true,
+            body.clone(),
+        ));
         self.offer_records();
         outbox.push_control(gabp_proto::frame_bytes(&body));
         self.send_records().await;

@@ -339,9 +339,14 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
             "the mod disconnected before answering; the request may or may not have taken effect",
         ),
     };
+    // Each reply is recorded in the session, as every reply the relay writes is.
+    let mut replies = Vec::new();
     for entry in route.pending.drain_session(id) {
         if let Origin::Bridge {
-            outbox, bridge_id, ..
+            conn,
+            outbox,
+            bridge_id,
+            ..
         } = &entry.origin
         {
             let body = message::error_response(
@@ -351,12 +356,17 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
                 Some(json!({"method": entry.method})),
             );
             outbox.push_control(gabp_proto::frame_bytes(&body));
+            let rec = FrameRecord::message(Direction::RelayToBridge, *conn, now_ns(), true, body);
+            replies.push(RecMsg::Frame { session: id, rec });
         }
     }
     route.notify_bridges(
         json!({"state": "ended", "sessionId": id.to_string(), "reason": reason.as_str()}),
     );
     if let Some(r) = &route.recorder {
+        if !replies.is_empty() {
+            r.send_batch(replies).await;
+        }
         r.send(RecMsg::End {
             session: id,
             reason,
