@@ -153,6 +153,14 @@ fn db_options(opts: &StoreOptions) -> Options {
 fn cf_descriptors(opts: &StoreOptions, details: bool) -> Vec<ColumnFamilyDescriptor> {
     let mut frames = db_options(opts);
     frames.set_write_buffer_size(64 << 20);
+    if opts.compression == Compression::Lz4 {
+        // The recorder LZ4-compresses each chunk itself (`chunk.rs`): RocksDB's LZ4 over the
+        // same bytes shrank nothing (132.7 B/frame either way) and cost 11 % of the recording's
+        // CPU in every flush (`examples/record_loop`, BENCHMARKS.md). One type on every level
+        // also lets compactions move table files down instead of rewriting them (their keys
+        // only grow; RocksDB moves a file only if its compression stays the same).
+        frames.set_compression_type(DBCompressionType::None);
+    }
     let plain = || {
         db_options(&StoreOptions {
             compression: Compression::None,
