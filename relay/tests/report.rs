@@ -83,6 +83,40 @@ async fn recorded_report(dir: &Path) -> PathBuf {
     page
 }
 
+/// The page's longest call is the exact one `stats` reads from the same session, not the upper
+/// end of its histogram bucket.
+#[tokio::test]
+async fn the_reports_longest_call_is_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = recorded_report(dir.path()).await;
+    let html = std::fs::read_to_string(&page).expect("page written");
+    let data = dir.path().join("data");
+    let out = output(&[
+        "stats",
+        "latest",
+        "--json",
+        "--data-dir",
+        data.to_str().expect("utf-8"),
+    ])
+    .await;
+    let stats = json(&out);
+    let call = stats["methods"]
+        .as_array()
+        .expect("methods")
+        .iter()
+        .find(|m| m["method"] == "tools/call")
+        .unwrap_or_else(|| panic!("{stats}"));
+    let max = format!("{:.3}", call["maxMs"].as_f64().expect("maxMs"));
+    let row = html
+        .lines()
+        .find(|l| l.starts_with("<tr><td>tools/call</td>"))
+        .expect("the page's tools/call row");
+    assert!(
+        row.ends_with(&format!("<td class=\"n\">{max}</td></tr>")),
+        "{row} ends with stats' {max}"
+    );
+}
+
 #[tokio::test]
 async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
     let Some(chromium) = for_test() else { return };

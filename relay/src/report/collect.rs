@@ -48,6 +48,8 @@ pub struct MethodCalls {
     pub unanswered: u64,
     /// Latency in nanoseconds, request to answer.
     pub latency: Histogram<u64>,
+    /// The longest latency, exact (the histogram's is its bucket's upper end).
+    pub max_ns: u64,
 }
 
 /// A mark on the timeline.
@@ -201,6 +203,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                                 errors: 0,
                                 unanswered: 0,
                                 latency: new_latency(),
+                                max_ns: 0,
                             });
                             c.methods.len() - 1
                         });
@@ -227,8 +230,9 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                     m.errors += 1;
                     c.errors[b] += 1;
                 }
-                m.latency
-                    .saturating_record(rec.time_ns.saturating_sub(sent).max(1));
+                let took = rec.time_ns.saturating_sub(sent).max(1);
+                m.latency.saturating_record(took);
+                m.max_ns = m.max_ns.max(took);
             }
             (Direction::RelayToBridge, MsgType::Event)
                 if view.channel.as_deref() == Some("relay/dropped") =>

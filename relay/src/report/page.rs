@@ -164,7 +164,7 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
                 ms(h.value_at_quantile(0.5)),
                 ms(h.value_at_quantile(0.9)),
                 ms(h.value_at_quantile(0.99)),
-                ms(h.max()),
+                ms(m.max_ns),
             ]
         })
         .collect();
