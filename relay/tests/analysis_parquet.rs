@@ -518,7 +518,10 @@ fn python() -> PathBuf {
 }
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/analysis.py")
+    // The clone this runs in, not the one that compiled this binary (see `proto/tests`).
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from)
+        .join("../examples/analysis.py")
 }
 
 async fn run_python(args: &[&str]) -> std::process::Output {

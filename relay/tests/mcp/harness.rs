@@ -49,7 +49,10 @@ pub fn python() -> PathBuf {
 }
 
 pub fn client_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py")
+    // The clone this runs in, not the one that compiled this binary (see `proto/tests`).
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from)
+        .join("tests/mcp/client.py")
 }
 
 pub fn token() -> String {
