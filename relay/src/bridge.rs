@@ -118,6 +118,13 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     // queued (bounded by the write deadline, and by a short grace at shutdown) unless the
     // bridge was cut.
     let flushed = !cut.is_cancelled() && !gone && {
+        if route.cancel.is_cancelled() {
+            // At shutdown the session ends first, answering this bridge's pending requests
+            // (-32005), so those answers are queued before the outbox closes.
+            let mut sessions = route.session.subscribe();
+            let ended = sessions.wait_for(Option::is_none);
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, ended).await;
+        }
         outbox.close();
         tokio::select! {
             _ = &mut writer => true,

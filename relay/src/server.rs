@@ -318,9 +318,11 @@ async fn sweeper(route: Arc<Route>) {
                     &msg,
                     Some(json!({"method": entry.method})),
                 );
-                outbox.push_control(frame_bytes(&body));
-                // Recorded without waiting, so a stalled disk does not hold later timeouts.
-                route.record_reply_detached(entry.session, *conn, body);
+                // Recorded if the bridge is still there to be told, without waiting, so a
+                // stalled disk does not hold later timeouts.
+                if outbox.push_control(frame_bytes(&body)) {
+                    route.record_reply_detached(entry.session, *conn, body);
+                }
             }
         }
         let deepest = route

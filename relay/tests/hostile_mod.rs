@@ -202,6 +202,48 @@ async fn every_outcome_unknown_a_bridge_is_told_is_recorded() {
     assert_eq!(ids, told, "{replies:#?}");
 }
 
+/// At shutdown every request still awaiting the mod is answered -32005 to its bridge, which
+/// reads those answers before its connection closes, and each is recorded.
+#[tokio::test]
+async fn requests_pending_at_shutdown_are_answered_before_the_bridge_is_closed() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    const N: usize = 300;
+    for _ in 0..N {
+        call_through(&mut c, &mut m).await;
+    }
+    let read = tokio::spawn(async move {
+        let mut told = 0;
+        while let Ok(Some(f)) = c.next_frame().await {
+            let v: Value = serde_json::from_slice(&f).expect("json");
+            if v["error"]["code"] == -32005 {
+                told += 1;
+            }
+        }
+        told
+    });
+    assert_eq!(relay.stop().await.0, Some(0));
+    let told = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("closed")
+        .expect("reader");
+    assert_eq!(told, N, "every pending request answered before the close");
+    drop(m);
+    let out = run(&["export", "latest", "--data-dir", data]).await;
+    let recorded = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(r#""dir":"relay->bridge""#) && l.contains("-32005"))
+        .count();
+    assert_eq!(recorded, N);
+}
+
 #[tokio::test]
 async fn an_unreadable_welcome_or_a_refused_hello_is_logged_once_with_a_count() {
     let (listener, up) = bind().await;

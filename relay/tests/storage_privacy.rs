@@ -219,6 +219,32 @@ async fn repair_that_loses_data_says_so_and_keeps_the_dir_private() {
     walk(&data);
 }
 
+/// `sessions tag` and `sessions rm` open the dir read-write, and RocksDB writes new logs,
+/// tables and manifests then: with the usual umask 022 they must still be private.
+#[tokio::test]
+async fn sessions_tag_and_rm_keep_the_dir_private() {
+    let (_dir, data) = recorded(Left::Flushed).await;
+    let d = data.to_str().expect("utf8");
+    for args in [
+        &["sessions", "tag", "latest", "k=v", "--data-dir", d][..],
+        &["sessions", "rm", "latest", "--data-dir", d][..],
+    ] {
+        let out = run(args).await;
+        assert!(out.status.success(), "{args:?}: {}", error_line(&out));
+        fn walk(p: &Path) {
+            if p.is_dir() {
+                assert_eq!(mode(p), 0o700, "{}", p.display());
+                for e in std::fs::read_dir(p).expect("read dir") {
+                    walk(&e.expect("entry").path());
+                }
+            } else {
+                assert_eq!(mode(p), 0o600, "{}", p.display());
+            }
+        }
+        walk(&data);
+    }
+}
+
 /// Files left readable by others (an older relay, a manual copy, a repair run without the
 /// private umask) are made private when a relay opens the dir to record.
 #[tokio::test]

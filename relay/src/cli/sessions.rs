@@ -97,6 +97,8 @@ pub fn resolve(store: &Store, query: &str) -> Result<SessionMeta> {
 /// candidates), as it would without a relay; only a removal that could be done is refused for
 /// the lock.
 fn open_for_change(a: &SessionsArgs) -> Result<Store> {
+    // RocksDB writes new logs, tables and manifests on every read-write open.
+    crate::recorder::private_file_modes();
     match Store::open_for_change(&a.dir.data_dir) {
         Err(locked @ StoreError::Locked { .. }) => {
             if let Some(SessionsCmd::Rm { session }) = &a.cmd {

@@ -143,7 +143,7 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
             name: m.name.clone(),
             points: CURVE_QUANTILES
                 .iter()
-                .map(|&q| (q, m.latency.value_at_quantile(q) as f64 / 1e6))
+                .map(|&q| (q, m.latency.value_at_quantile(q).min(m.max_ns) as f64 / 1e6))
                 .collect(),
         })
         .collect();
@@ -161,9 +161,10 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
                 m.calls.to_string(),
                 m.errors.to_string(),
                 m.unanswered.to_string(),
-                ms(h.value_at_quantile(0.5)),
-                ms(h.value_at_quantile(0.9)),
-                ms(h.value_at_quantile(0.99)),
+                // A bucket's upper end can pass the exact maximum.
+                ms(h.value_at_quantile(0.5).min(m.max_ns)),
+                ms(h.value_at_quantile(0.9).min(m.max_ns)),
+                ms(h.value_at_quantile(0.99).min(m.max_ns)),
                 ms(m.max_ns),
             ]
         })

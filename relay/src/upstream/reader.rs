@@ -482,13 +482,15 @@ impl Reader<'_> {
             &msg,
             Some(serde_json::json!({"method": entry.method})),
         );
-        self.record(FrameRecord::message(
-            Direction::RelayToBridge,
-            *conn,
-            now_ns(),
-            true,
-            body.clone(),
-        ));
+        if !outbox.is_closed() {
+            self.record(FrameRecord::message(
+                Direction::RelayToBridge,
+                *conn,
+                now_ns(),
+                true,
+                body.clone(),
+            ));
+        }
         self.offer_records();
         outbox.push_control(gabp_proto::frame_bytes(&body));
         self.send_records().await;

@@ -318,14 +318,6 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
 
     let reason = super::reader::read_loop(route, &info, &mut frames).await;
 
-    route.session.send_if_modified(|s| {
-        if s.as_ref().is_some_and(|s| s.id == id) {
-            *s = None;
-            true
-        } else {
-            false
-        }
-    });
     route.metrics.upstream_connected.set(0.0);
     drop(info);
     writer.abort();
@@ -339,27 +331,44 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
             "the mod disconnected before answering; the request may or may not have taken effect",
         ),
     };
-    // Each reply is recorded in the session, as every reply the relay writes is.
+    // Every pending request is answered before the session is seen to end: at shutdown,
+    // bridges wait for that before closing their outboxes (`bridge.rs`). A request that came
+    // in meanwhile is answered by the second pass. Each reply a bridge is given is recorded in
+    // the session, as every reply the relay writes is.
     let mut replies = Vec::new();
-    for entry in route.pending.drain_session(id) {
-        if let Origin::Bridge {
-            conn,
-            outbox,
-            bridge_id,
-            ..
-        } = &entry.origin
-        {
-            let body = message::error_response(
-                Some(bridge_id),
-                code,
-                msg,
-                Some(json!({"method": entry.method})),
-            );
-            outbox.push_control(gabp_proto::frame_bytes(&body));
-            let rec = FrameRecord::message(Direction::RelayToBridge, *conn, now_ns(), true, body);
-            replies.push(RecMsg::Frame { session: id, rec });
+    let answer_pending = |replies: &mut Vec<RecMsg>| {
+        for entry in route.pending.drain_session(id) {
+            if let Origin::Bridge {
+                conn,
+                outbox,
+                bridge_id,
+                ..
+            } = &entry.origin
+            {
+                let body = message::error_response(
+                    Some(bridge_id),
+                    code,
+                    msg,
+                    Some(json!({"method": entry.method})),
+                );
+                if outbox.push_control(gabp_proto::frame_bytes(&body)) {
+                    let rec =
+                        FrameRecord::message(Direction::RelayToBridge, *conn, now_ns(), true, body);
+                    replies.push(RecMsg::Frame { session: id, rec });
+                }
+            }
         }
-    }
+    };
+    answer_pending(&mut replies);
+    route.session.send_if_modified(|s| {
+        if s.as_ref().is_some_and(|s| s.id == id) {
+            *s = None;
+            true
+        } else {
+            false
+        }
+    });
+    answer_pending(&mut replies);
     route.notify_bridges(
         json!({"state": "ended", "sessionId": id.to_string(), "reason": reason.as_str()}),
     );
