@@ -2,8 +2,8 @@
 //!
 //! [`Relay::start`] brings everything up and returns a handle; `gabp-relay serve` and the
 //! integration tests both use it. Shutdown follows one deadline: stop accepting, let each
-//! connection finish its frame, flush writers, end sessions, drain and sync the recorder, then
-//! ship what it wrote last (when shipping).
+//! connection finish its frame, end sessions (answering what is pending), flush writers,
+//! drain and sync the recorder, then ship what it wrote last (when shipping).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

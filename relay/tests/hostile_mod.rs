@@ -202,6 +202,50 @@ async fn every_outcome_unknown_a_bridge_is_told_is_recorded() {
     assert_eq!(ids, told, "{replies:#?}");
 }
 
+/// A request whose bridge has gone times out unanswered and nothing is recorded as told to
+/// it; the one of a bridge still there is answered and recorded.
+#[tokio::test]
+async fn a_timeout_reply_to_a_bridge_gone_is_not_recorded() {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8");
+    let relay = serve(&[
+        "--upstream",
+        &up,
+        "--data-dir",
+        data,
+        "--request-timeout",
+        "500ms",
+    ])
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (mut gone, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    call_through(&mut gone, &mut m).await;
+    drop(gone);
+    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    // Timed out after the first (the sweeper takes them in deadline order).
+    let (id, _) = call_through(&mut c, &mut m).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
+        .await
+        .expect("answered")
+        .expect("response");
+    assert_eq!(got["error"]["code"], -32001, "{got}");
+    assert_eq!(relay.stop().await.0, Some(0));
+    let out = run(&["export", "latest", "--data-dir", data]).await;
+    let told: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(r#""dir":"relay->bridge""#) && l.contains("-32001"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(told.len(), 1, "{told:#?}");
+    assert!(told[0].contains(&id), "{told:#?}");
+}
+
 /// At shutdown every request still awaiting the mod is answered -32005 to its bridge, which
 /// reads those answers before its connection closes, and each is recorded.
 #[tokio::test]

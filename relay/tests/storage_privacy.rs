@@ -205,18 +205,7 @@ async fn repair_that_loses_data_says_so_and_keeps_the_dir_private() {
     let backup = line.split("copy is at ").nth(1).expect("names the copy");
     assert!(Path::new(backup.trim()).is_dir(), "{backup}");
     // Whatever repair created is as private as the relay keeps its data dir.
-    fn walk(p: &Path) {
-        let m = mode(p);
-        if p.is_dir() {
-            assert_eq!(m, 0o700, "{}", p.display());
-            for e in std::fs::read_dir(p).expect("read dir") {
-                walk(&e.expect("entry").path());
-            }
-        } else {
-            assert_eq!(m, 0o600, "{}", p.display());
-        }
-    }
-    walk(&data);
+    all_private(&data);
 }
 
 /// `sessions tag` and `sessions rm` open the dir read-write, and RocksDB writes new logs,
@@ -231,17 +220,7 @@ async fn sessions_tag_and_rm_keep_the_dir_private() {
     ] {
         let out = run(args).await;
         assert!(out.status.success(), "{args:?}: {}", error_line(&out));
-        fn walk(p: &Path) {
-            if p.is_dir() {
-                assert_eq!(mode(p), 0o700, "{}", p.display());
-                for e in std::fs::read_dir(p).expect("read dir") {
-                    walk(&e.expect("entry").path());
-                }
-            } else {
-                assert_eq!(mode(p), 0o600, "{}", p.display());
-            }
-        }
-        walk(&data);
+        all_private(&data);
     }
 }
 
@@ -268,15 +247,17 @@ async fn serve_makes_files_it_finds_readable_by_others_private() {
     let mut s = serve("127.0.0.1:1", &data, &[]).await;
     signal(&s, "-TERM");
     assert_eq!(wait_exit(&mut s).await, Some(0));
-    fn walk(p: &Path) {
-        if p.is_dir() {
-            assert_eq!(mode(p), 0o700, "{}", p.display());
-            for e in std::fs::read_dir(p).expect("read dir") {
-                walk(&e.expect("entry").path());
-            }
-        } else {
-            assert_eq!(mode(p), 0o600, "{}", p.display());
+    all_private(&data);
+}
+
+/// Every dir under `p` (itself included) is 0700 and every file 0600.
+fn all_private(p: &Path) {
+    if p.is_dir() {
+        assert_eq!(mode(p), 0o700, "{}", p.display());
+        for e in std::fs::read_dir(p).expect("read dir") {
+            all_private(&e.expect("entry").path());
         }
+    } else {
+        assert_eq!(mode(p), 0o600, "{}", p.display());
     }
-    walk(&data);
 }
