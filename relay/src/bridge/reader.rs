@@ -125,7 +125,9 @@ impl BridgeReader {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut partial_since: Option<Instant> = None;
         loop {
-            if self.done {
+            // At shutdown, frames already buffered are not taken on: the session is ending,
+            // and a request read now could be neither forwarded nor recorded.
+            if self.done || route.cancel.is_cancelled() {
                 return;
             }
             if outbox.control_bytes() > pause {

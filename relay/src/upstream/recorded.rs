@@ -233,6 +233,8 @@ impl Backend for Recorded {
                     .send_replace(Index::Failed(format!("cannot start the replay: {e}")));
             }
             route.cancel.cancelled().await;
+            // The session is over: bridges waiting at shutdown for it to end close now.
+            route.session.send_replace(None);
             self.stop.store(true, Ordering::Relaxed);
             self.timelines.lock().clear();
         }
