@@ -197,26 +197,23 @@ impl Route {
     /// Records a frame in the current session without ever waiting (see
     /// `Recorder::send_detached`).
     pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
-        if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), true, body);
-            r.send_detached(RecMsg::Frame { session: s.id, rec });
+        if let Some(s) = self.current() {
+            self.record_detached_in(s.id, dir, conn, body);
         }
     }
 
     /// Records a reply the relay wrote to a bridge in `session`, if that is still the session
-    /// being recorded, without ever waiting (see `Recorder::send_detached`).
+    /// being recorded, without ever waiting.
     pub fn record_reply_detached(&self, session: Uuid, conn: u32, body: Bytes) {
-        if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
-            if s.id == session {
-                let rec = FrameRecord::message(
-                    Direction::RelayToBridge,
-                    conn,
-                    gabp_rt::clock::now_ns(),
-                    true,
-                    body,
-                );
-                r.send_detached(RecMsg::Frame { session, rec });
-            }
+        if self.current().is_some_and(|s| s.id == session) {
+            self.record_detached_in(session, Direction::RelayToBridge, conn, body);
+        }
+    }
+
+    fn record_detached_in(&self, session: Uuid, dir: Direction, conn: u32, body: Bytes) {
+        if let Some(r) = &self.recorder {
+            let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), true, body);
+            r.send_detached(RecMsg::Frame { session, rec });
         }
     }
 

@@ -147,23 +147,9 @@ async fn every_answer_reaches_its_bridge_at_once_with_exactly_one_of_result_and_
 /// are: for an answer the relay could not read, a request timed out, and a mod gone first.
 #[tokio::test]
 async fn every_outcome_unknown_a_bridge_is_told_is_recorded() {
-    let (listener, up) = bind().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().to_str().expect("utf8");
-    let relay = serve(&[
-        "--upstream",
-        &up,
-        "--data-dir",
-        data,
-        "--request-timeout",
-        "500ms",
-    ])
-    .await;
-    let mut m = accept(&listener).await;
-    m.welcome(&[]).await;
-    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
-        .await
-        .expect("hello");
+    let (_dir, data, relay, mut m, mut c) =
+        recording_with_a_bridge(&["--request-timeout", "500ms"]).await;
+    let data = data.as_str();
     async fn outcome_unknown(c: &mut Client, id: &str) {
         let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(id))
             .await
@@ -206,23 +192,9 @@ async fn every_outcome_unknown_a_bridge_is_told_is_recorded() {
 /// it; the one of a bridge still there is answered and recorded.
 #[tokio::test]
 async fn a_timeout_reply_to_a_bridge_gone_is_not_recorded() {
-    let (listener, up) = bind().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().to_str().expect("utf8");
-    let relay = serve(&[
-        "--upstream",
-        &up,
-        "--data-dir",
-        data,
-        "--request-timeout",
-        "500ms",
-    ])
-    .await;
-    let mut m = accept(&listener).await;
-    m.welcome(&[]).await;
-    let (mut gone, _) = Client::connect_hello(&relay.addr, TOKEN)
-        .await
-        .expect("hello");
+    let (_dir, data, relay, mut m, mut gone) =
+        recording_with_a_bridge(&["--request-timeout", "500ms"]).await;
+    let data = data.as_str();
     call_through(&mut gone, &mut m).await;
     drop(gone);
     let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
@@ -250,15 +222,8 @@ async fn a_timeout_reply_to_a_bridge_gone_is_not_recorded() {
 /// reads those answers before its connection closes, and each is recorded.
 #[tokio::test]
 async fn requests_pending_at_shutdown_are_answered_before_the_bridge_is_closed() {
-    let (listener, up) = bind().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().to_str().expect("utf8");
-    let relay = serve(&["--upstream", &up, "--data-dir", data]).await;
-    let mut m = accept(&listener).await;
-    m.welcome(&[]).await;
-    let (mut c, _) = Client::connect_hello(&relay.addr, TOKEN)
-        .await
-        .expect("hello");
+    let (_dir, data, relay, mut m, mut c) = recording_with_a_bridge(&[]).await;
+    let data = data.as_str();
     const N: usize = 300;
     for _ in 0..N {
         call_through(&mut c, &mut m).await;
@@ -649,6 +614,25 @@ async fn a_frame_not_forwarded_fails_only_the_call_its_last_id_names() {
 async fn stopped_session(relay: Relay, data: &str) -> Value {
     assert_eq!(relay.stop().await.0, Some(0));
     checked_session(data).await
+}
+
+/// A recording relay (`extra` flags added) in front of a welcomed mod, and one bridge it has
+/// welcomed: (the data dir, its path, the relay, the mod, the bridge).
+async fn recording_with_a_bridge(
+    extra: &[&str],
+) -> (tempfile::TempDir, String, Relay, ModConn, Client) {
+    let (listener, up) = bind().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_str().expect("utf8").to_string();
+    let mut args = vec!["--upstream", up.as_str(), "--data-dir", data.as_str()];
+    args.extend_from_slice(extra);
+    let relay = serve(&args).await;
+    let mut m = accept(&listener).await;
+    m.welcome(&[]).await;
+    let (c, _) = Client::connect_hello(&relay.addr, TOKEN)
+        .await
+        .expect("hello");
+    (dir, data, relay, m, c)
 }
 
 /// A bridge's `tools/call`, read on the mod's side: (the bridge's id, the relay's upstream id).
