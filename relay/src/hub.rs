@@ -9,7 +9,7 @@
 //! Subscriptions belong to bridges and survive a mod reconnect; channel ids and seqs belong to
 //! a session and restart with it.
 //!
-//! Each published frame is also kept in the route's resume `Window` (an `Arc` pushed under the
+//! Each published frame is also kept in the route's resume `Window` (its bytes copied under the
 //! same lock, so the window always ends at the channel's last seq). A resuming bridge reads
 //! history from it and joins the live stream with [`Hub::join`], which hands it the last few
 //! events and subscribes it in one step: no event can fall between history and live.
