@@ -87,13 +87,15 @@ def main(argv):
     if total != sum(f for _, f in sessions.values()):
         problems.append(f"Polars read {total} rows, DuckDB {sum(f for _, f in sessions.values())}")
     sent = lf.filter((pl.col("dir") == "relay->mod") & (pl.col("kind") == "request")).select(
-        "session", "id", "method", pl.col("t_ns").alias("sent")
+        "session", "id", "conn", "method", pl.col("t_ns").alias("sent")
     )
+    # An answer is the one routed back to the caller's conn: one that came after the caller
+    # was told -32001 (past --request-timeout) is recorded with conn 0 and answers nothing.
     answered = lf.filter((pl.col("dir") == "mod->relay") & (pl.col("kind") == "response")).select(
-        "session", "id", pl.col("t_ns").alias("answered")
+        "session", "id", "conn", pl.col("t_ns").alias("answered")
     )
     calls = (
-        sent.join(answered, on=["session", "id"], how="left")
+        sent.join(answered, on=["session", "id", "conn"], how="left")
         .with_columns(
             ((pl.col("answered") - pl.col("sent")).dt.total_nanoseconds().clip(lower_bound=1)).alias("ns")
         )

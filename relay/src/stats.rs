@@ -188,7 +188,8 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
     let meta = &*store.with_details(meta)?;
     let mut chans: BTreeMap<u32, Chan> = BTreeMap::new();
     let mut methods: BTreeMap<String, Method> = BTreeMap::new();
-    let mut open: HashMap<String, (String, u64)> = HashMap::new();
+    // Awaited requests: upstream id -> (method, sent at, the bridge's conn).
+    let mut open: HashMap<String, (String, u64, u32)> = HashMap::new();
     let mut unanswered_untracked: HashMap<String, u64> = HashMap::new();
     let mut notices: HashMap<u32, u64> = HashMap::new();
     let mut parser = Parser::new();
@@ -241,14 +242,21 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                     .calls += 1;
                 if let Some(id) = view.id.as_deref() {
                     if open.len() < MAX_OPEN {
-                        open.insert(id.to_string(), (method, rec.time_ns));
+                        open.insert(id.to_string(), (method, rec.time_ns, rec.conn));
                     } else {
                         *unanswered_untracked.entry(method).or_default() += 1;
                     }
                 }
             }
             (Direction::ModToRelay, MsgType::Response) => {
-                let Some((method, sent)) = view.id.as_deref().and_then(|id| open.remove(id)) else {
+                // Only an answer the relay routed to the caller is its answer: one that came
+                // after the caller was told -32001 (past --request-timeout) is recorded as an
+                // anomaly, with no conn, and leaves the call unanswered.
+                let Some((method, sent, _)) = view
+                    .id
+                    .as_deref()
+                    .and_then(|id| take_answered(&mut open, id, rec.conn))
+                else {
                     continue;
                 };
                 let m = methods.get_mut(&method).expect("inserted with the request");
@@ -266,7 +274,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
         }
     }
     let mut unanswered = unanswered_untracked;
-    for (method, _) in open.into_values() {
+    for (method, ..) in open.into_values() {
         *unanswered.entry(method).or_default() += 1;
     }
     let secs = (meta.duration_ns() as f64 / 1e9).max(1e-9);
@@ -321,6 +329,20 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             })
             .collect(),
     })
+}
+
+/// Takes the awaited request (what, sent at, conn) with upstream id `id` if a mod response to
+/// it recorded with `conn` is its answer: routed to the bridge that sent it (or to the relay,
+/// conn 0, for its own). A late answer, recorded with no conn, leaves it awaited.
+pub(crate) fn take_answered<T>(
+    open: &mut HashMap<String, (T, u64, u32)>,
+    id: &str,
+    conn: u32,
+) -> Option<(T, u64, u32)> {
+    if open.get(id)?.2 != conn {
+        return None;
+    }
+    open.remove(id)
 }
 
 /// The human-readable table: sizes in binary units, a section only when it has rows.

@@ -218,6 +218,67 @@ async fn a_timeout_reply_to_a_bridge_gone_is_not_recorded() {
     assert!(told[0].contains(&id), "{told:#?}");
 }
 
+/// A mod's answer that comes after its caller was told -32001 (past `--request-timeout`) is
+/// recorded, but `stats` and `report` count the call unanswered, not answered late.
+#[tokio::test]
+async fn a_late_answer_after_the_timeout_leaves_the_call_unanswered_in_stats_and_report() {
+    let (_dir, data, relay, mut m, mut c) =
+        recording_with_a_bridge(&["--request-timeout", "300ms"]).await;
+    let data = data.as_str();
+    let answer = |up: &str| format!(r#"{{"v":"gabp/1","id":"{up}","type":"response","result":1}}"#);
+    let (late, late_up) = call_through(&mut c, &mut m).await;
+    let told = tokio::time::timeout(Duration::from_secs(10), c.response_to(&late))
+        .await
+        .expect("timed out in time")
+        .expect("response");
+    assert_eq!(told["error"]["code"], -32001, "{told}");
+    m.send(answer(&late_up).as_bytes()).await;
+    // Answered on time, after the late answer on the same connection (so that one is in).
+    let (on_time, up) = call_through(&mut c, &mut m).await;
+    m.send(answer(&up).as_bytes()).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), c.response_to(&on_time))
+        .await
+        .expect("answered")
+        .expect("response");
+    assert_eq!(got["result"], 1, "{got}");
+    let s = stopped_session(relay, data).await;
+    assert_eq!(s["anomalies"], 1, "the late answer is an anomaly: {s}");
+    let stats = support::json(&run(&["stats", "latest", "--json", "--data-dir", data]).await);
+    let call = stats["methods"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["method"] == "tools/call"))
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert_eq!(
+        (call["calls"].as_u64(), call["unanswered"].as_u64()),
+        (Some(2), Some(1)),
+        "{call}"
+    );
+    let max = call["maxMs"].as_f64().expect("maxMs");
+    assert!(max < 300.0, "only the answer on time has a latency: {call}");
+    // Outside the data dir (the relay refuses to write into it).
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let page = out_dir.path().join("report.html");
+    let page = page.to_str().expect("utf-8");
+    let out = run(&["report", "latest", "--data-dir", data, "-o", page]).await;
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(page).expect("page");
+    let row = html
+        .lines()
+        .find(|l| l.starts_with("<tr><td>tools/call</td>"))
+        .expect("the page's tools/call row");
+    let cells: Vec<&str> = row
+        .split("<td class=\"n\">")
+        .skip(1)
+        .map(|c| c.split('<').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        &cells[..3],
+        ["2", "0", "1"],
+        "calls, errors, unanswered: {row}"
+    );
+    assert_eq!(cells[6], format!("{max:.3}"), "{row}");
+}
+
 /// At shutdown every request still awaiting the mod is answered -32005 to its bridge, which
 /// reads those answers before its connection closes, and each is recorded.
 #[tokio::test]

@@ -133,7 +133,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
     };
     let channel_cap = crate::upstream::MAX_CHANNELS.max(meta.channels.len());
     let mut method_ix: HashMap<String, usize> = HashMap::new();
-    let mut open: HashMap<String, (usize, u64)> = HashMap::new();
+    let mut open: HashMap<String, (usize, u64, u32)> = HashMap::new();
     let mut gaps = store.gaps(meta.id)?.into_iter().peekable();
     let mut parser = Parser::new();
     let mut strict = Parser::new();
@@ -214,14 +214,19 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                 c.calls[b] += 1;
                 if let Some(id) = view.id.as_deref() {
                     if open.len() < MAX_OPEN {
-                        open.insert(id.to_string(), (ix, rec.time_ns));
+                        open.insert(id.to_string(), (ix, rec.time_ns, rec.conn));
                     } else {
                         c.methods[ix].unanswered += 1;
                     }
                 }
             }
             (Direction::ModToRelay, MsgType::Response) => {
-                let Some((ix, sent)) = view.id.as_deref().and_then(|id| open.remove(id)) else {
+                // A late answer (after the caller's -32001) is not the call's answer: see stats.
+                let Some((ix, sent, _)) = view
+                    .id
+                    .as_deref()
+                    .and_then(|id| crate::stats::take_answered(&mut open, id, rec.conn))
+                else {
                     c.untracked += 1;
                     continue;
                 };
@@ -264,7 +269,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
     for g in gaps {
         c.lost[buckets - 1] += g.frames;
     }
-    for (ix, _) in open.into_values() {
+    for (ix, ..) in open.into_values() {
         c.methods[ix].unanswered += 1;
     }
     Ok(c)
