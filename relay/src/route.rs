@@ -244,6 +244,18 @@ impl Route {
         };
         let id = Uuid::new_v4();
         let body = message::request(&id.to_string(), method, params);
+        // Recorded before the mod can have it, as a bridge's request is (`upstream::live`).
+        self.record(
+            session.id,
+            FrameRecord::message(
+                Direction::RelayToMod,
+                0,
+                gabp_rt::clock::now_ns(),
+                true,
+                body.clone(),
+            ),
+        )
+        .await;
         let now = Instant::now();
         self.pending.insert(
             id,
@@ -255,19 +267,8 @@ impl Route {
                 deadline: now + self.cfg.request_timeout,
             },
         );
-        if upstream.send(body.clone()).await.is_ok() {
-            self.record(
-                session.id,
-                FrameRecord::message(
-                    Direction::RelayToMod,
-                    0,
-                    gabp_rt::clock::now_ns(),
-                    true,
-                    body,
-                ),
-            )
-            .await;
-        }
+        // A mod gone meanwhile: the session ends and answers nobody (this is the relay's own).
+        let _ = upstream.send(body).await;
     }
 
     /// Sends a `relay/session` notice to every bridge that subscribes to anything, in order with

@@ -7,6 +7,94 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 
+/// Every request forwarded to the mod is recorded before the mod's answer to it, however fast
+/// the mod answers: pipelined calls from several bridges, each answer's row after its request's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_recorded_before_its_answer() {
+    let sim = start_mod(Some(10.0));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let up = sim.addr().to_string();
+    let s = serve(&[
+        "--upstream",
+        &up,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--data-dir",
+        data,
+    ])
+    .await;
+    const BRIDGES: usize = 4;
+    const CALLS: usize = 5000;
+    let mut tasks = Vec::new();
+    for b in 0..BRIDGES {
+        let addr = s.addr.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut c, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
+                .await
+                .expect("hello");
+            // In windows of 100 pipelined calls (the in-flight cap is far above).
+            for w in 0..CALLS / 100 {
+                let mut ids = Vec::new();
+                for i in 0..100 {
+                    let id = gabp_sim::client::new_id();
+                    let body = json!({"v": "gabp/1", "id": id, "type": "request", "method": "tools/call",
+                        "params": {"name": "sim/echo", "arguments": {"b": b, "i": w * 100 + i}}});
+                    c.send_body(body.to_string().as_bytes()).await.expect("send");
+                    ids.push(id);
+                }
+                for id in ids {
+                    let got = c.response_to(&id).await.expect("answer");
+                    assert!(got.get("result").is_some(), "{got}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("bridge");
+    }
+    s.stop_cleanly().await;
+    let out = output(&["export", "latest", "--data-dir", data]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Row of each upstream id's request; every answer must come after it.
+    let mut asked = std::collections::HashMap::new();
+    let (mut answers, mut overtaken) = (0, Vec::new());
+    for (row, line) in String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .enumerate()
+    {
+        let r: Value = serde_json::from_str(line).expect("json line");
+        let id = r["msg"]["id"].as_str().unwrap_or_default().to_string();
+        match (r["dir"].as_str(), r["msg"]["type"].as_str()) {
+            (Some("relay->mod"), Some("request")) => {
+                asked.insert(id, row);
+            }
+            (Some("mod->relay"), Some("response")) if r["msg"]["result"]["echo"].is_object() => {
+                answers += 1;
+                if asked.get(&id).is_none_or(|&at| at > row) {
+                    overtaken.push(id);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(answers, BRIDGES * CALLS);
+    assert!(
+        overtaken.is_empty(),
+        "answers recorded before their request: {overtaken:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
     let sim = start_mod(Some(2000.0));

@@ -179,6 +179,17 @@ async fn forward(route: &Route, req: Request<'_>) -> Result<(), Refusal> {
         gabp_proto::rewrite::with_id(&out, id_span, &up)
     };
     let out = pending::hold(out, holds);
+    // Recorded before the mod can have it, so its answer is always recorded after it (recorded
+    // after the send, a quick answer could overtake it and the call read as unanswered).
+    if route.recorder.is_some() {
+        let rec = auth::redact(&out, &route.access.table().secrets());
+        route
+            .record(
+                session.id,
+                FrameRecord::message(Direction::RelayToMod, bridge.conn, now_ns(), true, rec),
+            )
+            .await;
+    }
     let now = Instant::now();
     route.pending.insert(
         upstream_id,
@@ -195,22 +206,12 @@ async fn forward(route: &Route, req: Request<'_>) -> Result<(), Refusal> {
             deadline: now + route.cfg.request_timeout,
         },
     );
-    if upstream.send(out.clone()).await.is_err() {
+    if upstream.send(out).await.is_err() {
         route.pending.take(&upstream_id);
         return Err(Refusal::new(
             ErrorCode::ModUnavailable,
             "the mod disconnected",
         ));
-    }
-    if route.recorder.is_some() {
-        let rec = auth::redact(&out, &route.access.table().secrets());
-        drop(out);
-        route
-            .record(
-                session.id,
-                FrameRecord::message(Direction::RelayToMod, bridge.conn, now_ns(), true, rec),
-            )
-            .await;
     }
     Ok(())
 }
