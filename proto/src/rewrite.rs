@@ -46,7 +46,11 @@ pub fn with_id(body: &[u8], span: Range<usize>, new_id: &str) -> Bytes {
 /// `"seq"` member is added before the closing brace.
 pub fn put_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64, out: &mut BytesMut) {
     let mut digits = [0u8; 20];
-    let digits = decimal(seq, &mut digits);
+    put_with_digits(body, seq_span, decimal(seq, &mut digits), out);
+}
+
+/// [`put_with_seq`] with the seq already in decimal.
+fn put_with_digits(body: &[u8], seq_span: Option<Range<usize>>, digits: &[u8], out: &mut BytesMut) {
     match seq_span {
         Some(span) => {
             // Exact (as `len_with_seq`): a caller that sized `out` to the frame gets no
@@ -70,20 +74,26 @@ pub fn put_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64, out: 
 /// The length of `body` after [`put_with_seq`].
 pub fn len_with_seq(body: &[u8], seq_span: Option<&Range<usize>>, seq: u64) -> usize {
     let mut digits = [0u8; 20];
-    let n = decimal(seq, &mut digits).len();
+    len_with_digits(body, seq_span, decimal(seq, &mut digits).len())
+}
+
+fn len_with_digits(body: &[u8], seq_span: Option<&Range<usize>>, digits: usize) -> usize {
     match seq_span {
-        Some(span) => body.len() - span.len() + n,
-        None => body.len() + n + 7,
+        Some(span) => body.len() - span.len() + digits,
+        None => body.len() + digits + 7,
     }
 }
 
 /// A complete wire frame (header and body) of `body` with its seq replaced: one copy.
 pub fn wire_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
-    let len = len_with_seq(body, seq_span.as_ref(), seq);
+    // The seq in decimal once, for the length and the copy.
+    let mut digits = [0u8; 20];
+    let digits = decimal(seq, &mut digits);
+    let len = len_with_digits(body, seq_span.as_ref(), digits.len());
     // Exactly the frame's size, as `codec::frame_bytes` does, for one allocation per event.
     let mut out = BytesMut::with_capacity(crate::codec::frame_len(len));
     crate::codec::encode_header(len, &mut out);
-    put_with_seq(body, seq_span, seq, &mut out);
+    put_with_digits(body, seq_span, digits, &mut out);
     out.freeze()
 }
 

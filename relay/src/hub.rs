@@ -221,7 +221,10 @@ impl Hub {
             if frames + need > room.0 {
                 return Join::Behind;
             }
-            let tail = st.window.slice(ch.id, *next, need, usize::MAX);
+            // Copied out of the window: no further than the room left.
+            let tail = st
+                .window
+                .slice(ch.id, *next, need, room.1.saturating_sub(bytes));
             bytes += tail.iter().map(|e| e.wire.len()).sum::<usize>();
             if tail.len() != need || bytes > room.1 {
                 return Join::Behind;
