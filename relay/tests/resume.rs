@@ -211,6 +211,67 @@ async fn a_bridge_resumes_100k_missed_events_from_the_recording_while_the_mod_pu
     assert!(line.contains("not_retained=0"), "{line}");
 }
 
+/// History read from the recording into a small byte-bounded outbox: events of very different
+/// sizes on two channels, every one delivered, no drop notice (a read that ran one event past
+/// the room made the outbox drop its oldest under drop-oldest).
+#[tokio::test]
+async fn history_from_the_recording_fits_a_small_outbox_without_a_drop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (listener, up) = bind().await;
+    let relay = relay(
+        dir.path(),
+        &up,
+        "resume_window_frames = 100\noutbox_frames = 300\noutbox_bytes = \"64KiB\"",
+    )
+    .await;
+    let mut m = accept(&listener).await;
+    m.welcome(&["a", "b"]).await;
+    m.subscribed().await;
+    let mut o = observer(&relay.addr).await;
+    let (mut a, w) = hello(&relay.addr, json!({})).await;
+    let session = session_of(&w);
+    a.subscribe(&["a", "b"]).await.expect("subscribe");
+    drop(a);
+    const EACH: u64 = 1500;
+    let pad = |n: u64| "x".repeat([5, 300, 2000][(n % 3) as usize]);
+    let body = |ch: &str, n: u64| event(ch, Some(n), &format!(r#"{{"n":{n},"pad":"{}"}}"#, pad(n)));
+    m.send_all((0..EACH).flat_map(|n| [body("a", n), body("b", n)]))
+        .await;
+    // `c` last: the observer's channel, so that everything before it is published.
+    m.send_all([event("c", Some(0), "{}")]).await;
+    wait_published(&mut o, 0).await;
+    let resume = json!({"relay": {"resume": {"session": session, "channels": {"a": -1, "b": -1}}}});
+    let (mut b, w) = hello(&relay.addr, resume).await;
+    assert_eq!(
+        w["result"]["capabilities"]["extensions"]["relay"]["resume"]["resumed"], true,
+        "{w}"
+    );
+    let mut want = [0u64; 2];
+    while want != [EACH; 2] {
+        let e = b.next_event().await.expect("event");
+        let i = match e["channel"].as_str() {
+            Some("a") => 0,
+            Some("b") => 1,
+            _ => panic!("no notice, only history: {e}"),
+        };
+        assert_eq!(
+            e["seq"].as_u64(),
+            Some(want[i]),
+            "no gap, no duplicate: {e}"
+        );
+        assert_eq!(
+            e["payload"]["n"].as_u64(),
+            Some(want[i]),
+            "the same event: {e}"
+        );
+        assert_eq!(
+            e["payload"]["pad"].as_str().map(str::len),
+            Some(pad(want[i]).len())
+        );
+        want[i] += 1;
+    }
+}
+
 #[tokio::test]
 async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_holds() {
     let dir = tempfile::tempdir().expect("tempdir");

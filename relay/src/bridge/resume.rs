@@ -416,7 +416,7 @@ fn read_recorded(
     for item in frames {
         let (_, rec) = item.map_err(|e| e.to_string())?;
         let Some(seq) = rec.relay_seq else { continue };
-        if seq >= upto || out.len() >= limit.0 || bytes >= limit.1 {
+        if seq >= upto || out.len() >= limit.0 {
             break;
         }
         let span = parser
@@ -424,6 +424,11 @@ fn read_recorded(
             .ok()
             .and_then(|v| v.seq_span.clone());
         let wire = gabp_proto::rewrite::wire_with_seq(&rec.body, span, seq);
+        // Within the room, as the window's reads are (past the first): one event more would
+        // overflow the outbox, and under drop-oldest cost the history an event.
+        if !out.is_empty() && bytes + wire.len() > limit.1 {
+            break;
+        }
         bytes += wire.len();
         out.push(Arc::new(EventFrame {
             channel: name.clone(),
