@@ -7,7 +7,9 @@
 //! Memory is about 1.4 KB per channel all told (100,000 channels: 141 MiB peak, measured by
 //! `tests/stats_memory.rs`, names and JSON output included): distributions are kept in a sparse
 //! [`Sketch`] (within 1/16 of the true value), never a full histogram per channel (which cost
-//! ~350 KB each: 10,000 channels took 3.45 GB).
+//! ~350 KB each: 10,000 channels took 3.45 GB). Methods are few (at most 64 and a pool): their
+//! latencies are kept as the report keeps them (2 significant figures, capped at the exact
+//! longest call), so `stats` and `report` show the same percentiles.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -15,7 +17,7 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use serde::Serialize;
 
-use crate::report::collect::{MAX_METHODS, MAX_OPEN, OTHER_METHODS};
+use crate::report::collect::{latency_at, new_latency, MAX_METHODS, MAX_OPEN, OTHER_METHODS};
 
 /// A sparse log-linear histogram: values below 32 exactly, larger ones in buckets of 1/16 of
 /// their power of two; only buckets that occur are stored (a channel's payload sizes and a
@@ -177,10 +179,12 @@ struct Chan {
     restarts: u64,
 }
 
+/// A method's figures, kept as the report keeps them so both show the same percentiles.
 struct Method {
     calls: u64,
     errors: u64,
-    latency: Sketch,
+    latency: hdrhistogram::Histogram<u64>,
+    max_ns: u64,
 }
 
 /// Computes a session's stats.
@@ -237,7 +241,8 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                     .or_insert_with(|| Method {
                         calls: 0,
                         errors: 0,
-                        latency: Sketch::default(),
+                        latency: new_latency(),
+                        max_ns: 0,
                     })
                     .calls += 1;
                 if let Some(id) = view.id.as_deref() {
@@ -263,7 +268,9 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 if view.is_error() {
                     m.errors += 1;
                 }
-                m.latency.record(rec.time_ns.saturating_sub(sent).max(1));
+                let took = rec.time_ns.saturating_sub(sent).max(1);
+                m.latency.saturating_record(took);
+                m.max_ns = m.max_ns.max(took);
             }
             (Direction::RelayToBridge, MsgType::Event)
                 if view.channel.as_deref() == Some("relay/dropped") =>
@@ -278,7 +285,6 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
         *unanswered.entry(method).or_default() += 1;
     }
     let secs = (meta.duration_ns() as f64 / 1e9).max(1e-9);
-    let ms = |h: &Sketch, q: f64| h.quantile(q) as f64 / 1e6;
     Ok(SessionStats {
         session: meta.id.to_string(),
         route: meta.route.clone(),
@@ -310,10 +316,10 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 method,
                 calls: m.calls,
                 errors: m.errors,
-                p50_ms: ms(&m.latency, 0.5),
-                p90_ms: ms(&m.latency, 0.9),
-                p99_ms: ms(&m.latency, 0.99),
-                max_ms: m.latency.max as f64 / 1e6,
+                p50_ms: latency_at(&m.latency, m.max_ns, 0.5) as f64 / 1e6,
+                p90_ms: latency_at(&m.latency, m.max_ns, 0.9) as f64 / 1e6,
+                p99_ms: latency_at(&m.latency, m.max_ns, 0.99) as f64 / 1e6,
+                max_ms: m.max_ns as f64 / 1e6,
             })
             .collect(),
         bridges: meta

@@ -86,7 +86,7 @@ async fn recorded_report(dir: &Path) -> PathBuf {
 /// The page's longest call is the exact one `stats` reads from the same session, not the upper
 /// end of its histogram bucket.
 #[tokio::test]
-async fn the_reports_longest_call_is_exact() {
+async fn the_reports_latencies_are_stats_own_and_its_longest_call_is_exact() {
     let dir = tempfile::tempdir().expect("tempdir");
     let page = recorded_report(dir.path()).await;
     let html = std::fs::read_to_string(&page).expect("page written");
@@ -106,14 +106,22 @@ async fn the_reports_longest_call_is_exact() {
         .iter()
         .find(|m| m["method"] == "tools/call")
         .unwrap_or_else(|| panic!("{stats}"));
-    let max = format!("{:.3}", call["maxMs"].as_f64().expect("maxMs"));
+    // p50, p90, p99 and max, as the page prints them.
+    let stats_ms: Vec<String> = ["p50Ms", "p90Ms", "p99Ms", "maxMs"]
+        .iter()
+        .map(|k| format!("{:.3}", call[k].as_f64().expect("latency")))
+        .collect();
     let row = html
         .lines()
         .find(|l| l.starts_with("<tr><td>tools/call</td>"))
         .expect("the page's tools/call row");
+    let want: String = stats_ms
+        .iter()
+        .map(|v| format!("<td class=\"n\">{v}</td>"))
+        .collect();
     assert!(
-        row.ends_with(&format!("<td class=\"n\">{max}</td></tr>")),
-        "{row} ends with stats' {max}"
+        row.ends_with(&format!("{want}</tr>")),
+        "{row} ends with stats' {stats_ms:?}"
     );
 }
 

@@ -94,9 +94,16 @@ pub struct Collected {
     pub untracked: u64,
 }
 
-fn new_latency() -> Histogram<u64> {
+/// A method's latency histogram (ns), as the report and `stats` keep it.
+pub(crate) fn new_latency() -> Histogram<u64> {
     // 1 ns to one hour at 2 significant figures: ~40 KB per method.
     Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
+}
+
+/// A method's latency at quantile `q` (ns), as the report and `stats` both show it: a bucket's
+/// upper end can pass the exact longest call, so it is capped there.
+pub(crate) fn latency_at(h: &Histogram<u64>, max_ns: u64, q: f64) -> u64 {
+    h.value_at_quantile(q).min(max_ns)
 }
 
 /// A JSON value's field as text, from a span of `body`.

@@ -6,7 +6,7 @@ use gabp_report::chart::{self, CURVE_QUANTILES};
 use gabp_report::{ChartError, Page, Series, TimeMark};
 use gabp_storage::SessionMeta;
 
-use super::collect::Collected;
+use super::collect::{latency_at, Collected};
 
 /// Lines drawn per chart; the rest of the channels are summed into one line.
 const MAX_LINES: usize = 8;
@@ -143,7 +143,7 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
             name: m.name.clone(),
             points: CURVE_QUANTILES
                 .iter()
-                .map(|&q| (q, m.latency.value_at_quantile(q).min(m.max_ns) as f64 / 1e6))
+                .map(|&q| (q, latency_at(&m.latency, m.max_ns, q) as f64 / 1e6))
                 .collect(),
         })
         .collect();
@@ -161,10 +161,9 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
                 m.calls.to_string(),
                 m.errors.to_string(),
                 m.unanswered.to_string(),
-                // A bucket's upper end can pass the exact maximum.
-                ms(h.value_at_quantile(0.5).min(m.max_ns)),
-                ms(h.value_at_quantile(0.9).min(m.max_ns)),
-                ms(h.value_at_quantile(0.99).min(m.max_ns)),
+                ms(latency_at(h, m.max_ns, 0.5)),
+                ms(latency_at(h, m.max_ns, 0.9)),
+                ms(latency_at(h, m.max_ns, 0.99)),
                 ms(m.max_ns),
             ]
         })
