@@ -155,7 +155,8 @@ pub struct Layer {
     pub globals: toml::Table,
     /// Route keys (on_slow, outbox_bytes, …), over every route's.
     pub policy: toml::Table,
-    /// A route given by flags (name, upstream, listen, tokens), served beside the file's.
+    /// A route given by flags (name, upstream, listen, tokens), served beside the file's; one
+    /// named as a file's route overrides that route's keys.
     pub route: Option<toml::Table>,
 }
 
@@ -296,7 +297,25 @@ impl FileConfig {
             _ => Vec::new(),
         };
         let from_file = routes.len();
-        routes.extend(layer.route.map(toml::Value::Table));
+        if let Some(flags) = layer.route {
+            let named = |r: &&mut toml::Value| r.get("name") == flags.get("name");
+            match routes.iter_mut().find(named) {
+                // Flags override the file: the route keeps the file's other keys.
+                Some(toml::Value::Table(t)) => {
+                    // One way to reach the mod: the flags'.
+                    for (given, other) in [
+                        ("upstream", "upstream_command"),
+                        ("upstream_command", "upstream"),
+                    ] {
+                        if flags.contains_key(given) {
+                            t.remove(other);
+                        }
+                    }
+                    t.extend(flags);
+                }
+                _ => routes.push(toml::Value::Table(flags)),
+            }
+        }
         for r in &mut routes {
             if let toml::Value::Table(t) = r {
                 for (k, v) in layer.policy.clone() {
@@ -826,6 +845,44 @@ mod tests {
         routes("127.0.0.1:0", "127.0.0.1:0").expect("port 0 is a fresh port each");
         routes("127.0.0.1:7400", "127.0.0.2:7400").expect("different addresses");
         routes("127.0.0.1:7400", "127.0.0.1:7401").expect("different ports");
+    }
+
+    #[test]
+    fn a_flags_route_named_as_a_file_route_overrides_it_and_any_other_is_served_beside() {
+        let text = "[[route]]\nname = \"default\"\nupstream_command = [\"mod\"]\nlisten = \"127.0.0.1:0\"\nmax_body = 4096\n";
+        let flags = |name: &str| {
+            let mut t = toml::Table::new();
+            for (k, v) in [
+                ("name", name),
+                ("upstream", "127.0.0.1:7"),
+                ("listen", "127.0.0.1:8"),
+            ] {
+                t.insert(k.into(), toml::Value::String(v.into()));
+            }
+            Layer {
+                route: Some(t),
+                ..Layer::default()
+            }
+        };
+        let cfg = FileConfig::layered(Some((text, "r.toml")), flags("default"))
+            .expect("layers")
+            .relay_config("r.toml")
+            .expect("resolves");
+        assert_eq!(cfg.routes.len(), 1, "one route: {:?}", cfg.routes);
+        let r = &cfg.routes[0];
+        assert_eq!(
+            r.upstream.to_string(),
+            "127.0.0.1:7",
+            "the flag's upstream replaces the file's command"
+        );
+        assert_eq!(r.listen.to_string(), "127.0.0.1:8");
+        assert_eq!(r.max_body, 4096, "the file's other keys stay");
+        let cfg = FileConfig::layered(Some((text, "r.toml")), flags("other"))
+            .expect("layers")
+            .relay_config("r.toml")
+            .expect("resolves");
+        let names: Vec<&str> = cfg.routes.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["default", "other"]);
     }
 
     #[test]
