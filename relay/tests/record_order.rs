@@ -7,14 +7,13 @@ mod support;
 use serde_json::{json, Value};
 use support::*;
 
-/// Every request forwarded to the mod is recorded before the mod's answer to it, however fast
-/// the mod answers: pipelined calls from several bridges, each answer's row after its request's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_request_is_recorded_before_its_answer() {
-    let sim = start_mod(Some(10.0));
+/// A recording relay in front of the simulated mod publishing `rate` events/s: (the mod, the
+/// data dir's parent, the data dir, the relay).
+async fn recording_relay(rate: f64) -> (ModSim, tempfile::TempDir, String, Serve) {
+    let sim = start_mod(Some(rate));
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let data = data.to_str().expect("utf-8");
+    let data = data.to_str().expect("utf-8").to_string();
     let up = sim.addr().to_string();
     let s = serve(&[
         "--upstream",
@@ -26,9 +25,18 @@ async fn every_request_is_recorded_before_its_answer() {
         "--token",
         BRIDGE_TOKEN,
         "--data-dir",
-        data,
+        &data,
     ])
     .await;
+    (sim, dir, data, s)
+}
+
+/// Every request forwarded to the mod is recorded before the mod's answer to it, however fast
+/// the mod answers: pipelined calls from several bridges, each answer's row after its request's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_is_recorded_before_its_answer() {
+    let (_sim, _dir, data, s) = recording_relay(10.0).await;
+    let data = data.as_str();
     const BRIDGES: usize = 4;
     const CALLS: usize = 5000;
     let mut tasks = Vec::new();
@@ -97,24 +105,8 @@ async fn every_request_is_recorded_before_its_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
-    let sim = start_mod(Some(2000.0));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    let data = data.to_str().expect("utf-8");
-    let up = sim.addr().to_string();
-    let s = serve(&[
-        "--upstream",
-        &up,
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--data-dir",
-        data,
-    ])
-    .await;
+    let (_sim, _dir, data, s) = recording_relay(2000.0).await;
+    let data = data.as_str();
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");

@@ -78,6 +78,22 @@ async fn expect_seqs(c: &mut Client, channel: &str, from: u64, last: u64) -> Vec
     notices
 }
 
+/// A relay (route keys `extra`) before the scripted mod, welcomed offering `channels`, and an
+/// observer bridge on `c`: (the relay, the mod, the observer).
+async fn relay_with_observer(
+    dir: &std::path::Path,
+    extra: &str,
+    channels: &[&str],
+) -> (Relay, ModConn, Client) {
+    let (listener, up) = bind().await;
+    let relay = relay(dir, &up, extra).await;
+    let mut m = accept(&listener).await;
+    m.welcome(channels).await;
+    m.subscribed().await;
+    let o = observer(&relay.addr).await;
+    (relay, m, o)
+}
+
 /// An observer bridge subscribed to `c`, to know when the relay has published up to a seq.
 async fn observer(addr: &Addr) -> Client {
     let (mut o, r) = hello(addr, json!({})).await;
@@ -98,12 +114,7 @@ async fn wait_published(o: &mut Client, last: u64) {
 #[tokio::test]
 async fn a_bridge_resumes_from_memory_with_no_gap_and_no_duplicate() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (listener, up) = bind().await;
-    let relay = relay(dir.path(), &up, "").await;
-    let mut m = accept(&listener).await;
-    m.welcome(&["c"]).await;
-    m.subscribed().await;
-    let mut o = observer(&relay.addr).await;
+    let (relay, mut m, mut o) = relay_with_observer(dir.path(), "", &["c"]).await;
     let (mut a, w) = hello(&relay.addr, json!({})).await;
     let session = session_of(&w);
     assert_eq!(
@@ -217,17 +228,12 @@ async fn a_bridge_resumes_100k_missed_events_from_the_recording_while_the_mod_pu
 #[tokio::test]
 async fn history_from_the_recording_fits_a_small_outbox_without_a_drop() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (listener, up) = bind().await;
-    let relay = relay(
+    let (relay, mut m, mut o) = relay_with_observer(
         dir.path(),
-        &up,
         "resume_window_frames = 100\noutbox_frames = 300\noutbox_bytes = \"64KiB\"",
+        &["a", "b"],
     )
     .await;
-    let mut m = accept(&listener).await;
-    m.welcome(&["a", "b"]).await;
-    m.subscribed().await;
-    let mut o = observer(&relay.addr).await;
     let (mut a, w) = hello(&relay.addr, json!({})).await;
     let session = session_of(&w);
     a.subscribe(&["a", "b"]).await.expect("subscribe");
@@ -275,17 +281,12 @@ async fn history_from_the_recording_fits_a_small_outbox_without_a_drop() {
 #[tokio::test]
 async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_holds() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (listener, up) = bind().await;
-    let relay = relay(
+    let (relay, mut m, mut o) = relay_with_observer(
         dir.path(),
-        &up,
         "resume_window_frames = 1000\noutbox_frames = 1000",
+        &["c"],
     )
     .await;
-    let mut m = accept(&listener).await;
-    m.welcome(&["c"]).await;
-    m.subscribed().await;
-    let mut o = observer(&relay.addr).await;
     let session = session_of(&hello(&relay.addr, json!({})).await.1);
     // Big events, so the socket buffers fill after a few thousand.
     let big = "x".repeat(2000);
@@ -333,17 +334,12 @@ async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_hol
 #[tokio::test]
 async fn without_a_recording_history_beyond_the_window_is_an_exact_dropped_notice() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (listener, up) = bind().await;
-    let relay = relay(
+    let (relay, mut m, mut o) = relay_with_observer(
         dir.path(),
-        &up,
         "record = false\nresume_window_frames = 100",
+        &["c"],
     )
     .await;
-    let mut m = accept(&listener).await;
-    m.welcome(&["c"]).await;
-    m.subscribed().await;
-    let mut o = observer(&relay.addr).await;
     let (mut a, w) = hello(&relay.addr, json!({})).await;
     let session = session_of(&w);
     a.subscribe(&["c"]).await.expect("subscribe");
@@ -419,12 +415,7 @@ async fn a_resume_across_a_mod_restart_gets_the_new_epoch_and_no_old_events() {
 #[tokio::test]
 async fn bogus_resumes_get_a_clear_error_and_cost_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (listener, up) = bind().await;
-    let relay = relay(dir.path(), &up, "").await;
-    let mut m = accept(&listener).await;
-    m.welcome(&["c"]).await;
-    m.subscribed().await;
-    let mut o = observer(&relay.addr).await;
+    let (relay, mut m, mut o) = relay_with_observer(dir.path(), "", &["c"]).await;
     let session = session_of(&hello(&relay.addr, json!({})).await.1);
     m.send_all((0..10).map(|n| ev("c", n))).await;
     wait_published(&mut o, 9).await;
