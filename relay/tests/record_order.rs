@@ -31,6 +31,21 @@ async fn recording_relay(rate: f64) -> (ModSim, tempfile::TempDir, String, Serve
     (sim, dir, data, s)
 }
 
+/// The latest session of `data`, exported: one JSON value per recorded frame, in order.
+async fn exported(data: &str) -> Vec<Value> {
+    let out = output(&["export", "latest", "--data-dir", data]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
 /// Every request forwarded to the mod is recorded before the mod's answer to it, however fast
 /// the mod answers: pipelined calls from several bridges, each answer's row after its request's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,21 +82,10 @@ async fn every_request_is_recorded_before_its_answer() {
         t.await.expect("bridge");
     }
     s.stop_cleanly().await;
-    let out = output(&["export", "latest", "--data-dir", data]).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // Row of each upstream id's request; every answer must come after it.
     let mut asked = std::collections::HashMap::new();
     let (mut answers, mut overtaken) = (0, Vec::new());
-    for (row, line) in String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .enumerate()
-    {
-        let r: Value = serde_json::from_str(line).expect("json line");
+    for (row, r) in exported(data).await.into_iter().enumerate() {
         let id = r["msg"]["id"].as_str().unwrap_or_default().to_string();
         match (r["dir"].as_str(), r["msg"]["type"].as_str()) {
             (Some("relay->mod"), Some("request")) => {
@@ -132,18 +136,7 @@ async fn what_a_bridge_saw_is_recorded_before_what_it_sent_after() {
         .expect("end mark");
     }
     s.stop_cleanly().await;
-
-    let out = output(&["export", "latest", "--data-dir", data]).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<Value> = String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+    let rows = exported(data).await;
     let at = |pred: &dyn Fn(&Value) -> bool, what: &str| -> usize {
         rows.iter()
             .position(pred)
