@@ -212,7 +212,9 @@ pub fn redact_hello(body: &Bytes, secrets: &[&str]) -> Bytes {
 }
 
 /// A frame that failed strict parsing, as it may be recorded: `(body, json_ok)`. Kept byte for
-/// byte (secrets redacted) unless it could carry a token the byte-level pass cannot see.
+/// byte (secrets redacted) unless it could carry a token the byte-level pass cannot see;
+/// `json_ok` says whether what is kept is JSON any reader can decode (a request refused for
+/// its method or params is, and exports as a message, not as text).
 pub fn redact_unparsed(body: &Bytes, secrets: &[&str]) -> (Bytes, bool) {
     let lower = body.to_ascii_lowercase();
     let risky = memchr::memmem::find(&lower, b"token").is_some()
@@ -220,7 +222,9 @@ pub fn redact_unparsed(body: &Bytes, secrets: &[&str]) -> (Bytes, bool) {
     if risky {
         (withheld(body.len()), true)
     } else {
-        (redact(body, secrets), false)
+        let kept = redact(body, secrets);
+        let json_ok = std::str::from_utf8(&kept).is_ok() && gabp_proto::scan::is_valid_json(&kept);
+        (kept, json_ok)
     }
 }
 
@@ -300,6 +304,16 @@ mod tests {
             redact_unparsed(&Bytes::from(format!("{{not json {secret}")), &[secret]);
         assert!(!json_ok);
         assert_eq!(&out[..], format!("{{not json {REDACTED}").as_bytes());
+        // Valid JSON refused for what it says (a bad tool name) is kept as JSON, redacted.
+        let refused = format!(
+            r#"{{"v":"gabp/1","id":"x","type":"request","method":"tools/call","params":{{"name":"Bad Name","arguments":{{"k":"{secret}"}}}}}}"#
+        );
+        let (out, json_ok) = redact_unparsed(&Bytes::from(refused), &[secret]);
+        assert!(json_ok);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("still JSON");
+        assert_eq!(v["params"]["arguments"]["k"], REDACTED);
+        // A number past a double's range is JSON no reader decodes: kept as text.
+        assert!(!redact_unparsed(&Bytes::from(r#"{"x":1e999}"#), &[secret]).1);
     }
 
     #[test]
