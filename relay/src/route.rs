@@ -336,6 +336,8 @@ impl Route {
                     "queueEvents": events,
                     "queueBytes": bytes,
                     "queueControl": control,
+                    // Taken by its writer, not yet accepted by its socket.
+                    "unwrittenBytes": b.outbox.unwritten(),
                     "dropped": b.outbox.dropped(),
                     "delivered": b.outbox.delivered(),
                     "pending": b.in_flight.load(Ordering::Relaxed),

@@ -42,6 +42,8 @@ pub struct BridgeSocket {
     /// already went out.
     queue: VecDeque<Frame>,
     skip: usize,
+    /// The bytes of `queue` not yet accepted.
+    unwritten: usize,
     /// The relay's seq for this bridge's `relay/dropped` notices.
     notice_seq: u64,
     /// Scratch for taking from the outbox, kept for its allocations.
@@ -74,6 +76,7 @@ impl BridgeSocket {
             write,
             queue: VecDeque::new(),
             skip: 0,
+            unwritten: 0,
             notice_seq: 0,
             batch: Batch::default(),
         }
@@ -97,15 +100,14 @@ impl BridgeSocket {
             self.notice_seq += 1;
             let mut wire = BytesMut::with_capacity(gabp_proto::codec::frame_len(body.len()));
             encode_frame(&body, &mut wire);
+            self.unwritten += wire.len();
             self.queue.push_back(Frame::Control(wire.freeze()));
             staged.notices.push(body);
         }
-        staged.events = self
-            .batch
-            .frames
-            .iter()
-            .filter(|f| matches!(f, Frame::Event(_)))
-            .count() as u64;
+        for f in &self.batch.frames {
+            staged.events += u64::from(matches!(f, Frame::Event(_)));
+            self.unwritten += f.bytes().len();
+        }
         if self.queue.is_empty() {
             // Nothing left from before: take the batch's ring whole (no copy).
             std::mem::swap(&mut self.queue, &mut self.batch.frames);
@@ -134,6 +136,7 @@ impl BridgeSocket {
     }
 
     fn advance(&mut self, mut n: usize) {
+        self.unwritten -= n;
         while n > 0 {
             let Some(front) = self.queue.front() else {
                 return;
@@ -188,10 +191,13 @@ impl BridgeSocket {
         Ok(())
     }
 
-    /// Bytes queued and not yet accepted by the socket (the tests' view of a partial write).
-    #[cfg(test)]
+    /// Bytes queued and not yet accepted by the socket.
     pub fn queued_bytes(&self) -> usize {
-        self.queue.iter().map(|f| f.bytes().len()).sum::<usize>() - self.skip
+        debug_assert_eq!(
+            self.unwritten,
+            self.queue.iter().map(|f| f.bytes().len()).sum::<usize>() - self.skip
+        );
+        self.unwritten
     }
 
     /// Shuts the socket's write side.

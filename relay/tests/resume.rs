@@ -283,7 +283,7 @@ async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_hol
     let dir = tempfile::tempdir().expect("tempdir");
     let (relay, mut m, mut o) = relay_with_observer(
         dir.path(),
-        "resume_window_frames = 1000\noutbox_frames = 1000",
+        "resume_window_frames = 1000\noutbox_frames = 1000\noutbox_bytes = \"1MiB\"",
         &["c"],
     )
     .await;
@@ -295,30 +295,43 @@ async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_hol
     wait_published(&mut o, 19_999).await;
     let resume = json!({"relay": {"resume": {"session": session, "channels": {"c": -1}}}});
     let (mut b, _) = hello(&relay.addr, resume).await;
-    // It reads nothing for a while: the relay's queue for it stays within its outbox bound.
-    let status = |v: &Value| -> Option<u64> {
-        v["result"]["bridges"]
-            .as_array()?
-            .iter()
-            .map(|b| b["queueEvents"].as_u64().unwrap_or(0))
-            .max()
+    // It reads nothing for a while: the relay holds no more of its history than its outbox
+    // bounds, in events queued and in bytes queued or taken and not yet written.
+    let held = |v: &Value| -> Option<(u64, u64)> {
+        let bridges = v["result"]["bridges"].as_array()?;
+        let most = |f: &dyn Fn(&Value) -> u64| bridges.iter().map(f).max().unwrap_or(0);
+        Some((
+            most(&|b| b["queueEvents"].as_u64().unwrap_or(0)),
+            most(&|b| {
+                let field = |k: &str| b[k].as_u64().unwrap_or_else(|| panic!("{k}: {b}"));
+                field("queueBytes") + field("unwrittenBytes")
+            }),
+        ))
     };
     let (mut st, _) = hello(&relay.addr, json!({})).await;
     // Until history fills its outbox (its socket is full by then), and a while longer.
-    let (mut peak, mut samples) = (0, 0);
+    let (mut peak, mut samples) = ((0, 0), 0);
     let deadline = Instant::now() + Duration::from_secs(20);
     while samples < 200 {
         let s = st.request("relay/status", json!({})).await.expect("status");
-        let q = status(&s).expect("bridges");
-        peak = peak.max(q);
-        if peak > 0 {
+        let (events, bytes) = held(&s).unwrap_or_else(|| panic!("bridges: {s}"));
+        peak = (peak.0.max(events), peak.1.max(bytes));
+        if peak.1 > 0 {
             samples += 1;
         }
         assert!(Instant::now() < deadline, "history never queued: {s}");
     }
+    eprintln!("held at most {} events, {} bytes", peak.0, peak.1);
     assert!(
-        peak <= 1000,
-        "queued {peak} events for a bridge that reads nothing"
+        peak.0 <= 1000,
+        "queued {} events for a bridge that reads nothing",
+        peak.0
+    );
+    // One event past the room at most (a read always takes its first).
+    assert!(
+        peak.1 <= (1 << 20) + 2100,
+        "held {} bytes of history for a bridge that reads nothing",
+        peak.1
     );
     // Then it reads: everything arrives, once and in order.
     let mut want = 0;

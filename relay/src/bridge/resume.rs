@@ -256,7 +256,10 @@ impl CatchUp<'_> {
             if self.outbox.is_closed() {
                 return false;
             }
+            // What the writer took and the socket has not accepted counts too: a bridge that
+            // does not read holds no more history than its outbox's bound.
             let (frames, bytes, _) = self.outbox.depth();
+            let bytes = bytes + self.outbox.unwritten();
             let room = (
                 max_frames.saturating_sub(frames).max(1),
                 max_bytes.saturating_sub(bytes).max(1),

@@ -27,7 +27,9 @@ pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
         };
         let open = outbox.take(&mut sink.batch).is_some();
         let staged = sink.stage();
+        outbox.note_unwritten(sink.queued_bytes());
         let written = sink.flush(deadline).await;
+        outbox.note_unwritten(sink.queued_bytes());
         record_staged(&route, &sink, staged);
         match written {
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
@@ -68,6 +70,11 @@ pub fn write_from_reader(route: &Route, outbox: &Outbox) {
     }
     let staged = sink.stage();
     let result = sink.write_now();
+    // Only an idle socket is written here, so there was nothing unwritten before: say so
+    // only when some is left (the writer then says when it is gone).
+    if !matches!(result, Ok(true)) {
+        outbox.note_unwritten(sink.queued_bytes());
+    }
     record_staged(route, &sink, staged);
     drop(sink);
     match result {

@@ -15,7 +15,7 @@
 //! socket accepts nothing for the write deadline.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -117,6 +117,9 @@ pub struct Outbox {
     cut_reason: Mutex<Option<CutReason>>,
     /// The bridge's socket, while nobody is writing to it (see [`crate::socket`]).
     socket: SocketSlot,
+    /// Bytes taken from here that the socket has not accepted yet, as the writer last saw
+    /// them: a resume's history counts them against the bound too.
+    unwritten: AtomicUsize,
 }
 
 impl Outbox {
@@ -131,6 +134,7 @@ impl Outbox {
             wake: Notify::new(),
             space: Notify::new(),
             wake_pending: AtomicBool::new(false),
+            unwritten: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             cut: CancellationToken::new(),
@@ -323,8 +327,9 @@ impl Outbox {
         }
     }
 
-    /// Waits until at most `frames` events and `bytes` of event bytes are queued (or the outbox
-    /// closes): a resuming bridge's history is streamed as the socket drains.
+    /// Waits until at most `frames` events and `bytes` of event bytes are queued or taken and
+    /// not yet written (or the outbox closes): a resuming bridge's history is streamed as the
+    /// socket drains, never more of it held than the outbox's bounds.
     pub async fn events_below(&self, frames: usize, bytes: usize) {
         loop {
             let notified = self.space.notified();
@@ -332,7 +337,8 @@ impl Outbox {
             notified.as_mut().enable();
             {
                 let st = self.state.lock();
-                if st.closed || (st.events <= frames && st.event_bytes <= bytes) {
+                let unwritten = self.unwritten.load(Ordering::Acquire);
+                if st.closed || (st.events <= frames && st.event_bytes + unwritten <= bytes) {
                     return;
                 }
             }
@@ -472,6 +478,19 @@ impl Outbox {
     pub fn depth(&self) -> (usize, usize, usize) {
         let st = self.state.lock();
         (st.events, st.event_bytes, st.controls)
+    }
+
+    /// Notes the bytes the socket has yet to accept (the writer's view after staging or
+    /// writing); a drop wakes whoever waits for room.
+    pub fn note_unwritten(&self, bytes: usize) {
+        if self.unwritten.swap(bytes, Ordering::AcqRel) > bytes {
+            self.space.notify_waiters();
+        }
+    }
+
+    /// Bytes taken from here and not yet accepted by the socket.
+    pub fn unwritten(&self) -> usize {
+        self.unwritten.load(Ordering::Acquire)
     }
 
     /// Events dropped so far.
