@@ -378,7 +378,7 @@ impl CatchUp<'_> {
     /// Announces that channel `i`'s events from its next seq up to `upto` (exclusive) are not
     /// held anywhere, once what was queued before has gone (so the notice stands where the gap
     /// is), and moves past them.
-    async fn gap(&mut self, i: usize, channel: Arc<str>, upto: u64) -> Step {
+    async fn gap(&mut self, i: usize, channel: Arc<str>, mut upto: u64) -> Step {
         let next = self.wants[i].1;
         // Everything queued must be taken first, the welcome too: a notice is written before
         // the frames of the batch it is taken with.
@@ -388,6 +388,14 @@ impl CatchUp<'_> {
                 self.outbox.control_below(0).await;
             } => {}
             _ = self.route.cancel.cancelled() => return Step::Over,
+        }
+        // With nothing recorded, the window may have let more go meanwhile: one notice for
+        // the whole range it no longer holds, not two in a row.
+        if self.route.recorder.is_none() {
+            let Some(h) = self.route.hub.history(self.epoch, &channel, next, 0, 0) else {
+                return Step::Over;
+            };
+            upto = upto.max(h.first_kept.unwrap_or(h.next_seq));
         }
         if !self.outbox.push_gap(channel, next, upto - 1) {
             return Step::Over;

@@ -355,13 +355,24 @@ impl Outbox {
         if st.closed {
             return false;
         }
-        st.drops.push(DropRun {
-            channel,
-            from,
-            to,
-            count: to - from + 1,
-            policy: "not-retained",
-        });
+        // A window that let more go while the last notice waited: still one notice.
+        match st.drops.last_mut() {
+            Some(last)
+                if last.policy == NOT_RETAINED
+                    && last.channel == channel
+                    && last.to + 1 == from =>
+            {
+                last.to = to;
+                last.count += to - from + 1;
+            }
+            _ => st.drops.push(DropRun {
+                channel,
+                from,
+                to,
+                count: to - from + 1,
+                policy: NOT_RETAINED,
+            }),
+        }
         drop(st);
         self.wake.notify_one();
         true
@@ -505,6 +516,7 @@ impl Outbox {
 }
 
 const DROP_OLDEST: &str = "drop-oldest";
+const NOT_RETAINED: &str = "not-retained";
 
 fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
     if let Some(run) = drops.iter_mut().rev().find(|r| r.channel == ev.channel) {

@@ -243,3 +243,29 @@ fn a_run_offered_at_once_equals_its_events_offered_one_by_one() {
         }
     }
 }
+
+#[test]
+fn contiguous_not_retained_ranges_not_yet_taken_are_one_notice() {
+    let o = Outbox::new(OnSlow::DropOldest, 10, 1 << 20);
+    assert!(o.push_gap("a".into(), 10, 19));
+    assert!(o.push_gap("a".into(), 20, 24));
+    // Another channel, and a range that does not follow, stay notices of their own.
+    assert!(o.push_gap("b".into(), 25, 26));
+    assert!(o.push_gap("a".into(), 30, 31));
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    let runs: Vec<(&str, u64, u64, u64)> = b
+        .drops
+        .iter()
+        .map(|d| (&*d.channel, d.from, d.to, d.count))
+        .collect();
+    assert_eq!(
+        runs,
+        [("a", 10, 24, 15), ("b", 25, 26, 2), ("a", 30, 31, 2)]
+    );
+    // Once taken, the next range is a notice of its own.
+    assert!(o.push_gap("a".into(), 32, 33));
+    b.drops.clear();
+    o.take(&mut b).expect("open");
+    assert_eq!(b.drops.len(), 1);
+}
