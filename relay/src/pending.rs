@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use dashmap::DashMap;
+use gabp_proto::{message, ErrorCode};
 use uuid::Uuid;
 
 use crate::outbox::Outbox;
@@ -51,6 +52,26 @@ pub struct Entry {
     pub sent: Instant,
     /// When it times out.
     pub deadline: Instant,
+}
+
+impl Entry {
+    /// The error a bridge's request gets when the relay answers it itself (no answer in time,
+    /// an answer it cannot forward, the session's end), naming the method: (the bridge's conn,
+    /// its outbox, the body). `None` for the relay's own requests: nobody to tell.
+    pub fn error_reply(&self, code: ErrorCode, msg: &str) -> Option<(u32, &Arc<Outbox>, Bytes)> {
+        let Origin::Bridge {
+            conn,
+            outbox,
+            bridge_id,
+            ..
+        } = &self.origin
+        else {
+            return None;
+        };
+        let data = serde_json::json!({"method": self.method});
+        let body = message::error_response(Some(bridge_id), code, msg, Some(data));
+        Some((*conn, outbox, body))
+    }
 }
 
 impl Drop for Entry {

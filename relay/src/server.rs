@@ -8,15 +8,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gabp_proto::{frame_bytes, message, ErrorCode};
+use gabp_proto::{frame_bytes, ErrorCode};
 use gabp_rt::net::{Addr, Listener};
 use gabp_storage::{Store, StoreOptions};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::RelayConfig;
-use crate::pending::Origin;
 use crate::recorder::{Recorder, RecorderThread};
 use crate::route::Route;
 use crate::upstream::{Backend, Connector, Live, SocketConnector};
@@ -304,24 +302,15 @@ async fn sweeper(route: Arc<Route>) {
         for entry in route.pending.expire(Instant::now()) {
             let (_, count) = route.metrics.request(&entry.method, "timeout");
             count.increment(1);
-            if let Origin::Bridge {
-                conn,
-                outbox,
-                bridge_id,
-                ..
-            } = &entry.origin
-            {
-                let msg = format!("no answer from the mod within {:?}; the request may or may not have taken effect", route.cfg.request_timeout);
-                let body = message::error_response(
-                    Some(bridge_id),
-                    ErrorCode::OutcomeUnknown,
-                    &msg,
-                    Some(json!({"method": entry.method})),
-                );
+            let msg = format!(
+                "no answer from the mod within {:?}; the request may or may not have taken effect",
+                route.cfg.request_timeout
+            );
+            if let Some((conn, outbox, body)) = entry.error_reply(ErrorCode::OutcomeUnknown, &msg) {
                 // Recorded if the bridge is still there to be told, without waiting, so a
                 // stalled disk does not hold later timeouts.
                 if outbox.push_control(frame_bytes(&body)) {
-                    route.record_reply_detached(entry.session, *conn, body);
+                    route.record_reply_detached(entry.session, conn, body);
                 }
             }
         }

@@ -470,25 +470,13 @@ impl Reader<'_> {
     ) {
         let (_, count) = self.route.metrics.request(&entry.method, "malformed");
         count.increment(1);
-        let Origin::Bridge {
-            conn,
-            outbox,
-            bridge_id,
-            ..
-        } = &entry.origin
-        else {
+        let Some((conn, outbox, body)) = entry.error_reply(code, &msg) else {
             return;
         };
-        let body = gabp_proto::message::error_response(
-            Some(bridge_id),
-            code,
-            &msg,
-            Some(serde_json::json!({"method": entry.method})),
-        );
         if !outbox.is_closed() {
             self.record(FrameRecord::message(
                 Direction::RelayToBridge,
-                *conn,
+                conn,
                 now_ns(),
                 true,
                 body.clone(),

@@ -22,7 +22,6 @@ use tokio_util::codec::FramedRead;
 use uuid::Uuid;
 
 use super::{Connector, Frames, Repeats, MAX_CHANNELS};
-use crate::pending::Origin;
 use crate::recorder::RecMsg;
 use crate::route::{Route, SessionInfo, VERSION};
 
@@ -338,24 +337,13 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     let mut replies = Vec::new();
     let answer_pending = |replies: &mut Vec<RecMsg>| {
         for entry in route.pending.drain_session(id) {
-            if let Origin::Bridge {
-                conn,
-                outbox,
-                bridge_id,
-                ..
-            } = &entry.origin
-            {
-                let body = message::error_response(
-                    Some(bridge_id),
-                    code,
-                    msg,
-                    Some(json!({"method": entry.method})),
-                );
-                if outbox.push_control(gabp_proto::frame_bytes(&body)) {
-                    let rec =
-                        FrameRecord::message(Direction::RelayToBridge, *conn, now_ns(), true, body);
-                    replies.push(RecMsg::Frame { session: id, rec });
-                }
+            let Some((conn, outbox, body)) = entry.error_reply(code, msg) else {
+                continue;
+            };
+            if outbox.push_control(gabp_proto::frame_bytes(&body)) {
+                let rec =
+                    FrameRecord::message(Direction::RelayToBridge, conn, now_ns(), true, body);
+                replies.push(RecMsg::Frame { session: id, rec });
             }
         }
     };
