@@ -32,7 +32,6 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gabp_rt::clock::now_ns;
 use gabp_rt::net::Conn;
 
 pub use accept::accept_loop;
@@ -88,6 +87,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
         in_flight: Default::default(),
         access: Default::default(),
         relay_only: Default::default(),
+        bad_unrecorded: Default::default(),
     });
     route.bridges.lock().insert(conn_id, bridge.clone());
     route.metrics.bridges.increment(1.0);
@@ -156,14 +156,10 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     route.backend.left(&route, &bridge).await;
     crate::lease::Lease::holder_left(&route, conn_id).await;
     rights::left(&route, &bridge);
-    let info = bridge.info.lock().clone();
-    let recorded = !bridge.relay_only.load(std::sync::atomic::Ordering::Relaxed);
-    if let (Some(mut info), Some(rec), Some(s), true) =
-        (info, &route.recorder, route.current(), recorded)
+    // At shutdown the session's end recorded this already (see `upstream::session`).
+    if let (Some(info), Some(rec), Some(s)) =
+        (bridge.leaving_info(), &route.recorder, route.current())
     {
-        info.detached_ns = Some(now_ns());
-        info.dropped = outbox.dropped();
-        info.unrecorded_bad_frames = reader.bad_unrecorded;
         rec.send(RecMsg::Bridge {
             session: s.id,
             info: Box::new(info),

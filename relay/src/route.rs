@@ -7,7 +7,7 @@
 //! `.await`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -99,6 +99,24 @@ pub struct BridgeState {
     /// Welcomed with `relay.withoutMod` (`gabp-relay status`): it may ask only `relay/status`,
     /// and nothing of it (frames, attach, detach) is recorded.
     pub relay_only: std::sync::atomic::AtomicBool,
+    /// Bad frames answered but not recorded (past the first few a connection may record).
+    pub bad_unrecorded: AtomicU64,
+}
+
+impl BridgeState {
+    /// What the recording keeps of this bridge as it leaves: its hello's details with its
+    /// drop and unrecorded bad-frame counts, detached now. `None` before a successful hello,
+    /// or for a relay-only bridge (never recorded).
+    pub fn leaving_info(&self) -> Option<BridgeInfo> {
+        if self.relay_only.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut info = self.info.lock().clone()?;
+        info.detached_ns = Some(gabp_rt::clock::now_ns());
+        info.dropped = self.outbox.dropped();
+        info.unrecorded_bad_frames = self.bad_unrecorded.load(Ordering::Relaxed);
+        Some(info)
+    }
 }
 
 /// A route.

@@ -46,8 +46,6 @@ pub(super) struct BridgeReader {
     prehello_errors: u32,
     /// Bad frames recorded so far.
     bad_recorded: u32,
-    /// Bad frames past [`MAX_BAD_RECORDED`]: answered, counted, not recorded.
-    pub(super) bad_unrecorded: u64,
     /// Set when the connection must close after the reply just queued.
     pub(super) done: bool,
     /// This connection's place in the route's gate (pre-hello bound, then bridge cap).
@@ -106,7 +104,6 @@ impl BridgeReader {
             authed: false,
             prehello_errors: 0,
             bad_recorded: 0,
-            bad_unrecorded: 0,
             done: false,
             slot,
             budget,
@@ -253,7 +250,9 @@ impl BridgeReader {
         self.route.metrics.bad_frames.increment(1);
         let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
         if self.authed && !record {
-            self.bad_unrecorded += 1;
+            self.bridge
+                .bad_unrecorded
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if record {
             self.bad_recorded += 1;

@@ -348,6 +348,18 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
         }
     };
     answer_pending(&mut replies);
+    if route.cancel.is_cancelled() {
+        // At shutdown the session ends while bridges are still attached: their leaving counts
+        // (drops, unrecorded bad frames) go in before its end, as each bridge's own would.
+        for b in route.bridges.lock().values() {
+            if let Some(info) = b.leaving_info() {
+                replies.push(RecMsg::Bridge {
+                    session: id,
+                    info: Box::new(info),
+                });
+            }
+        }
+    }
     route.session.send_if_modified(|s| {
         if s.as_ref().is_some_and(|s| s.id == id) {
             *s = None;
