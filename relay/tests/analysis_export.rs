@@ -503,6 +503,29 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
 }
 
 /// A simulated mod, a relay recording it into `data`, and a welcomed bridge.
+/// The same count for a bridge still attached when the relay stops: the session's end records
+/// it (the bridge's own leaving comes after the session has ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_attached_at_shutdown_keeps_its_unrecorded_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let data = data.to_str().expect("utf-8");
+    let (_sim, s, mut c) = recording_bridge(data).await;
+    for i in 0..20 {
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"bad-id-{i}","type":"request","method":"tools/list","params":{{}}}}"#
+        );
+        c.send_body(body.as_bytes()).await.expect("sent");
+        let answer = c.next_message().await.expect("read").expect("answer");
+        assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    }
+    // Still connected as the relay stops.
+    s.stop_cleanly().await;
+    drop(c);
+    let st = json(&output(&["stats", "latest", "--json", "--data-dir", data]).await);
+    assert_eq!(st["bridges"][0]["unrecordedBadFrames"], 4, "{st}");
+}
+
 async fn recording_bridge(data: &str) -> (ModSim, Serve, Client) {
     let sim = start_mod(None);
     let s = serve_tagged(&sim, data, "lab", &[]).await;
