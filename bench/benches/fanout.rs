@@ -8,7 +8,7 @@ use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gabp_bench::event_body;
 use gabp_proto::{Mode, Parser};
 use gabp_relay::hub::Hub;
-use gabp_relay::outbox::{Batch, Outbox};
+use gabp_relay::outbox::{Batch, Outbox, Runs};
 use gabp_relay::OnSlow;
 
 const EVENTS: usize = 256;
@@ -34,8 +34,8 @@ fn fanout(c: &mut Criterion) {
             BenchmarkId::new("publish+offer+drain", subs),
             &subs,
             |b, _| {
-                let mut batch = Batch::default();
-                b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch))
+                let (mut batch, mut runs) = (Batch::default(), Runs::default());
+                b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch, &mut runs))
             },
         );
     }
@@ -43,30 +43,35 @@ fn fanout(c: &mut Criterion) {
     let hub = Hub::with_window(16_384, 16 << 20);
     let outboxes = [Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 30))];
     hub.subscribe(0, &outboxes[0], &["world/tick".to_string()]);
+    let mut runs = Runs::default();
     for _ in 0..16_384 {
-        hub.publish("world/tick", &body, span.clone());
+        hub.publish("world/tick", &body, span.clone(), &mut runs);
     }
     g.throughput(Throughput::Elements(EVENTS as u64));
     g.bench_function("publish+offer+drain/1 with a full resume window", |b| {
         let mut batch = Batch::default();
-        b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch))
+        b.iter(|| publish_and_drain(&hub, &body, &span, &outboxes, &mut batch, &mut runs))
     });
     g.finish();
 }
 
-/// One iteration: `EVENTS` events published and offered to their subscribers, then every
-/// outbox drained as a writer would; returns the bytes taken.
+/// One iteration: `EVENTS` events published (one burst, as the mod reader reads them) and
+/// offered to their subscribers, then every outbox drained as a writer would; returns the
+/// bytes taken.
 fn publish_and_drain(
     hub: &Hub,
     body: &[u8],
     span: &Option<std::ops::Range<usize>>,
     outboxes: &[Arc<Outbox>],
     batch: &mut Batch,
+    runs: &mut Runs,
 ) -> usize {
     for _ in 0..EVENTS {
-        let p = hub.publish("world/tick", body, span.clone());
-        for (_, o) in p.subscribers.iter() {
-            o.offer(&p.event);
+        hub.publish("world/tick", body, span.clone(), runs);
+    }
+    for (subscribers, run) in runs.take() {
+        for (_, o) in subscribers.iter() {
+            o.offer_run(&run, 0);
         }
     }
     let mut bytes = 0usize;

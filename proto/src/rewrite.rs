@@ -86,15 +86,31 @@ fn len_with_digits(body: &[u8], seq_span: Option<&Range<usize>>, digits: usize) 
 
 /// A complete wire frame (header and body) of `body` with its seq replaced: one copy.
 pub fn wire_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
+    // Exactly the frame's size, as `codec::frame_bytes` does, for one allocation per event.
+    let mut out = BytesMut::with_capacity(wire_len_with_seq(body, seq_span.as_ref(), seq));
+    put_wire_with_seq(body, seq_span, seq, &mut out);
+    out.freeze()
+}
+
+/// The length of the wire frame [`put_wire_with_seq`] appends.
+pub fn wire_len_with_seq(body: &[u8], seq_span: Option<&Range<usize>>, seq: u64) -> usize {
+    crate::codec::frame_len(len_with_seq(body, seq_span, seq))
+}
+
+/// Appends the complete wire frame (header and body) of `body` with its seq replaced to
+/// `out`: one copy.
+pub fn put_wire_with_seq(
+    body: &[u8],
+    seq_span: Option<Range<usize>>,
+    seq: u64,
+    out: &mut BytesMut,
+) {
     // The seq in decimal once, for the length and the copy.
     let mut digits = [0u8; 20];
     let digits = decimal(seq, &mut digits);
     let len = len_with_digits(body, seq_span.as_ref(), digits.len());
-    // Exactly the frame's size, as `codec::frame_bytes` does, for one allocation per event.
-    let mut out = BytesMut::with_capacity(crate::codec::frame_len(len));
-    crate::codec::encode_header(len, &mut out);
-    put_with_digits(body, seq_span, digits, &mut out);
-    out.freeze()
+    crate::codec::encode_header(len, out);
+    put_with_digits(body, seq_span, digits, out);
 }
 
 /// `body` with its seq replaced, as a new buffer.

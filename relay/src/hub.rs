@@ -1,9 +1,9 @@
 //! The hub: per-channel relay seq, subscriptions, and fan-out of one shared frame.
 //!
 //! The mod reader publishes each event once. Under one short lock the hub picks the channel's
-//! next relay seq (contiguous from 0 per session and channel) and a snapshot of its
-//! subscribers; outside the lock the seq is written into the frame once, and the same
-//! `Arc<EventFrame>` is offered to every subscriber's outbox. Subscriber lists are
+//! next relay seq (contiguous from 0 per session and channel) and writes the frame with it,
+//! once, into the reader's burst, in the run of the channel's subscribers ([`Runs`]); each run
+//! is then offered to every one of them as one shared entry. Subscriber lists are
 //! copy-on-write, so publishing never allocates for them.
 //!
 //! Subscriptions belong to bridges and survive a mod reconnect; channel ids and seqs belong to
@@ -22,11 +22,9 @@ use parking_lot::Mutex;
 // a fast non-keyed hash is enough (and SipHash was ~2% of the relay's CPU at full rate).
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::outbox::{EventFrame, Offer, Outbox};
+pub use crate::outbox::Subscriber;
+use crate::outbox::{EventFrame, Offer, Outbox, Runs};
 use crate::window::Window;
-
-/// A subscriber: a bridge's connection number and outbox.
-pub type Subscriber = (u32, Arc<Outbox>);
 
 #[derive(Debug)]
 struct ChannelState {
@@ -68,18 +66,22 @@ pub enum Join {
     Stale,
 }
 
-/// One published event, ready to fan out.
+/// One published event, its frame written to the burst's [`Runs`].
 #[derive(Debug)]
 pub struct Published {
-    /// The shared frame.
-    pub event: Arc<EventFrame>,
+    /// The relay seq it got.
+    pub seq: u64,
     /// The channel's session-scoped id.
     pub channel_id: u32,
     /// Whether this is the channel's first event in the session.
     pub new_channel: bool,
-    /// Who gets it.
-    pub subscribers: Arc<Vec<Subscriber>>,
+    /// How many bridges get it.
+    pub subscribers: usize,
 }
+
+/// Bytes a wire frame may add to its body: the header (`Content-Length` with up to 20 digits,
+/// `Content-Type`) and a seq of up to 20 digits where the body had a shorter one or none.
+const WIRE_SLACK: usize = 128;
 
 /// Routing state of one route.
 #[derive(Debug, Default)]
@@ -108,9 +110,16 @@ impl Hub {
         st.epoch += 1;
     }
 
-    /// Assigns the next relay seq on `channel` and builds the frame with it.
-    pub fn publish(&self, channel: &str, body: &[u8], seq_span: Option<Range<usize>>) -> Published {
-        let (event, channel_id, new_channel, subscribers) = {
+    /// Assigns the next relay seq on `channel` and writes the frame with it into `runs`, in
+    /// the run of the channel's subscribers.
+    pub fn publish(
+        &self,
+        channel: &str,
+        body: &[u8],
+        seq_span: Option<Range<usize>>,
+        runs: &mut Runs,
+    ) -> Published {
+        {
             let mut st = self.state.lock();
             let st = &mut *st;
             let next_id = st.channels.len() as u32;
@@ -129,25 +138,22 @@ impl Hub {
             };
             let seq = ch.next_seq;
             ch.next_seq += 1;
-            let (name, id) = (ch.name.clone(), ch.id);
-            let subs = st.subs.get(channel).cloned().unwrap_or_default();
-            // Built under the lock (one copy, as before) so the window never lags the seq:
-            // a resume joining the live stream sees every event below the next seq kept.
-            let wire = gabp_proto::rewrite::wire_with_seq(body, seq_span, seq);
-            let event = Arc::new(EventFrame {
-                channel: name,
+            let id = ch.id;
+            let subs = st.subs.get(channel);
+            // Written under the lock (one copy) so the window never lags the seq: a resume
+            // joining the live stream sees every event below the next seq kept. A frame is at
+            // most the body, a longer seq and a header (`WIRE_SLACK`).
+            let out = runs.buffer_for(subs, body.len() + WIRE_SLACK);
+            let at = out.len();
+            gabp_proto::rewrite::put_wire_with_seq(body, seq_span, seq, out);
+            st.window.push(id, &ch.name, seq, &out[at..]);
+            runs.written(&ch.name, seq);
+            Published {
                 seq,
-                wire,
-                keep: false,
-            });
-            st.window.push(id, &event);
-            (event, id, new_channel, subs)
-        };
-        Published {
-            event,
-            channel_id,
-            new_channel,
-            subscribers,
+                channel_id: id,
+                new_channel,
+                subscribers: subs.map_or(0, |s| s.len()),
+            }
         }
     }
 
@@ -344,16 +350,21 @@ mod tests {
             + 6;
         let span = Some(at..at + 2);
         assert_eq!(&body[at..at + 2], b"41");
+        let mut runs = Runs::default();
         let seqs: Vec<u64> = (0..3)
-            .map(|_| hub.publish("a", body, span.clone()).event.seq)
+            .map(|_| hub.publish("a", body, span.clone(), &mut runs).seq)
             .collect();
         assert_eq!(seqs, vec![0, 1, 2]);
-        assert_eq!(hub.publish("b", body, span.clone()).event.seq, 0);
+        assert_eq!(hub.publish("b", body, span.clone(), &mut runs).seq, 0);
         hub.new_session();
-        let p = hub.publish("a", body, span.clone());
-        assert_eq!((p.event.seq, p.new_channel), (0, true));
+        let o = Arc::new(Outbox::new(OnSlow::DropOldest, 10, 1000));
+        hub.subscribe(1, &o, &["a".into()]);
+        let p = hub.publish("a", body, span.clone(), &mut runs);
+        assert_eq!((p.seq, p.new_channel), (0, true));
         // The seq is written into the shared frame itself.
-        let wire = &p.event.wire;
+        let taken = runs.take();
+        assert_eq!(taken.len(), 1, "no run for events nobody subscribes to");
+        let wire = &taken[0].1.wire;
         let start = wire.iter().position(|&b| b == b'{').expect("body");
         let view = Parser::new()
             .parse(&wire[start..], Mode::Tolerant)
@@ -371,9 +382,10 @@ mod tests {
         );
         assert!(hub.subscribe(2, &o, &["a".into()]).is_empty());
         assert!(hub.subscribe(2, &o, &["a".into()]).is_empty(), "idempotent");
-        assert_eq!(hub.publish("a", b"{}", None).subscribers.len(), 2);
+        let mut runs = Runs::default();
+        assert_eq!(hub.publish("a", b"{}", None, &mut runs).subscribers, 2);
         assert!(hub.unsubscribe(1, &["a".into()]).is_empty());
         assert_eq!(hub.unsubscribe(2, &["a".into()]), vec!["a"]);
-        assert_eq!(hub.publish("a", b"{}", None).subscribers.len(), 0);
+        assert_eq!(hub.publish("a", b"{}", None, &mut runs).subscribers, 0);
     }
 }

@@ -105,7 +105,7 @@ impl BridgeSocket {
             staged.notices.push(body);
         }
         for f in &self.batch.frames {
-            staged.events += u64::from(matches!(f, Frame::Event(_)));
+            staged.events += f.events();
             self.unwritten += f.bytes().len();
         }
         if self.queue.is_empty() {

@@ -76,9 +76,9 @@ impl Window {
         self.end = 0;
     }
 
-    /// Keeps a copy of `ev`, published on channel `id` with the channel's next seq, forgetting
-    /// the oldest events past the bounds.
-    pub fn push(&mut self, id: u32, ev: &EventFrame) {
+    /// Keeps a copy of `wire`, the frame of event `seq` of channel `id` (named `name`; the
+    /// channel's next seq), forgetting the oldest events past the bounds.
+    pub fn push(&mut self, id: u32, name: &Arc<str>, seq: u64, wire: &[u8]) {
         if self.max_frames == 0 {
             return;
         }
@@ -87,18 +87,18 @@ impl Window {
             self.channels.resize_with(i + 1, Kept::default);
         }
         let at = self.end;
-        self.write(&ev.wire);
+        self.write(wire);
         let ch = &mut self.channels[i];
         if ch.at.is_empty() {
-            ch.first_seq = ev.seq;
+            ch.first_seq = seq;
         }
         if ch.name.is_none() {
-            ch.name = Some(ev.channel.clone());
+            ch.name = Some(name.clone());
         }
-        ch.at.push_back((at, ev.wire.len() as u32));
+        ch.at.push_back((at, wire.len() as u32));
         self.order.push_back(id);
         self.frames += 1;
-        self.bytes += ev.wire.len();
+        self.bytes += wire.len();
         while self.frames > self.max_frames || (self.bytes > self.max_bytes && self.frames > 1) {
             let Some(old) = self.order.pop_front() else {
                 break;
@@ -217,6 +217,10 @@ impl Window {
 mod tests {
     use super::*;
 
+    fn keep(w: &mut Window, id: u32, e: &EventFrame) {
+        w.push(id, &e.channel, e.seq, &e.wire);
+    }
+
     fn ev(channel: &str, seq: u64, len: usize) -> Arc<EventFrame> {
         Arc::new(EventFrame {
             channel: Arc::from(channel),
@@ -230,10 +234,10 @@ mod tests {
     fn keeps_the_newest_events_of_the_route_within_both_bounds() {
         let mut w = Window::new(4, 1000);
         for s in 0..3 {
-            w.push(0, &ev("a", s, 10));
+            keep(&mut w, 0, &ev("a", s, 10));
         }
         for s in 0..3 {
-            w.push(1, &ev("b", s, 10));
+            keep(&mut w, 1, &ev("b", s, 10));
         }
         // Route-wide: the two oldest (a0, a1) went.
         assert_eq!(w.size(), (4, 40));
@@ -244,13 +248,13 @@ mod tests {
         assert!(w.slice(0, 1, 10, 1000).is_empty(), "a1 is no longer kept");
         assert!(w.slice(0, 3, 10, 1000).is_empty(), "nothing from a3 on yet");
         // Bytes: a big event pushes out the oldest until the bytes fit (a2, b0, b1 go).
-        w.push(1, &ev("b", 3, 990));
+        keep(&mut w, 1, &ev("b", 3, 990));
         assert_eq!(w.size(), (2, 1000));
         assert_eq!((w.first_seq(0), w.first_seq(1)), (None, Some(2)));
         // Slices are bounded in frames and bytes (one always fits).
         let mut w = Window::new(100, 1 << 20);
         for s in 0..10 {
-            w.push(0, &ev("a", s, 100));
+            keep(&mut w, 0, &ev("a", s, 100));
         }
         assert_eq!(w.slice(0, 2, 3, 1 << 20).len(), 3);
         assert_eq!(w.slice(0, 2, 10, 250).len(), 2);
@@ -258,7 +262,7 @@ mod tests {
         w.clear();
         assert_eq!((w.size(), w.first_seq(0)), ((0, 0), None));
         let mut off = Window::new(0, 1 << 20);
-        off.push(0, &ev("a", 0, 1));
+        keep(&mut off, 0, &ev("a", 0, 1));
         assert_eq!(off.size(), (0, 0));
     }
 
@@ -287,7 +291,7 @@ mod tests {
                 let channel = if k % 3 == 0 { "a" } else { "bb" };
                 let seq = published.iter().filter(|e| &*e.channel == channel).count() as u64;
                 let e = marked(channel, seq, len + round as usize);
-                w.push(u32::from(channel != "a"), &e);
+                keep(&mut w, u32::from(channel != "a"), &e);
                 published.push(e);
                 let (frames, bytes) = w.size();
                 assert!(bytes <= max_bytes || frames == 1, "{bytes} bytes kept");
@@ -316,7 +320,7 @@ mod tests {
         }
         // A new session starts an empty ring.
         w.clear();
-        w.push(0, &marked("a", 0, 10));
+        keep(&mut w, 0, &marked("a", 0, 10));
         assert_eq!(w.slice(0, 0, 9, 1 << 20)[0].wire, marked("a", 0, 10).wire);
     }
 }

@@ -27,8 +27,13 @@ use crate::config::OnSlow;
 use crate::socket::SocketSlot;
 
 mod frame;
+mod runs;
 
-pub use frame::{Batch, DropRun, EventFrame, Frame};
+pub use frame::{Batch, DropRun, EventFrame, EventRun, Frame, RunEvent};
+pub use runs::{Runs, RUN_BYTES};
+
+/// A subscriber: a bridge's connection number and outbox.
+pub type Subscriber = (u32, Arc<Outbox>);
 
 /// The result of offering an event to an outbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,33 +177,72 @@ impl Outbox {
         self.offer_all(std::slice::from_ref(ev)).outcome
     }
 
-    /// Offers a run of events in order under one lock (the mod reader hands each bridge a
-    /// burst's events at once): exactly as offering them one by one, stopping at the first
-    /// that is not queued.
+    /// Offers events in order under one lock: exactly as offering them one by one, stopping
+    /// at the first that is not queued.
     pub fn offer_all(&self, evs: &[Arc<EventFrame>]) -> Offered {
+        self.offer_each(
+            evs.len(),
+            |i| evs[i].wire.len(),
+            |st, i| st.queue.push_back(Frame::Event(evs[i].clone())),
+        )
+    }
+
+    /// Offers the events of `run` from its `from`-th on, as [`Outbox::offer_all`] would offer
+    /// them one by one, queueing those taken as one entry of the shared run (the mod reader
+    /// hands each subscriber a burst's run at once).
+    pub fn offer_run(&self, run: &Arc<EventRun>, from: usize) -> Offered {
+        let n = run.events.len().saturating_sub(from);
+        self.offer_each(
+            n,
+            |i| run.len_of(from + i),
+            |st, i| {
+                let i = (from + i) as u32;
+                match st.queue.back_mut() {
+                    Some(Frame::Run { run: r, to, .. }) if *to == i && Arc::ptr_eq(r, run) => {
+                        *to += 1
+                    }
+                    _ => st.queue.push_back(Frame::Run {
+                        run: run.clone(),
+                        from: i,
+                        to: i + 1,
+                    }),
+                }
+            },
+        )
+    }
+
+    /// Queues with `push` each of `n` events (the `i`-th `len(i)` bytes) that the bounds and the
+    /// policy admit, in order, under one lock, stopping at the first that is not queued.
+    fn offer_each(
+        &self,
+        n: usize,
+        len: impl Fn(usize) -> usize,
+        mut push: impl FnMut(&mut State, usize),
+    ) -> Offered {
         let mut done = Offered {
             queued: 0,
             dropped: 0,
             outcome: Offer::Queued,
         };
         let mut st = self.state.lock();
-        for ev in evs {
-            let outcome = self.offer_locked(&mut st, ev);
-            match outcome {
+        for i in 0..n {
+            let len = len(i);
+            match self.make_room(&mut st, len) {
                 Offer::Queued => {}
-                Offer::QueuedAfterDrop(n) => done.dropped += n,
-                Offer::Full | Offer::Closed => {
-                    done.outcome = outcome;
-                    break;
-                }
-                Offer::Disconnected => {
-                    drop(st);
-                    self.cut(CutReason::Slow);
-                    done.outcome = outcome;
+                Offer::QueuedAfterDrop(k) => done.dropped += k,
+                refused => {
+                    done.outcome = refused;
                     break;
                 }
             }
+            st.events += 1;
+            st.event_bytes += len;
+            push(&mut st, i);
             done.queued += 1;
+        }
+        drop(st);
+        if done.outcome == Offer::Disconnected {
+            self.cut(CutReason::Slow);
         }
         if done.dropped > 0 {
             self.dropped.fetch_add(done.dropped, Ordering::Relaxed);
@@ -209,18 +253,15 @@ impl Outbox {
         done
     }
 
-    /// One event under the held lock. `Disconnected` means the caller must cut the bridge
-    /// (after letting go of the lock).
-    fn offer_locked(&self, st: &mut State, ev: &Arc<EventFrame>) -> Offer {
-        let len = ev.wire.len();
+    /// Whether an event of `len` bytes may be queued now, after dropping older events if the
+    /// policy is `drop-oldest` (`QueuedAfterDrop`). `Disconnected` means the caller must cut the
+    /// bridge (after letting go of the lock).
+    fn make_room(&self, st: &mut State, len: usize) -> Offer {
         let (max_frames, max_bytes) = (self.max_frames, self.max_bytes);
         if st.closed {
             return Offer::Closed;
         }
         if st.fits(len, max_frames, max_bytes) {
-            st.events += 1;
-            st.event_bytes += len;
-            st.queue.push_back(Frame::Event(ev.clone()));
             return Offer::Queued;
         }
         match self.policy {
@@ -240,8 +281,23 @@ impl Outbox {
                         Frame::Event(e) if !e.keep => {
                             st.events -= 1;
                             st.event_bytes -= e.wire.len();
-                            record_drop(&mut st.drops, &e);
+                            record_drop(&mut st.drops, &e.channel, e.seq);
                             n += 1;
+                        }
+                        // A run loses its oldest event; the rest stays in front.
+                        Frame::Run { run, from, to } => {
+                            let ev = &run.events[from as usize];
+                            st.events -= 1;
+                            st.event_bytes -= run.len_of(from as usize);
+                            record_drop(&mut st.drops, &ev.channel, ev.seq);
+                            n += 1;
+                            if from + 1 < to {
+                                st.queue.push_front(Frame::Run {
+                                    run,
+                                    from: from + 1,
+                                    to,
+                                });
+                            }
                         }
                         Frame::Event(e) => {
                             // A kept notice still counts; it is put back below. Treat it as
@@ -261,9 +317,6 @@ impl Outbox {
                     }
                     st.queue.push_front(k);
                 }
-                st.events += 1;
-                st.event_bytes += len;
-                st.queue.push_back(Frame::Event(ev.clone()));
                 Offer::QueuedAfterDrop(n)
             }
         }
@@ -518,18 +571,18 @@ impl Outbox {
 const DROP_OLDEST: &str = "drop-oldest";
 const NOT_RETAINED: &str = "not-retained";
 
-fn record_drop(drops: &mut Vec<DropRun>, ev: &EventFrame) {
-    if let Some(run) = drops.iter_mut().rev().find(|r| r.channel == ev.channel) {
-        if run.to + 1 == ev.seq && run.policy == DROP_OLDEST {
-            run.to = ev.seq;
+fn record_drop(drops: &mut Vec<DropRun>, channel: &Arc<str>, seq: u64) {
+    if let Some(run) = drops.iter_mut().rev().find(|r| r.channel == *channel) {
+        if run.to + 1 == seq && run.policy == DROP_OLDEST {
+            run.to = seq;
             run.count += 1;
             return;
         }
     }
     drops.push(DropRun {
-        channel: ev.channel.clone(),
-        from: ev.seq,
-        to: ev.seq,
+        channel: channel.clone(),
+        from: seq,
+        to: seq,
         count: 1,
         policy: DROP_OLDEST,
     });

@@ -14,9 +14,13 @@ fn ev(ch: &str, seq: u64) -> Arc<EventFrame> {
 fn events(b: &Batch) -> Vec<(&str, u64)> {
     b.frames
         .iter()
-        .filter_map(|f| match f {
-            Frame::Event(e) => Some((&*e.channel, e.seq)),
-            Frame::Control(_) => None,
+        .flat_map(|f| match f {
+            Frame::Event(e) => vec![(&*e.channel, e.seq)],
+            Frame::Run { run, from, to } => run.events[*from as usize..*to as usize]
+                .iter()
+                .map(|e| (&*e.channel, e.seq))
+                .collect(),
+            Frame::Control(_) => vec![],
         })
         .collect()
 }
@@ -93,6 +97,7 @@ fn control_frames_keep_their_place_among_events() {
         .iter()
         .map(|f| match f {
             Frame::Event(e) => format!("e{}", e.seq),
+            Frame::Run { .. } => unreachable!("no run was offered"),
             Frame::Control(_) => "resp".into(),
         })
         .collect();
@@ -268,4 +273,170 @@ fn contiguous_not_retained_ranges_not_yet_taken_are_one_notice() {
     b.drops.clear();
     o.take(&mut b).expect("open");
     assert_eq!(b.drops.len(), 1);
+}
+
+/// A run of the events `(channel, seq, wire length)`, each frame's bytes saying which it is.
+fn run_of(evs: &[(&str, u64, usize)]) -> Arc<EventRun> {
+    let mut wire = Vec::new();
+    let mut events = Vec::new();
+    for &(ch, seq, len) in evs {
+        wire.extend((0..len).map(|i| (seq as usize * 7 + i + ch.len()) as u8));
+        events.push(RunEvent {
+            channel: ch.into(),
+            seq,
+            end: wire.len() as u32,
+        });
+    }
+    Arc::new(EventRun {
+        wire: Bytes::from(wire),
+        events,
+    })
+}
+
+/// The events of `run` as frames of their own.
+fn singles(run: &EventRun) -> Vec<Arc<EventFrame>> {
+    (0..run.events.len())
+        .map(|i| {
+            Arc::new(EventFrame {
+                channel: run.events[i].channel.clone(),
+                seq: run.events[i].seq,
+                wire: run.wire.slice(run.start(i)..run.events[i].end as usize),
+                keep: false,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_is_one_entry_and_loses_its_oldest_events_one_by_one() {
+    let o = Outbox::new(OnSlow::DropOldest, 5, 1 << 20);
+    let run = run_of(&[
+        ("a", 0, 3),
+        ("b", 0, 4),
+        ("a", 1, 5),
+        ("a", 2, 6),
+        ("b", 1, 7),
+        ("a", 3, 8),
+        ("b", 2, 9),
+        ("a", 4, 10),
+    ]);
+    let done = o.offer_run(&run, 0);
+    assert_eq!((done.queued, done.dropped), (8, 3));
+    assert_eq!(done.outcome, Offer::QueuedAfterDrop(3));
+    assert_eq!(o.depth(), (5, 6 + 7 + 8 + 9 + 10, 0));
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    assert_eq!(b.frames.len(), 1, "one entry for the run's events");
+    assert_eq!(
+        events(&b),
+        vec![("a", 2), ("b", 1), ("a", 3), ("b", 2), ("a", 4)]
+    );
+    assert_eq!(b.frames[0].bytes(), &run.wire[3 + 4 + 5..]);
+    assert_eq!(b.frames[0].events(), 5);
+    let drops: Vec<(&str, u64, u64)> = b
+        .drops
+        .iter()
+        .map(|d| (&*d.channel, d.from, d.to))
+        .collect();
+    assert_eq!(drops, vec![("a", 0, 1), ("b", 0, 0)]);
+}
+
+/// Offering runs gives a bridge exactly what offering their events one by one gives: the same
+/// events, bytes, drop ranges and outcomes, under every policy and bound.
+#[test]
+fn runs_and_single_events_queue_drop_and_refuse_alike() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    for policy in [OnSlow::DropOldest, OnSlow::Block, OnSlow::Disconnect] {
+        for (max_frames, max_bytes) in [(4, 1 << 20), (1 << 20, 100), (7, 60), (1, 1)] {
+            let by_run = Outbox::new(policy, max_frames, max_bytes);
+            let one_by_one = Outbox::new(policy, max_frames, max_bytes);
+            let mut seqs = [0u64; 3];
+            for _ in 0..60 {
+                let evs: Vec<(&str, u64, usize)> = (0..1 + next(12))
+                    .map(|_| {
+                        let c = next(3) as usize;
+                        seqs[c] += 1;
+                        (["a", "b", "c"][c], seqs[c] - 1, 1 + next(30) as usize)
+                    })
+                    .collect();
+                let run = run_of(&evs);
+                let from = next(3) as usize;
+                let got = by_run.offer_run(&run, from);
+                let want = one_by_one.offer_all(&singles(&run)[from.min(evs.len())..]);
+                assert_eq!(got, want, "{policy:?} {max_frames} {max_bytes}");
+                assert_eq!(by_run.depth(), one_by_one.depth());
+                if next(4) == 0 {
+                    let (mut a, mut b) = (Batch::default(), Batch::default());
+                    let (ra, rb) = (by_run.take(&mut a), one_by_one.take(&mut b));
+                    assert_eq!(ra.is_some(), rb.is_some());
+                    assert_eq!(events(&a), events(&b));
+                    assert_eq!(a.drops, b.drops);
+                    let bytes = |b: &Batch| -> Vec<u8> {
+                        b.frames.iter().flat_map(|f| f.bytes().to_vec()).collect()
+                    };
+                    assert_eq!(bytes(&a), bytes(&b));
+                }
+            }
+            assert_eq!(by_run.dropped(), one_by_one.dropped());
+            assert_eq!(by_run.is_closed(), one_by_one.is_closed());
+        }
+    }
+}
+
+#[test]
+fn runs_split_by_subscribers_and_by_room_and_copy_out_what_they_barely_use() {
+    let a: Arc<Vec<Subscriber>> = Arc::new(vec![(1, Arc::new(Outbox::new(OnSlow::Block, 9, 9)))]);
+    let b: Arc<Vec<Subscriber>> = Arc::new(vec![(2, Arc::new(Outbox::new(OnSlow::Block, 9, 9)))]);
+    // The same bridges in another channel's list are the same subscribers.
+    let a_again: Arc<Vec<Subscriber>> = Arc::new(a.as_ref().clone());
+    let mut runs = Runs::default();
+    let write = |runs: &mut Runs, subs: Option<&Arc<Vec<Subscriber>>>, seq: u64, len: usize| {
+        runs.buffer_for(subs, len)
+            .extend(std::iter::repeat_n(seq as u8, len));
+        runs.written(&Arc::from("c"), seq);
+    };
+    write(&mut runs, Some(&a), 0, 10);
+    write(&mut runs, Some(&a_again), 1, 20);
+    write(&mut runs, None, 2, 5);
+    write(&mut runs, Some(&b), 3, 30);
+    write(&mut runs, Some(&a), 4, RUN_BYTES - 100);
+    write(&mut runs, Some(&a), 5, 200);
+    write(&mut runs, Some(&a), 6, 3 * RUN_BYTES);
+    assert!(!runs.is_empty());
+    let taken = runs.take();
+    assert!(runs.is_empty());
+    let shape: Vec<(u32, Vec<u64>, usize)> = taken
+        .iter()
+        .map(|(subs, run)| {
+            (
+                subs[0].0,
+                run.events.iter().map(|e| e.seq).collect(),
+                run.wire.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (1, vec![0, 1], 30),
+            (2, vec![3], 30),
+            (1, vec![4], RUN_BYTES - 100),
+            (1, vec![5], 200),
+            (1, vec![6], 3 * RUN_BYTES),
+        ],
+        "an event nobody gets is in no run; a run ends where its room does"
+    );
+    for (_, run) in &taken {
+        for (i, e) in run.events.iter().enumerate() {
+            assert!(run.wire[run.start(i)..e.end as usize]
+                .iter()
+                .all(|&x| x == e.seq as u8));
+        }
+    }
 }

@@ -32,8 +32,7 @@ use gabp_storage::{Direction, EndReason, FrameRecord};
 use uuid::Uuid;
 
 use super::{Frames, Repeats, MAX_CHANNELS};
-use crate::hub::Subscriber;
-use crate::outbox::{EventFrame, Offer, Outbox};
+use crate::outbox::{EventRun, Offer, Outbox, Runs};
 use crate::pending::Origin;
 use crate::recorder::RecMsg;
 use crate::route::{Route, SessionInfo};
@@ -55,8 +54,8 @@ struct Reader<'a> {
     session: &'a SessionInfo,
     parser: Parser,
     records: Vec<RecMsg>,
-    /// This burst's published events, not yet offered, and who gets which (see [`Burst`]).
-    burst: Burst,
+    /// This burst's published events, not yet offered, in shared runs (see [`Runs`]).
+    runs: Runs,
     touched: Vec<Arc<Outbox>>,
     channel_counters: Vec<metrics::Counter>,
     last_record_send: std::time::Instant,
@@ -104,7 +103,7 @@ pub(super) async fn read_loop(
         session,
         parser: Parser::new(),
         records: Vec::with_capacity(RECORD_BATCH),
-        burst: Burst::default(),
+        runs: Runs::default(),
         touched: Vec::new(),
         channel_counters: Vec::new(),
         last_record_send: std::time::Instant::now(),
@@ -188,7 +187,7 @@ impl Reader<'_> {
     /// Wakes touched writers; sends recorder messages when `force`d, when the batch is full, or
     /// once they have lingered long enough (and always before events reach a bridge).
     async fn flush(&mut self, force: bool) {
-        let delivering = !self.burst.events.is_empty();
+        let delivering = !self.runs.is_empty();
         self.fan_out().await;
         for o in self.touched.drain(..) {
             crate::bridge::write_from_reader(self.route, &o);
@@ -331,7 +330,9 @@ impl Reader<'_> {
                 if self.channels >= MAX_CHANNELS && !route.hub.knows(channel) {
                     return self.anomaly(body, true, "event on a channel past the session's limit");
                 }
-                let p = route.hub.publish(channel, &body, view.seq_span.clone());
+                let p = route
+                    .hub
+                    .publish(channel, &body, view.seq_span.clone(), &mut self.runs);
                 self.events += 1;
                 let cid = p.channel_id as usize;
                 if p.new_channel {
@@ -360,11 +361,10 @@ impl Reader<'_> {
                     time_ns,
                     channel: Some(p.channel_id),
                     mod_seq,
-                    relay_seq: Some(p.event.seq),
+                    relay_seq: Some(p.seq),
                     json_ok: true,
                     body: body.clone(),
                 });
-                self.burst.push(p.subscribers, p.event);
             }
             MsgType::Response => {
                 // A response never overtakes the events the mod sent before it.
@@ -487,27 +487,26 @@ impl Reader<'_> {
         self.send_records().await;
     }
 
-    /// Offers the burst's events: each run to each of its subscribers under one outbox lock,
-    /// runs in publish order, so every bridge still gets its events in the mod's order.
+    /// Offers the burst's events: each run to each of its subscribers as one entry, runs in
+    /// publish order, so every bridge still gets its events in the mod's order.
     async fn fan_out(&mut self) {
-        if self.burst.events.is_empty() {
+        if self.runs.is_empty() {
             return;
         }
         // Recorded before any bridge can have them (see the module docs); with no room at the
         // recorder they are delivered first, and the reader then waits for it (`flush`).
         self.offer_records();
-        let Burst { events, runs } = std::mem::take(&mut self.burst);
-        for (subscribers, range) in &runs {
+        for (subscribers, run) in self.runs.take() {
             for (conn, outbox) in subscribers.iter() {
-                self.offer_run(*conn, outbox, &events[range.clone()]).await;
+                self.offer_run(*conn, outbox, &run).await;
             }
         }
-        self.burst = Burst::recycled(events, runs);
     }
 
-    async fn offer_run(&mut self, conn: u32, outbox: &Arc<Outbox>, mut run: &[Arc<EventFrame>]) {
+    async fn offer_run(&mut self, conn: u32, outbox: &Arc<Outbox>, run: &Arc<EventRun>) {
+        let mut from = 0;
         loop {
-            let done = outbox.offer_all(run);
+            let done = outbox.offer_run(run, from);
             if done.dropped > 0 {
                 self.route.metrics.dropped.increment(done.dropped);
             }
@@ -515,7 +514,7 @@ impl Reader<'_> {
                 Offer::Queued | Offer::QueuedAfterDrop(_) | Offer::Closed => {}
                 Offer::Full => {
                     // Block policy: let every writer drain, then wait for this one.
-                    run = &run[done.queued..];
+                    from += done.queued;
                     for o in self.touched.drain(..) {
                         o.wake();
                     }
@@ -535,52 +534,6 @@ impl Reader<'_> {
             self.touched.push(outbox.clone());
         }
     }
-}
-
-/// Published events waiting to be offered, cut into runs of consecutive events with the same
-/// subscribers. Subscribers of every channel usually are the same bridges (each channel has
-/// its own list, so lists are compared by who is in them), which makes a burst one run: each
-/// bridge's outbox is locked once per burst, not once per event.
-#[derive(Default)]
-struct Burst {
-    events: Vec<Arc<EventFrame>>,
-    runs: Vec<(Arc<Vec<Subscriber>>, Range<usize>)>,
-}
-
-impl Burst {
-    fn push(&mut self, subscribers: Arc<Vec<Subscriber>>, event: Arc<EventFrame>) {
-        if subscribers.is_empty() {
-            return;
-        }
-        let at = self.events.len();
-        self.events.push(event);
-        if let Some((last, range)) = self.runs.last_mut() {
-            if same_bridges(last, &subscribers) {
-                range.end = at + 1;
-                return;
-            }
-        }
-        self.runs.push((subscribers, at..at + 1));
-    }
-
-    /// An empty burst keeping the buffers' room.
-    fn recycled(
-        mut events: Vec<Arc<EventFrame>>,
-        mut runs: Vec<(Arc<Vec<Subscriber>>, Range<usize>)>,
-    ) -> Burst {
-        events.clear();
-        runs.clear();
-        Burst { events, runs }
-    }
-}
-
-/// Whether two subscriber lists name the same bridges in the same order.
-fn same_bridges(a: &Arc<Vec<Subscriber>>, b: &Arc<Vec<Subscriber>>) -> bool {
-    Arc::ptr_eq(a, b)
-        || (a.len() == b.len()
-            && a.iter()
-                .zip(b.iter())
-                .all(|(x, y)| x.0 == y.0 && Arc::ptr_eq(&x.1, &y.1)))
 }
 
 /// The wire frame of a mod response with the bridge's id put back (in place when the lengths
