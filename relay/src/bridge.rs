@@ -93,7 +93,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     route.metrics.bridges.increment(1.0);
     outbox
         .socket()
-        .install(BridgeSocket::new(conn_id, conn.write));
+        .install(BridgeSocket::new(conn_id, conn.write).with_fd(conn.fd));
     let mut writer = tokio::spawn(writer::write_loop(route.clone(), bridge.clone()));
     let mut reader = BridgeReader::new(
         route.clone(),

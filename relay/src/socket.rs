@@ -16,6 +16,7 @@
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -48,6 +49,8 @@ pub struct BridgeSocket {
     notice_seq: u64,
     /// Scratch for taking from the outbox, kept for its allocations.
     pub batch: Batch,
+    /// The socket's descriptor, to ask the kernel what the peer has not read yet.
+    fd: Option<RawFd>,
 }
 
 impl std::fmt::Debug for BridgeSocket {
@@ -79,7 +82,26 @@ impl BridgeSocket {
             unwritten: 0,
             notice_seq: 0,
             batch: Batch::default(),
+            fd: None,
         }
+    }
+
+    /// Lets the write deadline tell a slow peer from a stuck one by the bytes it has yet to
+    /// read (`fd` is the socket `write` writes to, open as long as it is).
+    pub fn with_fd(mut self, fd: Option<RawFd>) -> BridgeSocket {
+        self.fd = fd;
+        self
+    }
+
+    /// Bytes the kernel holds for the peer, sent or not, that it has not taken yet.
+    fn peer_unread(&self) -> Option<usize> {
+        let fd = self.fd?;
+        let mut n: libc::c_int = 0;
+        // SAFETY: `fd` is the open socket `self.write` owns, and TIOCOUTQ writes one int to
+        // the pointer, which points at `n`.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+        (r == 0).then(|| usize::try_from(n).unwrap_or(0))
     }
 
     /// Whether everything queued has been written.
@@ -168,10 +190,12 @@ impl BridgeSocket {
         Ok(true)
     }
 
-    /// Writes everything queued, waiting for the socket as long as it keeps taking bytes: an
-    /// error of kind `TimedOut` when it accepted nothing for `deadline` (the write deadline).
+    /// Writes everything queued, waiting for the socket as long as the peer keeps reading: an
+    /// error of kind `TimedOut` when, for `deadline` (the write deadline), the socket accepted
+    /// nothing and the peer read nothing of what the kernel held for it.
     pub async fn flush(&mut self, deadline: Duration) -> std::io::Result<()> {
         while !self.queue.is_empty() {
+            let unread = self.peer_unread();
             match tokio::time::timeout(
                 deadline,
                 std::future::poll_fn(|cx| self.poll_write_queued(cx)),
@@ -181,6 +205,14 @@ impl BridgeSocket {
                 Ok(r) => {
                     r?;
                 }
+                // Slow, not stuck: the kernel says a socket has room only once much of its
+                // send buffer (autotuned to megabytes) has drained, which takes a peer reading
+                // a few KB/s longer than the deadline.
+                Err(_)
+                    if self
+                        .peer_unread()
+                        .zip(unread)
+                        .is_some_and(|(now, was)| now < was) => {}
                 Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
             }
         }

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::pin::Pin;
 
@@ -74,6 +75,9 @@ pub struct Conn {
     pub write: BoxWrite,
     /// A printable description of the peer.
     pub peer: String,
+    /// The socket's descriptor, when it is one (valid while `write` lives): a writer asks the
+    /// kernel how much the peer has yet to read.
+    pub fd: Option<std::os::fd::RawFd>,
 }
 
 impl fmt::Debug for Conn {
@@ -86,6 +90,7 @@ impl Conn {
     /// Wraps a TCP stream; Nagle is off because frames are already batched by the writers.
     pub fn tcp(stream: TcpStream) -> Conn {
         let _ = stream.set_nodelay(true);
+        let fd = Some(stream.as_raw_fd());
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "tcp".into(), |a| a.to_string());
@@ -94,16 +99,19 @@ impl Conn {
             read: Box::pin(r),
             write: Box::pin(w),
             peer,
+            fd,
         }
     }
 
     /// Wraps a unix stream.
     pub fn unix(stream: UnixStream) -> Conn {
+        let fd = Some(stream.as_raw_fd());
         let (r, w) = stream.into_split();
         Conn {
             read: Box::pin(r),
             write: Box::pin(w),
             peer: "unix".into(),
+            fd,
         }
     }
 
@@ -117,6 +125,7 @@ impl Conn {
             read: Box::pin(read),
             write: Box::pin(write),
             peer: peer.into(),
+            fd: None,
         }
     }
 

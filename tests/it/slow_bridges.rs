@@ -68,6 +68,54 @@ async fn a_bridge_whose_socket_takes_nothing_is_cut_at_the_write_deadline() {
     h.shutdown().await;
 }
 
+/// A bridge that reads slowly but steadily is slow, not stuck: it keeps its connection past
+/// many write deadlines and is told of its drops. The kernel reports a socket writable only
+/// once much of its (autotuned, megabytes) send buffer has drained, which a slow peer takes
+/// longer than the deadline to do; the relay used to cut it as if it read nothing. (The
+/// deadline here is 300 ms, so "slow" is about 1 MB/s: what the relay sees of a peer's reads
+/// is TCP's window opening, a segment of up to 64 KiB at a time on loopback.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_that_reads_slowly_but_steadily_is_not_cut_and_sees_its_drops() {
+    use tokio::io::AsyncReadExt;
+    let deadline = Duration::from_millis(300);
+    let h = Harness::start_with(big_mod(), |c| {
+        c.routes[0].write_deadline = deadline;
+        c.routes[0].outbox_bytes = 1 << 20;
+    })
+    .await;
+    let mut honest = h.bridge().await;
+    let (mut slow, conn) = deaf_subscriber(&h).await;
+    // 20 MB of events: more than the socket buffers and the outbox hold, so events are dropped.
+    emit(&mut honest, "a", 5000).await;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = Vec::new();
+    let began = Instant::now();
+    // At most 64 KiB per 50 ms, for ten write deadlines.
+    while began.elapsed() < deadline * 10 {
+        let n = slow.read(&mut buf).await.expect("still connected");
+        assert!(n > 0, "closed after {:?}", began.elapsed());
+        read.extend_from_slice(&buf[..n]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(listed(&h).contains(&conn), "the slow bridge was cut");
+    // Reading at full speed now, it gets its events and a notice of what it missed.
+    let mut frames = FramedRead::new(std::io::Cursor::new(read).chain(slow), GabpCodec::default());
+    let notice = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(f) = frames.next().await {
+            let v: Value = serde_json::from_slice(&f.expect("a frame").body).expect("json");
+            if v["channel"] == "relay/dropped" {
+                return v;
+            }
+        }
+        panic!("the connection ended without a relay/dropped notice");
+    })
+    .await
+    .expect("a relay/dropped notice");
+    assert_eq!(notice["payload"]["channel"], "a");
+    assert_eq!(notice["payload"]["policy"], "drop-oldest");
+    h.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_policy_idles_while_blocked_and_never_holds_shutdown_hostage() {
     // The byte bound is reached long before the frame bound: the mod reader used to spin.

@@ -2,7 +2,7 @@
 //!
 //! The writer drains the bridge's outbox in batches: relay/dropped notices first (they describe
 //! gaps before what follows), then frames in the order they were queued, coalesced into few
-//! write calls. A socket that takes nothing for the write deadline gets the bridge cut.
+//! write calls. A bridge that reads nothing for the write deadline is cut.
 
 use std::sync::Arc;
 
@@ -14,7 +14,8 @@ use crate::socket::{BridgeSocket, Staged};
 
 /// The bridge's writer task: writes whatever the mod reader did not write directly (control
 /// frames, notices, bursts a full socket held back), waiting for the socket as long as it keeps
-/// taking bytes; a socket that takes nothing for the write deadline gets the bridge cut.
+/// taking bytes or the peer keeps reading; a bridge that reads nothing for the write deadline
+/// is cut.
 pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
     let outbox = &bridge.outbox;
     let deadline = route.cfg.write_deadline;

@@ -12,7 +12,7 @@
 //!
 //! A bridge is *cut* (its connection reset and its state freed at once) when its policy is
 //! `disconnect` and it falls behind, when its control frames pass their bound, or when its
-//! socket accepts nothing for the write deadline.
+//! peer reads nothing for the write deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -89,7 +89,7 @@ pub enum CutReason {
     Slow,
     /// Its control frames (responses, replies) passed their bound.
     ControlBacklog,
-    /// Its socket accepted nothing for the write deadline.
+    /// It read nothing for the write deadline.
     WriteDeadline,
 }
 
@@ -99,7 +99,7 @@ impl CutReason {
         match self {
             CutReason::Slow => "its outbox is full (policy disconnect)",
             CutReason::ControlBacklog => "it does not read its responses",
-            CutReason::WriteDeadline => "its socket accepted nothing within the write deadline",
+            CutReason::WriteDeadline => "it read nothing within the write deadline",
         }
     }
 }
