@@ -278,6 +278,10 @@ fn keep_unshipped(cfg: &RelayConfig) -> bool {
     cfg.ship.is_some() && !cfg.retain_unshipped
 }
 
+/// How often the recorder is asked to mark what is committed: at most this much of a recording
+/// can go missing later without every command refusing the data dir.
+const MARK_EVERY: Duration = Duration::from_secs(1);
+
 /// Serves `route` on `listener`: its backend, the bridge front, and the sweeper, all tracked by
 /// `tracker` and stopped by the route's cancellation. The one way any route is served, live or
 /// replayed.
@@ -292,13 +296,24 @@ pub fn serve_route(route: &Arc<Route>, listener: Listener, tracker: &TaskTracker
     tracker.spawn(sweeper(route.clone()));
 }
 
-/// Times out pending requests and publishes queue-depth gauges.
+/// Times out pending requests, publishes queue-depth gauges, and asks the recorder to move its
+/// committed mark about once a second.
 async fn sweeper(route: Arc<Route>) {
     let period = (route.cfg.request_timeout / 10)
         .clamp(Duration::from_millis(10), Duration::from_millis(250));
     let mut tick = tokio::time::interval(period);
+    let mut marked = Instant::now();
     loop {
         tokio::select! { _ = route.cancel.cancelled() => return, _ = tick.tick() => {} }
+        if let Some(r) = route
+            .recorder
+            .as_ref()
+            .filter(|_| marked.elapsed() >= MARK_EVERY)
+        {
+            marked = Instant::now();
+            // Never waits: a recorder with no room has a mark request queued already or soon.
+            let _ = r.try_send_batch(vec![crate::recorder::RecMsg::Mark]);
+        }
         for entry in route.pending.expire(Instant::now()) {
             let (_, count) = route.metrics.request(&entry.method, "timeout");
             count.increment(1);

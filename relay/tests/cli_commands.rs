@@ -460,15 +460,34 @@ async fn sessions_rm_reports_an_ambiguous_prefix_even_while_a_relay_records() {
     assert!(err.contains("matches 2 sessions"), "{err}");
     assert!(err.contains(&ids[0]) && err.contains(&ids[1]), "{err}");
     assert!(!err.contains("in use"), "the ambiguity comes first: {err}");
-    // A removal that names one session is refused for the running relay, by its pid.
-    let out = output(&["sessions", "rm", &ids[0], "--data-dir", d]).await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = one_line(&out);
+    // A removal that names one session is refused for the running relay, by its pid; so are
+    // the other commands that change a data dir, and none of them touches a file of it (they
+    // used to rotate the running relay's RocksDB info log while finding the lock held).
+    let files = || {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .expect("data dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".log") && !n.ends_with(".sst") && !n.starts_with("MANIFEST"))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = files();
     let pid = s.child.id().expect("running");
-    assert!(
-        err.contains(&format!("in use by another process (pid {pid}")),
-        "{err}"
-    );
+    for args in [
+        &["sessions", "rm", &ids[0], "--data-dir", d][..],
+        &["sessions", "tag", &ids[0], "a=b", "--data-dir", d],
+        &["sessions", "--retain", "1s", "--data-dir", d],
+    ] {
+        let out = output(args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = one_line(&out);
+        assert!(
+            err.contains(&format!("in use by another process (pid {pid}")),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(files(), before, "a refused command changed the data dir");
     assert_eq!(session_ids(d).await.len(), 2, "nothing was removed");
     sim.stop();
 }

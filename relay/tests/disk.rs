@@ -343,6 +343,34 @@ async fn shutdown_during_a_stall_finishes_in_time_with_a_consistent_prefix() {
     }
 }
 
+/// Under `continue`, a shutdown while the disk is still full: the frames dropped since the
+/// last commit that got in (their gap record could not be written either) are nowhere in the
+/// recording, so `serve` exits 1 saying how many, as under `stall`. It used to exit 0 with
+/// only "final recorder commit failed" in its log.
+#[tokio::test]
+async fn shutdown_on_a_full_disk_under_continue_says_what_was_not_recorded() {
+    let Some(s) = start("continue", 6000.0, &["--shutdown-timeout", "3s"]).await else {
+        return;
+    };
+    s.fill_disk().await;
+    until_async(30, "frames are lost", || async {
+        metric(&s.metrics, "gabp_record_lost_frames_total").await > 0.0
+    })
+    .await;
+    let (status, stderr, took, data, s) = s.stop().await;
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
+    let line: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("gabp-relay:"))
+        .collect();
+    assert_eq!(line.len(), 1, "{stderr}");
+    assert!(line[0].contains("were not recorded"), "{}", line[0]);
+    s.free_disk();
+    let (code, check) = check_json(&data).await;
+    assert_eq!(code, Some(0), "the committed prefix is consistent: {check}");
+}
+
 /// A disk freed while the relay shuts down during a stall: the retries go on until the bound,
 /// so everything the mod sent is recorded and the session ends as a shutdown, not a crash.
 #[tokio::test]

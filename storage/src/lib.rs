@@ -25,6 +25,7 @@ pub mod chunk;
 pub mod dir;
 pub mod error;
 pub mod keys;
+pub mod mark;
 pub mod reader;
 pub mod repair;
 pub mod retention;

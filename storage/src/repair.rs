@@ -176,6 +176,7 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             Err(e) => steps.push(format!("could not open it that way: {}", e.detail())),
         }
     }
+    let mut lost = Vec::new();
     let store = match opened {
         Some(s) => s,
         None => {
@@ -196,11 +197,21 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             })?
         }
     };
+    // A log that went missing or was cut short reads as less: say what was committed and is
+    // gone, then mark what is here, so the repaired dir opens.
+    if let (Some(committed), held) = store.committed_and_held() {
+        if committed > held {
+            lost.push(format!(
+                "{} committed write(s) are missing: the write-ahead log is gone or shorter than what was synced (what they held is only in the copy, if there)",
+                committed - held
+            ));
+        }
+    }
+    store.mark_committed()?;
     let crashed = store.recover_crashed()?;
     let metas = store.sessions()?;
     let sessions = metas.len();
     // Verify, never assume: what RocksDB set aside, and every session's own check.
-    let mut lost = Vec::new();
     if salvaged {
         // What the unreadable records held (and, cut at the first, all after it) is gone here.
         lost.push(

@@ -118,6 +118,9 @@ fn db_options(opts: &StoreOptions) -> Options {
     // A torn last record (kill -9 mid-write, a full disk) is tolerated; corruption anywhere
     // else fails the open instead of silently dropping everything after it (PointInTime did).
     o.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
+    // The MANIFEST names every write-ahead log and the synced size of each closed one, so a
+    // missing or shortened log fails the open instead of reading as an empty recording.
+    o.set_track_and_verify_wals_in_manifest(true);
     o.set_max_total_wal_size(256 << 20);
     // A recorder must not be throttled by compaction debt on a busy 2-core machine: let L0 grow
     // further before RocksDB slows or stops writes (reads of recordings tolerate the extra L0).
@@ -178,6 +181,49 @@ fn cf_descriptors(opts: &StoreOptions, details: bool) -> Vec<ColumnFamilyDescrip
     cfs
 }
 
+/// RocksDB's old info logs kept beside the current one.
+const KEPT_INFO_LOGS: usize = 3;
+
+/// Room a reopen needs besides its write-ahead logs: a manifest, options, an info log.
+const REOPEN_ROOM: u64 = 1 << 20;
+
+/// The bytes of the write-ahead logs in `path`.
+fn wal_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(".log")))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / 1e6)
+}
+
+/// Deletes all but the newest `keep` of RocksDB's old info logs (`LOG.old.<time>`): each open
+/// rotates one, and a reopen that fails (a full disk) never gets to RocksDB's own clean-up, so
+/// retries would otherwise fill the disk with them.
+fn prune_info_logs(path: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    let mut old: Vec<_> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .filter(|n| n.to_str().is_some_and(|n| n.starts_with("LOG.old.")))
+        .collect();
+    // The suffix is a timestamp in microseconds: newest last.
+    old.sort();
+    for name in old.iter().rev().skip(keep) {
+        let _ = std::fs::remove_file(path.join(name));
+    }
+}
+
 fn is_lock_error(e: &rocksdb::Error) -> bool {
     // "While lock file: DIR/LOCK: Resource temporarily unavailable", or "lock hold by current
     // process"; never a mere "block" in a corruption message.
@@ -190,7 +236,13 @@ impl Store {
     /// open creates only a dir that holds nothing, refuses anything it cannot read, and
     /// finishes sessions a crashed relay left `recording`.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        // Read before the open: a running relay may commit and mark more meanwhile.
+        let committed = crate::mark::read(path);
+        if !opts.read_only {
+            Store::probe_committed(path, &committed)?;
+        }
         let store = Store::open_db(path, opts, None)?;
+        store.verify_committed(committed)?;
         if !store.opts.read_only {
             // Files an older relay, a manual copy or a repair left readable by others.
             if let Err(e) = make_private(path) {
@@ -204,6 +256,23 @@ impl Store {
     /// Opens without crash recovery: the recorder's reopen after an I/O error, when its own
     /// sessions are still `recording`.
     pub fn reopen(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
+        prune_info_logs(path, KEPT_INFO_LOGS);
+        // An open writes the write-ahead logs out as a table before anything else: without
+        // room for that it fails (and leaves an info log behind). Say what room it waits for.
+        let logs = wal_bytes(path);
+        if let Ok(fs) = nix::sys::statvfs::statvfs(path) {
+            let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+            if free < logs + REOPEN_ROOM {
+                return Err(StoreError::Open {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "waiting for room: reopening writes the write-ahead log ({} MB) out as a table, and {} MB is free",
+                        mb(logs + REOPEN_ROOM),
+                        mb(free)
+                    ),
+                });
+            }
+        }
         Store::open_db(path, opts, None)
     }
 
@@ -328,7 +397,10 @@ impl Store {
                 reason: "its CURRENT file is missing".into(),
             });
         }
+        let committed = crate::mark::read(path);
+        Store::probe_committed(path, &committed)?;
         let mut store = Store::open_db(path, StoreOptions::default(), None)?;
+        store.verify_committed(committed)?;
         // A command waits for the space of what it deletes to be given back.
         store.reclaimer = Arc::new(Reclaimer::new(store.db.clone(), false));
         Ok(store)
@@ -374,11 +446,113 @@ impl Store {
         Ok(())
     }
 
-    /// Syncs the WAL (used at shutdown).
+    /// Syncs the WAL (used at shutdown), then marks everything written as committed.
     pub fn sync(&self) -> Result<(), StoreError> {
         if !self.opts.read_only {
             self.db.flush_wal(true)?;
+            self.mark_committed()?;
         }
         Ok(())
+    }
+
+    /// Writes the memtables out as tables (at a clean stop), so the recording no longer lives
+    /// only in the write-ahead log: a table-only rebuild (`repair` of a broken MANIFEST) then
+    /// finds all of it.
+    pub fn flush_tables(&self) -> Result<(), StoreError> {
+        let mut names = vec![CF_FRAMES, CF_CHAN_INDEX, CF_CATALOG];
+        if self.details {
+            names.push(CF_DETAILS);
+        }
+        for name in names {
+            self.db.flush_cf(self.cf(name))?;
+        }
+        Ok(())
+    }
+
+    /// Records that every write so far is synced (call only after a synced commit or a WAL
+    /// sync): an open that later finds fewer writes refuses the data dir ([`crate::mark`]).
+    pub fn mark_committed(&self) -> Result<(), StoreError> {
+        crate::mark::write(&self.path, self.db.latest_sequence_number())?;
+        Ok(())
+    }
+
+    /// The writes the mark names and the writes this data dir holds.
+    pub fn committed_and_held(&self) -> (Option<u64>, u64) {
+        (
+            crate::mark::read(&self.path).ok().flatten(),
+            self.db.latest_sequence_number(),
+        )
+    }
+
+    /// Before a read-write open (which writes a new MANIFEST and log at once): a read-only look
+    /// at whether the data dir holds what its mark says was committed, so a damaged one is
+    /// refused untouched. Also refuses, untouched, a data dir another process holds.
+    fn probe_committed(
+        path: &Path,
+        committed: &Result<Option<u64>, String>,
+    ) -> Result<(), StoreError> {
+        if path.join("LOCK").exists() {
+            if let Some(pid) = lock_holder(path) {
+                return Err(StoreError::Locked {
+                    path: path.display().to_string(),
+                    pid: Some(pid),
+                });
+            }
+        }
+        if !matches!(committed, Ok(Some(_))) || !path.join("CURRENT").exists() {
+            return Ok(());
+        }
+        let ro = StoreOptions {
+            read_only: true,
+            ..StoreOptions::default()
+        };
+        Store::open_db(path, ro, None)?.verify_committed(committed.clone())
+    }
+
+    /// Refuses a data dir holding fewer writes than its mark (read before it was opened) says
+    /// were committed: its write-ahead log is missing or was cut short.
+    fn verify_committed(&self, committed: Result<Option<u64>, String>) -> Result<(), StoreError> {
+        let damaged = |reason: String| StoreError::Damaged {
+            path: self.path.display().to_string(),
+            reason,
+        };
+        let committed = committed.map_err(damaged)?;
+        let held = self.db.latest_sequence_number();
+        match committed {
+            Some(c) if c > held => Err(damaged(format!(
+                "{} committed write(s) are missing: its write-ahead log is gone or shorter than what was synced",
+                c - held
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_newest_old_info_logs_are_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for t in [1000001u64, 1000005, 1000002, 1000009, 1000003] {
+            std::fs::write(dir.path().join(format!("LOG.old.{t}")), "x").expect("log");
+        }
+        std::fs::write(dir.path().join("LOG"), "x").expect("log");
+        prune_info_logs(dir.path(), 3);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "LOG",
+                "LOG.old.1000003",
+                "LOG.old.1000005",
+                "LOG.old.1000009"
+            ]
+        );
     }
 }

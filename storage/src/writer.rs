@@ -74,6 +74,8 @@ pub struct SessionWriter {
     open: HashMap<SessionId, Open>,
     batch: WriteBatch,
     staged: usize,
+    /// Why the last reopen failed, said by every commit until one succeeds.
+    reopen_failed: Option<String>,
 }
 
 impl std::fmt::Debug for SessionWriter {
@@ -95,6 +97,7 @@ impl SessionWriter {
             open: HashMap::new(),
             batch: WriteBatch::default(),
             staged: 0,
+            reopen_failed: None,
         }
     }
 
@@ -118,8 +121,20 @@ impl SessionWriter {
     /// hold the only handle on the store, or RocksDB's lock is still held.
     pub fn reopen(&mut self) -> Result<(), E> {
         drop(self.store.take());
-        self.store = Some(Store::reopen(&self.path, self.opts.clone())?);
-        Ok(())
+        match Store::reopen(&self.path, self.opts.clone()) {
+            Ok(store) => {
+                self.store = Some(store);
+                self.reopen_failed = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.reopen_failed = Some(match &e {
+                    E::Open { reason, .. } => reason.clone(),
+                    other => other.to_string(),
+                });
+                Err(e)
+            }
+        }
     }
 
     /// Starts a session; its catalog entry is written with the next commit, its welcome under
@@ -279,7 +294,10 @@ impl SessionWriter {
         let Some(store) = self.store.as_ref() else {
             return Err(E::Open {
                 path: self.path.display().to_string(),
-                reason: "closed after an error, not reopened yet".into(),
+                reason: match &self.reopen_failed {
+                    Some(why) => format!("closed after an error; reopening it failed: {why}"),
+                    None => "closed after an error, not reopened yet".into(),
+                },
             });
         };
         for (id, o) in self.open.iter_mut() {
@@ -339,6 +357,16 @@ impl SessionWriter {
             !o.ended
         });
         Ok(n)
+    }
+
+    /// Frames lost (dropped after a failed commit) whose gap record is not committed yet: if
+    /// no commit succeeds any more, the recording never says they are missing.
+    pub fn unrecorded_losses(&self) -> u64 {
+        self.open
+            .values()
+            .filter_map(|o| o.gap.as_ref())
+            .map(|g| g.frames)
+            .sum()
     }
 
     /// Drops the frames appended since the last commit (after a failed commit, under the

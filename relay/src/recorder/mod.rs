@@ -78,6 +78,9 @@ pub enum RecMsg {
     },
     /// Answer once everything before this message is committed.
     Flush(oneshot::Sender<()>),
+    /// Sync what is committed and mark it so (`gabp_storage::mark`): sent about once a second,
+    /// so a write-ahead log lost or cut short later is refused, not read as less.
+    Mark,
     /// Apply retention (on this thread: it must hold the only handle on the store to reopen).
     Retain {
         /// Delete ended sessions older than this.

@@ -12,9 +12,16 @@ use tokio::sync::{mpsc, oneshot};
 use super::{RecBatch, RecMsg, Shared, COMMIT_INTERVAL, MAX_BATCH};
 use crate::config::OnRecordError;
 
-/// Applies one message to the session writer; flush requests are answered after the commit.
-pub(super) fn apply(w: &mut SessionWriter, msg: RecMsg, flushes: &mut Vec<oneshot::Sender<()>>) {
+/// Applies one message to the session writer; flush requests are answered after the commit,
+/// and a mark request (`mark` set) is met after it too.
+pub(super) fn apply(
+    w: &mut SessionWriter,
+    msg: RecMsg,
+    flushes: &mut Vec<oneshot::Sender<()>>,
+    mark: &mut bool,
+) {
     match msg {
+        RecMsg::Mark => *mark = true,
         RecMsg::Begin(meta) => w.begin(*meta),
         RecMsg::Channel { session, id, name } => w.define_channel(session, id, &name),
         RecMsg::Frame { session, rec } => {
@@ -174,7 +181,7 @@ pub(super) fn commit_with_policy(
             h.lost_frames += n as u64;
             h.unrecorded_at_shutdown += n as u64;
             drop(h);
-            tracing::error!(error = %e, lost_frames = n, "recording failed during shutdown; giving up: the recording ends at its last committed frame");
+            tracing::error!(error = %e, lost_frames = n, "recording failed during shutdown; giving up: the recording ends at its last committed frame (frames still queued are dropped too; the total is said at exit)");
             return true;
         }
         match shared.policy {
@@ -227,6 +234,8 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
     // Batches are kept until their commit so their byte budget is released only then.
     let mut held = Vec::with_capacity(MAX_BATCH);
     let mut last_commit = Instant::now();
+    // Whether anything was written since the committed mark was last moved.
+    let mut unmarked = false;
     while let Some(first) = rx.blocking_recv() {
         held.push(first);
         // Gather until the tick is over (or the batch is large), then commit once.
@@ -251,9 +260,11 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
             // relay's readers and writers for the cores (a flush request waits ≤ 10 ms).
             std::thread::sleep(due - now);
         }
+        let mut mark = false;
         for b in held.iter_mut() {
             for msg in b.msgs.drain(..) {
-                apply(&mut w, msg, &mut flushes);
+                unmarked |= !matches!(msg, RecMsg::Mark);
+                apply(&mut w, msg, &mut flushes, &mut mark);
             }
         }
         if gave_up {
@@ -265,6 +276,16 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
             h.unrecorded_at_shutdown += n as u64;
         } else {
             gave_up = commit_with_policy(&mut w, shared, &mut last_reopen);
+            if mark && unmarked && !gave_up && shared.health.lock().ok {
+                // Synced (a no-op wait under `batch`, the only sync under `none`), then marked.
+                match w.store().map(|s| s.sync()) {
+                    Some(Ok(())) => unmarked = false,
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "could not move the committed mark")
+                    }
+                    None => {}
+                }
+            }
         }
         held.clear();
         last_commit = Instant::now();
@@ -278,10 +299,28 @@ pub(super) fn run(mut w: SessionWriter, mut rx: mpsc::Receiver<RecBatch>, shared
     }
     // Every sender is gone: whatever is open was ended by its route; commit what remains.
     if let Err(e) = w.commit() {
-        tracing::error!(error = %e, "final recorder commit failed; the recording ends at its last committed frame");
+        // Under `continue` too: what is dropped now, and losses whose gap record never got
+        // in, are nowhere in the recording, so they are counted for the exit.
+        let dropped = w.discard_staged() as u64;
+        let n = w.unrecorded_losses();
+        lost.increment(dropped);
+        let mut h = shared.health.lock();
+        h.lost_frames += dropped;
+        h.unrecorded_at_shutdown += n;
+        drop(h);
+        tracing::error!(error = %e, unrecorded_frames = n, "final recorder commit failed; the recording ends at its last committed frame");
     }
     if let Some(Err(e)) = w.store().map(|s| s.sync()) {
         tracing::error!(error = %e, "final WAL sync failed");
+    }
+    // Tables, not only the write-ahead log, hold the recording once stopped, when the
+    // shutdown bound leaves time for it (a memtable of 64 MiB takes well under a second).
+    let room = (*shared.give_up_at.lock())
+        .is_none_or(|t| t.saturating_duration_since(Instant::now()) >= Duration::from_secs(2));
+    if room {
+        if let Some(Err(e)) = w.store().map(|s| s.flush_tables()) {
+            tracing::warn!(error = %e, "could not write the recording out as tables at the stop; it is in the write-ahead log");
+        }
     }
     // The shipper ships what was committed last (it lets go of the store when done).
     *shared.store.lock() = if shared.ship.get().is_some() {

@@ -119,6 +119,8 @@ pub enum Left {
     Killed,
     /// Stopped, then opened again by a relay: everything is in table files.
     Flushed,
+    /// Stopped once (SIGTERM).
+    Stopped,
 }
 
 /// A data dir holding one session of [`EVENTS`] events.
@@ -140,8 +142,19 @@ pub async fn recorded(left: Left) -> (tempfile::TempDir, PathBuf) {
     wait_for_events(&data, EVENTS).await;
     match left {
         Left::Killed => {
+            // Killed once the relay has marked its commits (about once a second), as a relay
+            // that ran for any time has.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !data.join("COMMITTED").exists() {
+                assert!(Instant::now() < deadline, "no committed mark");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             signal(&child, "-KILL");
             wait_exit(&mut child).await;
+        }
+        Left::Stopped => {
+            signal(&child, "-TERM");
+            assert_eq!(wait_exit(&mut child).await, Some(0));
         }
         Left::Flushed => {
             signal(&child, "-TERM");
