@@ -252,6 +252,36 @@ async fn wrong_bearer_tokens_are_throttled_counted_and_logged_once() {
     assert!(!log.contains(&s.token) && !log.contains("0123456789abcdef0123"));
 }
 
+/// Requests a client chooses to fail (unknown methods with long names) do not grow the log:
+/// the MCP library's own line per failed request, with the client's text in it, is off (the
+/// README's log budget), and the client's text never reaches the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_requests_do_not_grow_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let (status, id, resp) = open_session(&s).await;
+    assert_eq!(status, 200, "{resp}");
+    let session = format!("Mcp-Session-Id: {}", id.expect("session id"));
+    let headers = [bearer(&s), session];
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    http(&s.mcp, "POST", &headers, initialized).await;
+    let before = std::fs::metadata(&s.stderr).expect("stderr").len();
+    let name = format!("chosen-by-the-client-{}", "x".repeat(32 * 1024));
+    for i in 0..40 {
+        let body = json!({"jsonrpc": "2.0", "id": i + 10, "method": name}).to_string();
+        let (status, resp) = http(&s.mcp, "POST", &headers, &body).await;
+        assert!(resp.contains("-32601") || status != 200, "{status} {resp}");
+    }
+    let log = std::fs::read_to_string(&s.stderr).expect("stderr");
+    let grew = log.len() as u64 - before;
+    assert!(grew < 16 * 1024, "the log grew by {grew} bytes");
+    assert!(
+        !log.contains("chosen-by-the-client"),
+        "client text in the log"
+    );
+}
+
 /// Connections beyond the cap are closed at once; an idle one is closed after the header
 /// timeout; then a new connection is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,8 +117,10 @@ pub fn main() -> ! {
         super::release_stop_signals();
     }
     // The NATS client logs its own (re)connections and errors (ours are the one line), and at
-    // debug level the server addresses with their credentials: off, whatever GABP_LOG says.
-    gabp_rt::log::init_silencing("info", &["async_nats"]);
+    // debug level the server addresses with their credentials; the MCP library logs a line per
+    // failed client request with the client's text in it, unbudgeted: off, whatever GABP_LOG
+    // says.
+    gabp_rt::log::init_silencing("info", &["async_nats", "rmcp"]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("gabp-relay")
