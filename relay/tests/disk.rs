@@ -197,6 +197,16 @@ impl Setup {
     }
 }
 
+/// The one line `serve` ends with on stderr when it exits with an error.
+fn exit_line(stderr: &str) -> &str {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("gabp-relay:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    lines[0]
+}
+
 async fn check_json(data: &Path) -> (Option<i32>, serde_json::Value) {
     let out = run(&[
         "sessions",
@@ -324,15 +334,10 @@ async fn shutdown_during_a_stall_finishes_in_time_with_a_consistent_prefix() {
     );
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
-    let line: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("gabp-relay:"))
-        .collect();
-    assert_eq!(line.len(), 1, "{stderr}");
+    let line = exit_line(&stderr);
     assert!(
-        line[0].contains("were not recorded") && line[0].contains("clean prefix"),
-        "{}",
-        line[0]
+        line.contains("were not recorded") && line.contains("clean prefix"),
+        "{line}"
     );
     s.free_disk();
     let (code, check) = check_json(&data).await;
@@ -360,12 +365,8 @@ async fn shutdown_on_a_full_disk_under_continue_says_what_was_not_recorded() {
     let (status, stderr, took, data, s) = s.stop().await;
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
-    let line: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.starts_with("gabp-relay:"))
-        .collect();
-    assert_eq!(line.len(), 1, "{stderr}");
-    assert!(line[0].contains("were not recorded"), "{}", line[0]);
+    let line = exit_line(&stderr);
+    assert!(line.contains("were not recorded"), "{line}");
     s.free_disk();
     let (code, check) = check_json(&data).await;
     assert_eq!(code, Some(0), "the committed prefix is consistent: {check}");

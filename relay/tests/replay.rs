@@ -504,7 +504,9 @@ async fn a_replay_bridge_that_never_reads_is_cut_under_every_policy() {
     use gabp_relay::OnSlow;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    synth(&data, 30_000);
+    // About 30 MB of events: far more than the kernel's buffers for one socket hold, so the
+    // timeline cannot end (and the bridge be closed in order) before a deaf bridge is cut.
+    synth(&data, 150_000);
     for policy in [OnSlow::Block, OnSlow::DropOldest, OnSlow::Disconnect] {
         let (addr, cancel) = in_process(&data, move |c| {
             c.on_slow = policy;

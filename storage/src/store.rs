@@ -118,9 +118,9 @@ fn db_options(opts: &StoreOptions) -> Options {
     // A torn last record (kill -9 mid-write, a full disk) is tolerated; corruption anywhere
     // else fails the open instead of silently dropping everything after it (PointInTime did).
     o.set_wal_recovery_mode(rocksdb::DBRecoveryMode::TolerateCorruptedTailRecords);
-    // The MANIFEST names every write-ahead log and the synced size of each closed one, so a
-    // missing or shortened log fails the open instead of reading as an empty recording.
-    o.set_track_and_verify_wals_in_manifest(true);
+    // Not `track_and_verify_wals_in_manifest`: it covers closed logs only (the committed mark,
+    // `crate::mark`, covers the live one), and a read-only open without it of a dir written
+    // with it crashes RocksDB 10.4 (a null recovery context in `DBImpl::Recover`).
     o.set_max_total_wal_size(256 << 20);
     // A recorder must not be throttled by compaction debt on a busy 2-core machine: let L0 grow
     // further before RocksDB slows or stops writes (reads of recordings tolerate the extra L0).
