@@ -72,21 +72,23 @@ fn lenient_id(body: &[u8]) -> Option<String> {
     scan.values(0).last().filter(|id| id.len() <= 64).cloned()
 }
 
-/// Channel names from subscribe params: `None` if there are more than `cap` (checked before
-/// anything else, so a huge list costs nothing), otherwise de-duplicated in order, in O(n).
+/// Channel names from subscribe params, de-duplicated in order: `None` if more than `cap`
+/// distinct ones are named (it stops at the first past the cap; a long list of repeats costs
+/// O(n), n bounded by `--max-body`).
 fn channels(params: &Value, cap: usize) -> Option<Vec<String>> {
     let list = params["channels"].as_array().map_or(&[][..], |a| &a[..]);
-    if list.len() > cap {
-        return None;
+    // A name repeated in one request counts once (the frame's size bounds the list).
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut out = Vec::new();
+    for c in list.iter().filter_map(Value::as_str) {
+        if seen.insert(c) {
+            if out.len() == cap {
+                return None;
+            }
+            out.push(c.to_string());
+        }
     }
-    let mut seen: HashSet<&str> = HashSet::with_capacity(list.len());
-    Some(
-        list.iter()
-            .filter_map(Value::as_str)
-            .filter(|c| seen.insert(*c))
-            .map(String::from)
-            .collect(),
-    )
+    Some(out)
 }
 
 impl BridgeReader {
@@ -463,5 +465,23 @@ impl BridgeReader {
             json!({ "unsubscribed": chans }),
         ))
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::channels;
+    use serde_json::json;
+
+    #[test]
+    fn a_name_repeated_in_one_request_counts_once_against_the_cap() {
+        let p = json!({"channels": ["a", "a", "a", "a", "a", "b", "a"]});
+        assert_eq!(channels(&p, 2), Some(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            channels(&json!({"channels": vec!["a"; 100]}), 1),
+            Some(vec!["a".into()])
+        );
+        assert_eq!(channels(&json!({"channels": ["a", "b", "c"]}), 2), None);
+        assert_eq!(channels(&json!({}), 2), Some(vec![]));
     }
 }
