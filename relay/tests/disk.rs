@@ -70,6 +70,8 @@ struct Setup {
     child: Child,
     metrics: String,
     stderr: tokio::task::JoinHandle<String>,
+    /// The policy is `stall`.
+    stall: bool,
 }
 
 async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
@@ -124,6 +126,7 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
         child,
         metrics: metrics.expect("metrics line"),
         stderr,
+        stall: policy == "stall",
     })
 }
 
@@ -143,11 +146,16 @@ impl Setup {
             metric(&self.metrics, "gabp_record_errors_total").await > 0.0
         })
         .await;
-        assert_eq!(
-            metric(&self.metrics, "gabp_recorder_healthy").await,
-            0.0,
-            "the failure shows in the health gauge"
-        );
+        // Under `stall` nothing is written until the disk has room, so the gauge stays down;
+        // under `continue` the recorder may already have recovered into room RocksDB freed
+        // (seen once under the full suite's load), and its failure is checked in the log.
+        if self.stall {
+            assert_eq!(
+                metric(&self.metrics, "gabp_recorder_healthy").await,
+                0.0,
+                "the failure shows in the health gauge"
+            );
+        }
     }
 
     fn free_disk(&self) {
