@@ -86,15 +86,11 @@ fn len_with_digits(body: &[u8], seq_span: Option<&Range<usize>>, digits: usize) 
 
 /// A complete wire frame (header and body) of `body` with its seq replaced: one copy.
 pub fn wire_with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes {
-    // Exactly the frame's size, as `codec::frame_bytes` does, for one allocation per event.
-    let mut out = BytesMut::with_capacity(wire_len_with_seq(body, seq_span.as_ref(), seq));
+    // `encode_header` reserves exactly the frame's size: one allocation, the seq in decimal
+    // once.
+    let mut out = BytesMut::new();
     put_wire_with_seq(body, seq_span, seq, &mut out);
     out.freeze()
-}
-
-/// The length of the wire frame [`put_wire_with_seq`] appends.
-pub fn wire_len_with_seq(body: &[u8], seq_span: Option<&Range<usize>>, seq: u64) -> usize {
-    crate::codec::frame_len(len_with_seq(body, seq_span, seq))
 }
 
 /// Appends the complete wire frame (header and body) of `body` with its seq replaced to
