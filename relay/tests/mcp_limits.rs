@@ -1,7 +1,8 @@
 //! The MCP front's bounds, attacked with real processes on loopback: idle HTTP sessions expire
 //! and free their bridge, sessions and connections are capped, wrong bearer tokens are
-//! throttled, counted and logged once per burst, `gabp-relay mcp` stops on SIGINT / SIGTERM, and
-//! malformed input gets a JSON-RPC error on stdio and HTTP.
+//! throttled, counted and logged once per burst, `gabp-relay mcp` stops on SIGINT / SIGTERM,
+//! malformed input gets a JSON-RPC error on stdio and HTTP, a call too large for the relay is
+//! refused unsent, and a front whose connection is cut resumes it with no event lost.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -29,9 +30,13 @@ struct Serve {
 }
 
 fn sim() -> ModSim {
+    sim_with(ModSimConfig::default())
+}
+
+fn sim_with(cfg: ModSimConfig) -> ModSim {
     let cfg = ModSimConfig {
         token: MOD_TOKEN.into(),
-        ..ModSimConfig::default()
+        ..cfg
     };
     ModSim::start(&"127.0.0.1:0".parse().expect("addr"), cfg).expect("mod")
 }
@@ -339,9 +344,15 @@ struct Stdio_ {
 }
 
 async fn stdio(s: &Serve) -> Stdio_ {
+    let file = s.bridge_file.to_str().expect("utf-8 path");
+    stdio_with(&["--bridge-file", file]).await
+}
+
+/// `gabp-relay mcp --name limits ARGS`, initialized.
+async fn stdio_with(args: &[&str]) -> Stdio_ {
     let mut child = Command::new(BIN)
-        .args(["mcp", "--name", "limits", "--bridge-file"])
-        .arg(&s.bridge_file)
+        .args(["mcp", "--name", "limits"])
+        .args(args)
         .env_remove("GABP_RELAY_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -377,6 +388,25 @@ impl Stdio_ {
             .expect("a line");
         serde_json::from_str(&line).expect("JSON")
     }
+
+    /// Calls tool `name`; its result (answers to anything else in between are skipped).
+    async fn call(&mut self, id: u64, name: &str, arguments: Value) -> Value {
+        let req = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":arguments}});
+        self.send(&req.to_string()).await;
+        loop {
+            let a = self.answer().await;
+            if a["id"] == id {
+                assert!(a["error"].is_null(), "{name}: {a}");
+                return a["result"].clone();
+            }
+        }
+    }
+}
+
+/// The text of a tool result, parsed as JSON when it is.
+fn result_text(r: &Value) -> (bool, String) {
+    let text = r["content"][0]["text"].as_str().unwrap_or_default();
+    (r["isError"] == true, text.to_string())
 }
 
 /// SIGINT and SIGTERM stop `gabp-relay mcp` within a second, with an events_poll waiting.
@@ -432,4 +462,233 @@ async fn stdio_answers_malformed_and_overlong_lines() {
     let a = m.answer().await;
     assert_eq!(a["id"], 3, "still served: {a}");
     assert!(a["result"].is_object(), "{a}");
+}
+
+/// A tool call larger than the relay's `--max-body` is refused by the front, unsent, with a
+/// message saying so; the front's connection stays up and the next call is answered. (The
+/// relay closes a bridge that sends such a frame, which used to break the front for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_tool_call_is_refused_unsent_and_the_front_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("plain bridge");
+    let mut m = stdio(&s).await;
+    let big = "a".repeat(1100 * 1024);
+    let r = m.call(2, "sim_echo", json!({ "big": big })).await;
+    let (is_error, text) = result_text(&r);
+    assert!(is_error, "{text}");
+    assert!(
+        text.contains("over the relay's --max-body of 1048576 bytes; it was not sent"),
+        "{text}"
+    );
+    let r = m.call(3, "sim_echo", json!({ "small": 1 })).await;
+    let (is_error, text) = result_text(&r);
+    assert!(!is_error && text.contains("\"small\":1"), "{text}");
+    let r = m.call(4, "relay_status", json!({})).await;
+    assert!(!result_text(&r).0, "{r}");
+    assert_eq!(mcp_bridges(&mut plain).await, 1);
+}
+
+/// A TCP proxy on loopback whose connections can all be cut at once.
+struct Proxy {
+    addr: String,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    _accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(to: &Addr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let to = to.to_string();
+        let conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+            std::sync::Arc::default();
+        let held = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut front, _)) = listener.accept().await {
+                let to = to.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut back) = TcpStream::connect(&to).await {
+                        let _ = tokio::io::copy_bidirectional(&mut front, &mut back).await;
+                    }
+                });
+                held.lock().expect("proxy lock").push(task);
+            }
+        });
+        Proxy {
+            addr,
+            conns,
+            _accept: accept,
+        }
+    }
+
+    /// Closes every connection made so far (both sides).
+    fn cut(&self) {
+        for t in self.conns.lock().expect("proxy lock").drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Polls `channel` from `cursor` until `n` events have come; returns (seqs, missed, sessions).
+async fn poll_until(
+    m: &mut Stdio_,
+    id: &mut u64,
+    channel: &str,
+    from: u64,
+    n: usize,
+) -> (Vec<u64>, Vec<Value>, Vec<String>) {
+    let (mut seqs, mut missed, mut sessions) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cursor = from;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seqs.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "only {seqs:?} of {n} events came"
+        );
+        *id += 1;
+        let args = json!({"channels": [channel], "cursor": {channel: cursor}, "waitMs": 2000});
+        let r = m.call(*id, "events_poll", args).await;
+        let (is_error, text) = result_text(&r);
+        assert!(!is_error, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("poll JSON");
+        missed.extend(v["missed"].as_array().cloned().unwrap_or_default());
+        sessions.push(v["session"].as_str().unwrap_or_default().to_string());
+        for e in v["events"].as_array().expect("events") {
+            seqs.push(e["seq"].as_u64().expect("seq"));
+        }
+        cursor = v["cursor"][channel].as_u64().unwrap_or(cursor);
+    }
+    (seqs, missed, sessions)
+}
+
+/// When the front's connection to the relay is cut, its next request connects again and
+/// resumes the subscription: the events sent meanwhile come in order, none missed or repeated,
+/// in the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_front_resumes_without_losing_or_repeating_events() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim_with(ModSimConfig {
+        channels: vec!["a/b".into()],
+        autostart: false,
+        ..ModSimConfig::default()
+    });
+    let s = serve(&sim, dir.path(), &[]).await;
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("plain bridge");
+    let proxy = Proxy::start(&s.addr).await;
+    let mut m = stdio_with(&["--connect", &proxy.addr, "--token", &s.token]).await;
+    let mut id = 10;
+    let emit = json!({"name": "sim/emit", "arguments": {"channel": "a/b", "count": 5}});
+    plain.call("tools/call", emit).await.expect("emit");
+    let (seqs, missed, before) = poll_until(&mut m, &mut id, "a/b", 0, 5).await;
+    assert_eq!(seqs, (0..5).collect::<Vec<u64>>());
+    assert!(missed.is_empty(), "{missed:?}");
+
+    proxy.cut();
+    wait_for(
+        "the relay saw the front go",
+        Duration::from_secs(10),
+        async || mcp_bridges(&mut plain).await == 0,
+    )
+    .await;
+    let emit = json!({"name": "sim/emit", "arguments": {"channel": "a/b", "count": 7}});
+    plain.call("tools/call", emit).await.expect("emit");
+
+    let (seqs, missed, after) = poll_until(&mut m, &mut id, "a/b", 5, 7).await;
+    assert_eq!(
+        seqs,
+        (5..12).collect::<Vec<u64>>(),
+        "in order, none lost or repeated"
+    );
+    assert!(missed.is_empty(), "{missed:?}");
+    assert!(
+        after.iter().all(|x| *x == before[0]),
+        "{before:?} {after:?}"
+    );
+    assert_eq!(mcp_bridges(&mut plain).await, 1);
+}
+
+/// `events_poll` arguments of the wrong type are refused by name (an `isError` result), never
+/// read as absent: `channels: "a/b"` used to poll every channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_poll_refuses_arguments_of_the_wrong_type() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    let bad = [
+        (json!({"channels": "a/b"}), "`channels`"),
+        (json!({"channels": ["a/b", 7]}), "`channels`"),
+        (json!({"cursor": [1, 2]}), "`cursor`"),
+        (json!({"cursor": {"a/b": -1}}), "`cursor`"),
+        (json!({"session": 5}), "`session`"),
+        (json!({"max": "10"}), "`max`"),
+        (json!({"waitMs": -5}), "`waitMs`"),
+    ];
+    for (i, (args, field)) in bad.into_iter().enumerate() {
+        let r = m.call(10 + i as u64, "events_poll", args.clone()).await;
+        let (is_error, text) = result_text(&r);
+        assert!(is_error && text.contains(field), "{args}: {text}");
+    }
+    let r = m
+        .call(30, "events_poll", json!({"channels": [], "max": 1}))
+        .await;
+    let (is_error, text) = result_text(&r);
+    assert!(!is_error, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(v["events"].is_array(), "{v}");
+}
+
+/// With the mod gone, `tools/list` still lists the relay's own tools, and calling a mod tool
+/// is an `isError` result carrying the relay's GABP error, not a JSON-RPC "unknown tool".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_mod_down_own_tools_are_listed_and_mod_tools_fail_as_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    let r = m.call(2, "sim_echo", json!({ "x": 1 })).await;
+    assert!(!result_text(&r).0, "{r}");
+    sim.stop();
+    let mut id = 100;
+    let mut names = Vec::new();
+    wait_for(
+        "tools/list with the mod down",
+        Duration::from_secs(20),
+        async || {
+            id += 1;
+            let req = json!({"jsonrpc":"2.0","id":id,"method":"tools/list"});
+            m.send(&req.to_string()).await;
+            let a = loop {
+                let a = m.answer().await;
+                if a["id"] == id {
+                    break a;
+                }
+            };
+            names = a["result"]["tools"]
+                .as_array()
+                .map(|t| {
+                    t.iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default();
+            !names.is_empty() && !names.iter().any(|n| n.starts_with("sim_"))
+        },
+    )
+    .await;
+    for own in ["events_poll", "relay_status", "attention_get", "mark"] {
+        assert!(names.iter().any(|n| n == own), "{own} in {names:?}");
+    }
+    let r = m.call(3, "sim_echo", json!({ "x": 1 })).await;
+    let (is_error, text) = result_text(&r);
+    assert!(is_error && text.contains("-32000"), "{text}");
 }

@@ -59,6 +59,12 @@ impl BridgeReader {
                 .await;
         };
         route.throttle.succeed(&source);
+        if !matches!(p["relay"], Value::Null | Value::Object(_)) {
+            let why = "relay must be an object ({\"withoutMod\": …, \"resume\": …})";
+            return self
+                .reply_error(Some(id), ErrorCode::InvalidParams, why)
+                .await;
+        }
         let relay_only = match &p["relay"]["withoutMod"] {
             Value::Null => false,
             Value::Bool(b) => *b,
@@ -140,6 +146,7 @@ impl BridgeReader {
             },
             "methods": if relay_only { json!(["relay/status"]) } else { json!(["relay/status", "relay/mark", "relay/lease"]) },
             "bridge": {"name": identity.name, "role": identity.role.as_str()},
+            "maxBodyBytes": route.cfg.max_body,
         });
         super::resume::extend_welcome(&route, resume.as_ref(), &mut relay_ext);
         // The mod's welcome as it wrote it (big numbers, key order and all), with the relay's

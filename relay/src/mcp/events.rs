@@ -122,9 +122,11 @@ impl Buffer {
         }
     }
 
-    /// Starts a new mod session: older events are gone (their seqs would repeat).
-    pub fn new_session(&self, session: &str) {
+    /// Starts a new mod session: older events are gone (their seqs would repeat). Whether it
+    /// replaced another.
+    pub fn new_session(&self, session: &str) -> bool {
         let mut g = self.inner.lock();
+        let replaced = g.session != session && !g.session.is_empty();
         if g.session != session {
             g.session = session.to_string();
             g.channels.clear();
@@ -132,6 +134,22 @@ impl Buffer {
         }
         drop(g);
         self.notify.notify_waiters();
+        replaced
+    }
+
+    /// The current session and the last seq held per channel (eviction keeps each channel's
+    /// newest event, so it is the last one received); `None` before a session.
+    pub fn last_seqs(&self) -> Option<(String, BTreeMap<String, u64>)> {
+        let g = self.inner.lock();
+        if g.session.is_empty() {
+            return None;
+        }
+        let last = g
+            .channels
+            .iter()
+            .filter_map(|(c, q)| Some((c.clone(), q.back()?.seq)))
+            .collect();
+        Some((g.session.clone(), last))
     }
 
     /// Adds an event.

@@ -278,6 +278,7 @@ pub async fn serve_route(
             token: route.cfg.token.clone(),
             // Each session is named after its MCP client (`clientInfo.name`).
             name: String::new(),
+            file: None,
         },
         data_dir,
         route: route.cfg.name.clone(),

@@ -1,9 +1,14 @@
 //! The MCP front's GABP connection to a relay route: an ordinary bridge (hello with the route's
 //! token, requests matched by id, events subscribed), so every relay limit, the recording and the
 //! metrics apply to it. Many MCP requests share it at once; events go to the [`Buffer`], and
-//! `relay/session` notices (a mod restart) are announced on a watch channel.
+//! a new mod session is announced on a watch channel. Both outlive one connection
+//! ([`Shared`]): a link that was cut is replaced by one that resumes where it left off (the
+//! relay's `relay.resume`), so the buffer has every event the relay still holds, in order.
+//! A request larger than the relay accepts (`--max-body`, from the welcome) is refused here,
+//! never sent: the relay would close the connection for it.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +31,9 @@ use super::events::Buffer;
 /// first when it is shorter).
 pub const REQUEST_WAIT: Duration = Duration::from_secs(120);
 
+/// The largest request body a relay that does not say its `--max-body` accepts (the default).
+const DEFAULT_MAX_BODY: usize = 1 << 20;
+
 /// Where the route is and how to get in.
 #[derive(Clone)]
 pub struct Target {
@@ -35,6 +43,20 @@ pub struct Target {
     pub token: String,
     /// This client's name, sent in the hello's `clientInfo`.
     pub name: String,
+    /// The discovery file `addr` and `token` came from, read again for each new connection
+    /// (a restarted relay listens on a new port, with a new token unless it was fixed).
+    pub file: Option<PathBuf>,
+}
+
+impl Target {
+    /// This target with the address and token its discovery file holds now.
+    fn current(&self) -> Result<Target> {
+        let mut t = self.clone();
+        if let Some(f) = &self.file {
+            (t.addr, t.token) = super::read_bridge_file(f)?;
+        }
+        Ok(t)
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -43,6 +65,7 @@ impl std::fmt::Debug for Target {
         f.debug_struct("Target")
             .field("addr", &self.addr)
             .field("name", &self.name)
+            .field("file", &self.file)
             .finish()
     }
 }
@@ -58,13 +81,41 @@ pub enum CallError {
     },
     /// No answer: the connection is gone or the wait ran out.
     Link(String),
+    /// Refused before it was sent (it cannot have taken effect).
+    NotSent(String),
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Gabp { code, message, .. } => write!(f, "GABP error {code}: {message}"),
-            CallError::Link(m) => f.write_str(m),
+            CallError::Link(m) | CallError::NotSent(m) => f.write_str(m),
+        }
+    }
+}
+
+/// What a front keeps across its connections to the relay.
+pub struct Shared {
+    /// Events delivered by the subscription.
+    pub events: Buffer,
+    /// Counts mod sessions started since attaching (a restart, or a reconnection that finds
+    /// another session, bumps it).
+    pub restarts: watch::Sender<u64>,
+}
+
+impl Shared {
+    /// An empty event buffer of `buffer_bytes`, no session yet.
+    pub fn new(buffer_bytes: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            events: Buffer::new(buffer_bytes),
+            restarts: watch::channel(0).0,
+        })
+    }
+
+    /// Makes `session` the current one; announces it when it replaces another.
+    fn enter_session(&self, session: &str) {
+        if self.events.new_session(session) {
+            self.restarts.send_modify(|n| *n += 1);
         }
     }
 }
@@ -78,13 +129,11 @@ pub struct Link {
     pub welcome: Value,
     /// The route name from the welcome.
     pub route: String,
-    /// Events delivered by the subscription.
-    pub events: Arc<Buffer>,
-    /// Counts mod sessions started since attaching (a restart bumps it).
-    pub restarts: watch::Receiver<u64>,
+    /// The largest request body the relay accepts.
+    max_body: usize,
+    /// The event buffer and restart count, shared with the links before and after this one.
+    pub shared: Arc<Shared>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// The front's connection slot (HTTP: one of the session cap), freed with the link.
-    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for Link {
@@ -110,22 +159,23 @@ struct Incoming<'a> {
 }
 
 impl Link {
-    /// Connects, says hello and subscribes to every channel the mod advertises; events are
-    /// buffered up to `buffer_bytes`, and `slot` is held as long as the link.
+    /// Connects, says hello and subscribes to every channel the mod advertises, delivering
+    /// events into `shared`. After `before` (a link that was cut) it resumes instead: every
+    /// channel `shared` has seen continues from its last seq, so nothing the relay still holds
+    /// is missed or repeated (another mod session by now starts afresh).
     pub async fn connect(
         t: &Target,
-        buffer_bytes: usize,
-        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+        shared: Arc<Shared>,
+        before: Option<&Link>,
     ) -> Result<Arc<Link>> {
+        let t = t.current()?;
         let conn = Conn::connect(&t.addr)
             .await
             .with_context(|| format!("cannot connect to the relay at {}", t.addr))?;
         let pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>> = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
-        let events = Arc::new(Buffer::new(buffer_bytes));
         // Requests waiting for the writer: bounded, a full queue makes the next request wait.
         let (out, mut out_rx) = mpsc::channel::<Bytes>(1024);
-        let (restart_tx, restarts) = watch::channel(0u64);
         let mut writer = conn.write;
         let writer_closed = closed.clone();
         let write_task = tokio::spawn(async move {
@@ -142,7 +192,7 @@ impl Link {
             writer_closed.store(true, Ordering::Release);
         });
         let mut reader = FramedRead::with_capacity(conn.read, GabpCodec::default(), 64 * 1024);
-        let (rp, rc, rev) = (pending.clone(), closed.clone(), events.clone());
+        let (rp, rc, rs) = (pending.clone(), closed.clone(), shared.clone());
         let read_task = tokio::spawn(async move {
             while let Some(Ok(frame)) = reader.next().await {
                 let body = frame.body;
@@ -164,13 +214,12 @@ impl Link {
                         if ch == "relay/session" {
                             if p["state"] == "started" {
                                 if let Some(s) = p["sessionId"].as_str() {
-                                    rev.new_session(s);
+                                    rs.enter_session(s);
                                 }
-                                restart_tx.send_modify(|n| *n += 1);
                             }
                             continue;
                         }
-                        rev.push(&ch, seq, p.to_string().into());
+                        rs.events.push(&ch, seq, p.to_string().into());
                     }
                     _ => {}
                 }
@@ -185,23 +234,33 @@ impl Link {
             closed,
             welcome: Value::Null,
             route: String::new(),
-            events,
-            restarts,
+            max_body: DEFAULT_MAX_BODY,
+            shared,
             tasks: vec![write_task, read_task],
-            _slot: slot,
         };
         let platform = match std::env::consts::OS {
             "macos" => "macos",
             "windows" => "windows",
             _ => "linux",
         };
-        let hello = json!({
+        let mut hello = json!({
             "token": t.token,
             "bridgeVersion": format!("gabp-relay-mcp/{}", crate::route::VERSION),
             "platform": platform,
             "launchId": uuid::Uuid::new_v4().to_string(),
             "clientInfo": { "name": t.name, "version": crate::route::VERSION },
         });
+        let resumed: Vec<String> = match before.and_then(|b| b.resume_point()) {
+            Some(resume) => {
+                let names = resume["channels"]
+                    .as_object()
+                    .map(|o| o.keys().cloned().collect())
+                    .unwrap_or_default();
+                hello["relay"] = json!({ "resume": resume });
+                names
+            }
+            None => Vec::new(),
+        };
         let welcome = match link.request("session/hello", hello).await {
             Ok(w) => w,
             Err(CallError::Gabp { message, .. }) => bail!("the relay refused the hello: {message}"),
@@ -209,17 +268,41 @@ impl Link {
         };
         let relay = &welcome["capabilities"]["extensions"]["relay"];
         link.route = relay["route"].as_str().unwrap_or("default").to_string();
+        link.max_body = relay["maxBodyBytes"]
+            .as_u64()
+            .map_or(DEFAULT_MAX_BODY, |n| n as usize);
         if let Some(s) = relay["sessionId"].as_str() {
-            link.events.new_session(s);
+            link.shared.enter_session(s);
         }
         link.welcome = welcome;
-        let channels = link.channels();
+        // A resume subscribed its channels already.
+        let channels: Vec<String> = link
+            .channels()
+            .into_iter()
+            .filter(|c| !resumed.contains(c))
+            .collect();
         if !channels.is_empty() {
             link.request("events/subscribe", json!({ "channels": channels }))
                 .await
                 .map_err(|e| anyhow!("cannot subscribe to the mod's channels: {e}"))?;
         }
         Ok(Arc::new(link))
+    }
+
+    /// The `relay.resume` that continues this link's subscription: the buffer's session, and
+    /// per channel subscribed the last seq the buffer got in it (`-1`: none yet); `None`
+    /// before a session.
+    fn resume_point(&self) -> Option<Value> {
+        let (session, last) = self.shared.events.last_seqs()?;
+        let channels: serde_json::Map<String, Value> = self
+            .channels()
+            .into_iter()
+            .map(|c| {
+                let seq = last.get(&c).map_or(json!(-1), |s| json!(s));
+                (c, seq)
+            })
+            .collect();
+        Some(json!({ "session": session, "channels": channels }))
     }
 
     /// The channels the mod advertised in its welcome.
@@ -240,10 +323,18 @@ impl Link {
             ));
         }
         let id = uuid::Uuid::new_v4().to_string();
+        let body = message::request(&id, method, params);
+        if body.len() > self.max_body {
+            return Err(CallError::NotSent(format!(
+                "the request is {} bytes, over the relay's --max-body of {} bytes; it was not sent",
+                body.len(),
+                self.max_body
+            )));
+        }
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id.clone(), tx);
         let mut wire = BytesMut::new();
-        encode_frame(&message::request(&id, method, params), &mut wire);
+        encode_frame(&body, &mut wire);
         if self.out.send(wire.freeze()).await.is_err() {
             self.pending.lock().remove(&id);
             return Err(CallError::Link(

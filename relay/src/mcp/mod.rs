@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use gabp_rt::Addr;
 use rmcp::ServiceExt;
 
-use link::{Link, Target};
+use link::{Link, Shared, Target};
 use server::{Front, FrontConfig};
 
 /// `gabp-relay mcp`: an MCP server on stdio attached to a running relay route.
@@ -76,24 +76,26 @@ pub fn read_bridge_file(path: &std::path::Path) -> Result<(Addr, String)> {
 impl McpArgs {
     /// Where to connect, from the flags.
     pub fn target(&self) -> Result<Target> {
-        let (addr, token) = if let Some(c) = &self.connect {
+        let (addr, token, file) = if let Some(c) = &self.connect {
             let addr = c.parse::<Addr>().map_err(|e| anyhow!(e))?;
             let Some(token) = self.token.clone().filter(|t| !t.is_empty()) else {
                 bail!("--connect needs --token");
             };
-            (addr, token)
+            (addr, token, None)
         } else {
             let path = match &self.bridge_file {
                 Some(p) => p.clone(),
                 None => crate::discovery::default_path(&self.route)
                     .ok_or_else(|| anyhow!("no HOME or XDG_CONFIG_HOME to find the discovery file in; use --bridge-file or --connect"))?,
             };
-            read_bridge_file(&path)?
+            let (addr, token) = read_bridge_file(&path)?;
+            (addr, token, Some(path))
         };
         Ok(Target {
             addr,
             token,
             name: self.name.chars().take(128).collect(),
+            file,
         })
     }
 }
@@ -113,7 +115,7 @@ pub async fn run(args: McpArgs) -> Result<()> {
     tokio::pin!(stop);
     let target = args.target()?;
     let link = tokio::select! {
-        l = Link::connect(&target, events::STDIO_BYTES, None) => l?,
+        l = Link::connect(&target, Shared::new(events::STDIO_BYTES), None) => l?,
         sig = &mut stop => {
             tracing::info!("{sig} received: stopping");
             return Ok(());

@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::events::Query;
+use super::link::{CallError, Link, Shared, Target};
+use super::names;
+use super::tools::own_tools;
 use parking_lot::Mutex;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, InitializeResult,
@@ -16,12 +20,6 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
-
-use super::events::Query;
-use super::link::{CallError, Link, Target};
-use super::names;
-use super::tools::own_tools;
 
 /// The relay's own tools (a mod tool mapping to one of these gets a suffix).
 pub const OWN_TOOLS: [&str; 6] = [
@@ -55,11 +53,12 @@ pub struct FrontConfig {
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
-/// One MCP session: its own bridge connection (made at first use) and tool-name map.
+/// One MCP session: its own bridge connection (made at first use, made again when cut) and
+/// tool-name map.
 #[derive(Clone)]
 pub struct Front {
     cfg: Arc<FrontConfig>,
-    link: Arc<OnceCell<Arc<Link>>>,
+    link: Arc<tokio::sync::Mutex<Held>>,
     /// MCP name -> mod name, from the last tool listing.
     tools: Arc<Mutex<BTreeMap<String, String>>>,
     watcher: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
@@ -76,6 +75,15 @@ impl Drop for Front {
             }
         }
     }
+}
+
+/// A front's connection to the relay, what outlives it, and its slot.
+#[derive(Default)]
+struct Held {
+    link: Option<Arc<Link>>,
+    shared: Option<Arc<Shared>>,
+    /// One of the front's connection slots (HTTP: the session cap), held while the front lives.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 fn text_result(text: String, structured: Option<Value>, is_error: bool) -> CallToolResult {
@@ -99,7 +107,7 @@ fn error_result(e: &CallError) -> CallToolResult {
             message,
             data,
         } => json!({ "error": { "code": code, "message": message, "data": data } }),
-        CallError::Link(m) => json!({ "error": { "message": m } }),
+        CallError::Link(m) | CallError::NotSent(m) => json!({ "error": { "message": m } }),
     };
     text_result(e.to_string(), Some(structured), true)
 }
@@ -111,44 +119,60 @@ fn internal(msg: impl Into<String>) -> McpError {
 impl Front {
     /// A front for `cfg`; its bridge connection is made at first use.
     pub fn new(cfg: Arc<FrontConfig>) -> Front {
+        Front::with_held(cfg, Held::default())
+    }
+
+    /// A front over an already connected link (stdio connects before serving).
+    pub fn with_link(cfg: Arc<FrontConfig>, link: Arc<Link>) -> Front {
+        let held = Held {
+            shared: Some(link.shared.clone()),
+            link: Some(link),
+            slot: None,
+        };
+        Front::with_held(cfg, held)
+    }
+
+    fn with_held(cfg: Arc<FrontConfig>, held: Held) -> Front {
         Front {
             cfg,
-            link: Arc::new(OnceCell::new()),
+            link: Arc::new(tokio::sync::Mutex::new(held)),
             tools: Arc::default(),
             watcher: Arc::default(),
             client_name: Arc::default(),
         }
     }
 
-    /// A front over an already connected link (stdio connects before serving).
-    pub fn with_link(cfg: Arc<FrontConfig>, link: Arc<Link>) -> Front {
-        let f = Front::new(cfg);
-        let _ = f.link.set(link);
-        f
-    }
-
+    /// The connection to the relay: the live one, or a new one (resuming the one that was
+    /// cut, if any).
     async fn link(&self) -> Result<Arc<Link>, McpError> {
-        let link = self
-            .link
-            .get_or_try_init(|| async {
-                let mut target = self.cfg.target.clone();
-                if target.name.is_empty() {
-                    let client = self.client_name.lock().clone();
-                    target.name = client.unwrap_or_else(|| "mcp".into());
-                }
-                let slot = self.cfg.slots.clone().map(|s| s.try_acquire_owned());
-                let slot = slot.transpose().map_err(|_| {
-                    internal("too many MCP sessions are attached to the relay; close one")
-                })?;
-                Link::connect(&target, self.cfg.buffer_bytes, slot)
-                    .await
-                    .map_err(|e| internal(format!("{e:#}")))
-            })
-            .await?;
-        if link.is_closed() {
-            return Err(internal("the connection to the relay is closed"));
+        let mut held = self.link.lock().await;
+        if let Some(link) = held.link.as_ref().filter(|l| !l.is_closed()) {
+            return Ok(link.clone());
         }
-        Ok(link.clone())
+        let mut target = self.cfg.target.clone();
+        if target.name.is_empty() {
+            let client = self.client_name.lock().clone();
+            target.name = client.unwrap_or_else(|| "mcp".into());
+        }
+        if held.slot.is_none() {
+            if let Some(slots) = &self.cfg.slots {
+                held.slot = Some(slots.clone().try_acquire_owned().map_err(|_| {
+                    internal("too many MCP sessions are attached to the relay; close one")
+                })?);
+            }
+        }
+        let shared = held
+            .shared
+            .get_or_insert_with(|| Shared::new(self.cfg.buffer_bytes))
+            .clone();
+        let link = Link::connect(&target, shared, held.link.as_deref())
+            .await
+            .map_err(|e| internal(format!("{e:#}")))?;
+        if held.link.is_some() {
+            tracing::info!(route = %link.route, "MCP front reconnected to the relay");
+        }
+        held.link = Some(link.clone());
+        Ok(link)
     }
 
     /// The mod's tools (from `tools/list` through the relay), renamed; refreshes the name map.
@@ -195,7 +219,7 @@ impl Front {
 
     /// Announces `tools/list_changed` each time the mod's session restarts.
     fn watch_restarts(&self, link: &Arc<Link>, peer: rmcp::Peer<RoleServer>) {
-        let mut rx = link.restarts.clone();
+        let mut rx = link.shared.restarts.subscribe();
         let me = Front {
             cfg: self.cfg.clone(),
             link: self.link.clone(),
@@ -219,26 +243,13 @@ impl Front {
     }
 
     async fn poll(&self, link: &Link, args: &Value) -> CallToolResult {
-        let q = Query {
-            channels: gabp_proto::message::string_list(&args["channels"]),
-            cursor: args["cursor"]
-                .as_object()
-                .map(|o| {
-                    o.iter()
-                        .filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            session: args["session"].as_str().map(String::from),
-            max: args["max"]
-                .as_u64()
-                .map_or(100, |m| m as usize)
-                .clamp(1, POLL_MAX),
+        let (q, wait) = match poll_query(args) {
+            Ok(q) => q,
+            Err(why) => return text_result(format!("events_poll: {why}"), None, true),
         };
-        let wait = Duration::from_millis(args["waitMs"].as_u64().unwrap_or(0)).min(POLL_WAIT_MAX);
         // Text only: re-parsing thousands of events for structuredContent would cost more
         // than the poll itself.
-        text_result(link.events.poll(&q, wait).await, None, false)
+        text_result(link.shared.events.poll(&q, wait).await, None, false)
     }
 
     async fn sessions(&self, link: &Link) -> CallToolResult {
@@ -309,10 +320,13 @@ impl ServerHandler for Front {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = self
-            .mod_tools()
-            .await
-            .map_err(|e| internal(e.to_string()))?;
+        // The relay's own tools are listed even when the mod's cannot be (the mod is down):
+        // `tools/list_changed` follows when its session starts.
+        let mut tools = match self.mod_tools().await {
+            Ok(t) => t,
+            Err(CallError::Gabp { .. }) => Vec::new(),
+            Err(e) => return Err(internal(e.to_string())),
+        };
         tools.extend(own_tools());
         let tools: Vec<Tool> = tools
             .into_iter()
@@ -360,7 +374,10 @@ impl ServerHandler for Front {
                 let mut original = self.tools.lock().get(name).cloned();
                 if original.is_none() {
                     // Called without a listing first (or after a restart): list, then map.
-                    let _ = self.mod_tools().await;
+                    // A listing that failed (the mod is down) is the call's answer.
+                    if let Err(e) = self.mod_tools().await {
+                        return Ok(error_result(&e).into());
+                    }
                     original = self.tools.lock().get(name).cloned();
                 }
                 let Some(original) = original else {
@@ -438,7 +455,7 @@ impl ServerHandler for Front {
             if !link.channels().iter().any(|c| c == channel) {
                 return Err(McpError::resource_not_found("no such channel", None));
             }
-            link.events.latest(channel, RESOURCE_EVENTS)
+            link.shared.events.latest(channel, RESOURCE_EVENTS)
         } else {
             return Err(McpError::resource_not_found("no such resource", None));
         };
@@ -448,4 +465,52 @@ impl ServerHandler for Front {
         .map_err(|e| internal(e.to_string()))?;
         Ok(result.into())
     }
+}
+
+/// `events_poll`'s arguments, checked: a field of the wrong type is refused by name rather than
+/// read as absent (a `channels: "a/b"` would otherwise poll every channel).
+fn poll_query(args: &Value) -> Result<(Query, Duration), String> {
+    let channels = match &args["channels"] {
+        Value::Null => Vec::new(),
+        Value::Array(a) => a
+            .iter()
+            .map(|c| c.as_str().map(String::from))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("`channels` must be an array of channel names")?,
+        _ => return Err("`channels` must be an array of channel names".into()),
+    };
+    let cursor = match &args["cursor"] {
+        Value::Null => Default::default(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| v.as_u64().map(|n| (k.clone(), n)))
+            .collect::<Option<_>>()
+            .ok_or("`cursor` must map channel names to the next seq (integers >= 0)")?,
+        _ => return Err("`cursor` must be the object a previous poll returned".into()),
+    };
+    let session = match &args["session"] {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        _ => return Err("`session` must be the session id a previous poll returned".into()),
+    };
+    let int = |key: &str| match &args[key] {
+        Value::Null => Ok(None),
+        v => v
+            .as_u64()
+            .map(Some)
+            .ok_or(format!("`{key}` must be an integer >= 0")),
+    };
+    let max = int("max")?
+        .map_or(100, |m| m.min(POLL_MAX as u64) as usize)
+        .max(1);
+    let wait = Duration::from_millis(int("waitMs")?.unwrap_or(0)).min(POLL_WAIT_MAX);
+    Ok((
+        Query {
+            channels,
+            cursor,
+            session,
+            max,
+        },
+        wait,
+    ))
 }
