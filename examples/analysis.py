@@ -114,7 +114,12 @@ def main(argv):
                 problems.append(f"calls of {m['method']} in {s}: export {calls_n}, stats {m['calls']}")
                 continue
             for field, q in QUANTILES.items():
-                exact = nearest_rank(ns, q) / 1e6 if ns else 0.0
+                if not ns:
+                    # No answered call: stats has no latency to give (null), not 0 ms.
+                    if m[field] is not None:
+                        problems.append(f"{field} of {m['method']} in {s}: no answered call, stats {m[field]}")
+                    continue
+                exact = nearest_rank(ns, q) / 1e6
                 if abs(m[field] - exact) > exact * TOLERANCE + 1e-6:
                     problems.append(
                         f"{field} of {m['method']} in {s}: export {exact:.3f} ms, stats {m[field]:.3f} ms"

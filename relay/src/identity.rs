@@ -207,18 +207,23 @@ impl Identity {
         self.name.as_deref().unwrap_or(DEFAULT_NAME)
     }
 
+    /// The role's part of [`Self::check`], which needs no params: asked first even of a request
+    /// whose params are malformed, so a bridge learns it may not call the method at all.
+    pub fn check_role(&self, method: &str) -> Result<(), Denial> {
+        if self.role == Role::Observe && !OBSERVE_METHODS.contains(&method) {
+            return Err(Denial::Forbidden(format!(
+                "bridge {:?} has role observe, which may not call {method}",
+                self.label()
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether this identity may send `method` (`tool`: `tools/call`'s tool name) to the mod
     /// or to the relay's `relay/lease`; the refusal names the rule.
     pub fn check(&self, method: &str, tool: Option<&str>) -> Result<(), Denial> {
         let who = self.label();
-        if self.role == Role::Observe {
-            let read = OBSERVE_METHODS.contains(&method);
-            if !read {
-                return Err(Denial::Forbidden(format!(
-                    "bridge {who:?} has role observe, which may not call {method}"
-                )));
-            }
-        }
+        self.check_role(method)?;
         if method == "tools/call" {
             let tool = tool.unwrap_or_default();
             if let Some(rule) = self.tools.refusal(tool) {

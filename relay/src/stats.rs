@@ -117,14 +117,15 @@ pub struct MethodStats {
     pub errors: u64,
     /// Requests never answered in the session.
     pub unanswered: u64,
-    /// Latency percentiles in milliseconds.
-    pub p50_ms: f64,
+    /// Latency percentiles in milliseconds; `None` (JSON `null`) when no call was answered,
+    /// so an unmeasured latency never reads as 0 ms.
+    pub p50_ms: Option<f64>,
     /// 90th percentile.
-    pub p90_ms: f64,
+    pub p90_ms: Option<f64>,
     /// 99th percentile.
-    pub p99_ms: f64,
+    pub p99_ms: Option<f64>,
     /// Maximum.
-    pub max_ms: f64,
+    pub max_ms: Option<f64>,
 }
 
 /// Drops of one bridge.
@@ -311,15 +312,20 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             .collect(),
         methods: methods
             .into_iter()
-            .map(|(method, m)| MethodStats {
-                unanswered: unanswered.get(&method).copied().unwrap_or(0),
-                method,
-                calls: m.calls,
-                errors: m.errors,
-                p50_ms: latency_at(&m.latency, m.max_ns, 0.5) as f64 / 1e6,
-                p90_ms: latency_at(&m.latency, m.max_ns, 0.9) as f64 / 1e6,
-                p99_ms: latency_at(&m.latency, m.max_ns, 0.99) as f64 / 1e6,
-                max_ms: m.max_ns as f64 / 1e6,
+            .map(|(method, m)| {
+                let answered = !m.latency.is_empty();
+                let at =
+                    |q: f64| answered.then(|| latency_at(&m.latency, m.max_ns, q) as f64 / 1e6);
+                MethodStats {
+                    unanswered: unanswered.get(&method).copied().unwrap_or(0),
+                    calls: m.calls,
+                    errors: m.errors,
+                    p50_ms: at(0.5),
+                    p90_ms: at(0.9),
+                    p99_ms: at(0.99),
+                    max_ms: answered.then(|| m.max_ns as f64 / 1e6),
+                    method,
+                }
             })
             .collect(),
         bridges: meta
@@ -349,6 +355,11 @@ pub(crate) fn take_answered<T>(
         return None;
     }
     open.remove(id)
+}
+
+/// A latency cell of the table: milliseconds to the microsecond, `-` when none was measured.
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.3}"))
 }
 
 /// The human-readable table: sizes in binary units, a section only when it has rows.
@@ -411,15 +422,15 @@ pub fn render(s: &SessionStats) -> String {
     for m in &s.methods {
         let _ = writeln!(
             o,
-            "{:<28} {:>8} {:>7} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
+            "{:<28} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9}",
             name(&m.method),
             m.calls,
             m.errors,
             m.unanswered,
-            m.p50_ms,
-            m.p90_ms,
-            m.p99_ms,
-            m.max_ms
+            ms(m.p50_ms),
+            ms(m.p90_ms),
+            ms(m.p99_ms),
+            ms(m.max_ms)
         );
     }
     if !s.bridges.is_empty() {

@@ -491,6 +491,8 @@ async fn bad_frames_not_recorded_are_counted_in_the_recording() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
+    // Untagged, yet every line has the same keys as a tagged session's.
+    assert!(lines.iter().all(|l| l["tags"] == json!({})), "{}", lines[0]);
     let asked = lines
         .iter()
         .position(|l| l["msg"]["method"] == "relay/status")

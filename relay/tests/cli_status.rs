@@ -103,6 +103,18 @@ async fn status_shows_a_relay_whose_mod_is_down_and_then_connected() {
     let r = c.request("session/hello", typo).await.expect("answer");
     assert_eq!(r["error"]["code"], -32602, "{r}");
     drop(c);
+    // So is a `relay` that is not an object.
+    for relay in [
+        serde_json::json!(5),
+        serde_json::json!("withoutMod"),
+        serde_json::json!([]),
+    ] {
+        let mut c = Client::connect(&s.addr).await.expect("connect");
+        let odd = serde_json::json!({"token": token, "bridgeVersion": "odd/1", "platform": "linux",
+            "launchId": "l", "relay": relay});
+        let r = c.request("session/hello", odd).await.expect("answer");
+        assert_eq!(r["error"]["code"], -32602, "{relay}: {r}");
+    }
     // A relay-only connection of its own: the mod is refused to it.
     let mut c = Client::connect(&s.addr).await.expect("connect");
     let hello = serde_json::json!({"token": token, "bridgeVersion": "looker/1", "platform": "linux",

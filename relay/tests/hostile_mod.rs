@@ -279,6 +279,56 @@ async fn a_late_answer_after_the_timeout_leaves_the_call_unanswered_in_stats_and
     assert_eq!(cells[6], format!("{max:.3}"), "{row}");
 }
 
+/// A method whose every call went unanswered has no latency: `null` in `stats --json`, `-` in
+/// the table and on the page, never a 0 ms that was not measured.
+#[tokio::test]
+async fn a_method_never_answered_has_no_latency_rather_than_zero() {
+    let (_dir, data, relay, mut m, mut c) =
+        recording_with_a_bridge(&["--request-timeout", "200ms"]).await;
+    let data = data.as_str();
+    let (id, _up) = call_through(&mut c, &mut m).await;
+    let told = tokio::time::timeout(Duration::from_secs(10), c.response_to(&id))
+        .await
+        .expect("timed out in time")
+        .expect("response");
+    assert_eq!(told["error"]["code"], -32001, "{told}");
+    let _ = stopped_session(relay, data).await;
+    let stats = support::json(&run(&["stats", "latest", "--json", "--data-dir", data]).await);
+    let call = stats["methods"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["method"] == "tools/call"))
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert_eq!(call["unanswered"], 1, "{call}");
+    for k in ["p50Ms", "p90Ms", "p99Ms", "maxMs"] {
+        assert!(call[k].is_null(), "{k}: {call}");
+    }
+    let table = run(&["stats", "latest", "--data-dir", data]).await;
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("tools/call"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["tools/call", "1", "0", "1", "-", "-", "-", "-"],
+        "{table}"
+    );
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let page = out_dir.path().join("report.html");
+    let page = page.to_str().expect("utf-8");
+    let out = run(&["report", "latest", "--data-dir", data, "-o", page]).await;
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(page).expect("page");
+    let row = html
+        .lines()
+        .find(|l| l.starts_with("<tr><td>tools/call</td>"))
+        .expect("the page's tools/call row");
+    assert!(
+        row.ends_with("<td class=\"n\">-</td><td class=\"n\">-</td><td class=\"n\">-</td><td class=\"n\">-</td></tr>"),
+        "{row}"
+    );
+}
+
 /// At shutdown every request still awaiting the mod is answered -32005 to its bridge, which
 /// reads those answers before its connection closes, and each is recorded.
 #[tokio::test]

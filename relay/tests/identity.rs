@@ -70,6 +70,11 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     );
     let (code, msg, _) = refused(&mut watcher, "attention/ack", json!({"attentionId": "x"})).await;
     assert_eq!(code, FORBIDDEN, "{msg}");
+    // Malformed params do not hide that the method is not the role's to call at all.
+    let (code, msg, _) = refused(&mut watcher, "attention/ack", json!({"attentionId": 7})).await;
+    assert_eq!(code, FORBIDDEN, "{msg}");
+    let (code, msg, _) = refused(&mut watcher, "tools/call", json!({"name": 5})).await;
+    assert_eq!(code, FORBIDDEN, "{msg}");
     let (code, _, _) = refused(&mut watcher, "relay/lease", json!({"action": "acquire"})).await;
     assert_eq!(code, FORBIDDEN);
 
@@ -90,6 +95,9 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     assert!(msg.contains("\"!sim/fail\""), "{msg}");
     let (code, msg, _) = refused(&mut planner, "tools/call", call("admin/kick")).await;
     assert_eq!(code, FORBIDDEN);
+    // For a role that may call it, malformed params are just that.
+    let (code, m2, _) = refused(&mut planner, "attention/ack", json!({"attentionId": 7})).await;
+    assert_eq!(code, -32602, "{m2}");
     assert!(msg.contains("tools = [\"sim/*\"]"), "{msg}");
     assert!(!msg.contains(PLANNER), "{msg}");
 
@@ -170,7 +178,7 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
             .unwrap_or_else(|| panic!("{name} in {v}"))
             .clone()
     };
-    assert_eq!(by("watcher")["denied"], 3, "{v}");
+    assert_eq!(by("watcher")["denied"], 5, "{v}");
     assert_eq!(by("watcher")["role"], "observe", "{v}");
     assert_eq!(by("planner")["denied"], 2, "{v}");
     assert_eq!(by("slowpoke")["rateLimited"], 1, "{v}");
@@ -198,7 +206,7 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
                 && l.contains("reason=\"denied\"")
         })
         .expect("watcher's refusals");
-    assert!(denied.ends_with(" 3"), "{denied}");
+    assert!(denied.ends_with(" 5"), "{denied}");
 
     for c in [watcher, planner, plain, slow] {
         c.close().await.expect("close");

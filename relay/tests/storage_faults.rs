@@ -229,3 +229,31 @@ async fn a_clean_stop_leaves_the_recording_in_tables() {
     assert_eq!(v["sessions"][0]["events"].as_u64(), Some(EVENTS), "{v}");
     assert_eq!(v["sessions"][0]["end"], "relay_shutdown", "{v}");
 }
+
+#[tokio::test]
+async fn repair_of_a_dir_that_is_no_data_dir_changes_nothing_and_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    let other = dir.path().join("photos");
+    std::fs::create_dir(&other).expect("mkdir");
+    std::fs::write(other.join("cat.jpg"), b"not a database").expect("write");
+    for d in [&empty, &other] {
+        let before: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        let out = run(&["repair", "--data-dir", d.to_str().expect("utf8")]).await;
+        assert_eq!(out.status.code(), Some(1), "{}", d.display());
+        let line = error_line(&out);
+        assert!(line.contains("not a gabp-relay data dir"), "{line}");
+        // No database created inside it, no backup beside it.
+        let after: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(before, after);
+        assert!(!d.join("CURRENT").exists());
+    }
+    assert_eq!(std::fs::read_dir(&empty).expect("ls").count(), 0);
+}

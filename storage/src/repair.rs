@@ -85,6 +85,24 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::File::open(to)?.sync_all()
 }
 
+/// Whether `path` holds any file RocksDB writes: repair has something to work on.
+fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
+    for e in std::fs::read_dir(path)? {
+        let name = e?.file_name();
+        let n = name.to_string_lossy();
+        if n == "CURRENT"
+            || n.starts_with("MANIFEST-")
+            || n.starts_with("OPTIONS-")
+            || n.ends_with(".sst")
+            || n.ends_with(".log")
+            || n.ends_with(".blob")
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Copies `path` aside to `<path>.bak-<unix seconds>`, then lets RocksDB repair it (rebuilding
 /// the manifest from the table files and turning write-ahead logs into tables), then opens it
 /// as the relay would, marking sessions of a dead relay as ended by crash.
@@ -100,6 +118,16 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 pid: Some(pid),
             });
         }
+    }
+    if !holds_rocksdb_files(path)? {
+        // An empty or mistyped dir: "repairing" it would create a fresh, empty database and a
+        // backup of nothing, and report success.
+        return Err(StoreError::Open {
+            path: p,
+            reason: "it holds no RocksDB files (no CURRENT, MANIFEST, table or log file), so \
+                     it is not a gabp-relay data dir; nothing was changed"
+                .into(),
+        });
     }
     let before = usage(path)?;
     let secs = std::time::SystemTime::now()

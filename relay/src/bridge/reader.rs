@@ -72,6 +72,12 @@ fn lenient_id(body: &[u8]) -> Option<String> {
     scan.values(0).last().filter(|id| id.len() <= 64).cloned()
 }
 
+/// The method of a request that failed the strict parse (in its params), read loosely.
+fn lenient_method(body: &[u8]) -> Option<String> {
+    let scan = gabp_proto::scan::LooseScan::of(&["method"], body);
+    scan.values(0).last().filter(|m| m.len() <= 128).cloned()
+}
+
 /// Channel names from subscribe params, de-duplicated in order: `None` if more than `cap`
 /// distinct ones are named (it stops at the first past the cap; a long list of repeats costs
 /// O(n), n bounded by `--max-body`).
@@ -274,6 +280,17 @@ impl BridgeReader {
             Ok(v) => v,
             Err(e) => {
                 let id = lenient_id(&body);
+                // A method the bridge's role may not call at all is refused as such, whatever
+                // is wrong with its params: -32006 says more than -32602 would.
+                let forbidden = (self.authed && e.code() == ErrorCode::InvalidParams)
+                    .then(|| lenient_method(&body))
+                    .flatten()
+                    .and_then(|m| self.role_refusal(&m));
+                if let Some(why) = forbidden {
+                    return self
+                        .bad_frame(&body, id.as_deref(), ErrorCode::Forbidden, &why)
+                        .await;
+                }
                 return self
                     .bad_frame(&body, id.as_deref(), e.code(), &e.to_string())
                     .await;

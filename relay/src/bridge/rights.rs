@@ -63,6 +63,18 @@ impl BridgeReader {
             .map_or(route_cap, |n| n.min(route_cap))
     }
 
+    /// Whether the bridge's role forbids `method` outright (counted as a refusal): asked of a
+    /// request whose params failed the strict parse, before saying so.
+    pub(super) fn role_refusal(&self, method: &str) -> Option<String> {
+        let me = self.bridge.access.identity()?;
+        let Err(Denial::Forbidden(why)) = me.check_role(method) else {
+            return None;
+        };
+        self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
+        refused(&self.route, &self.bridge, "denied");
+        Some(why)
+    }
+
     /// Checks a request bound for the mod (or `relay/lease`) against the bridge's rights, the
     /// lease and its rate; on refusal the error is sent and `true` returned.
     pub(super) async fn refuse(

@@ -2,7 +2,7 @@
 //!
 //! Each line holds the session id, frame number, receive time, offset from the session start,
 //! direction, bridge connection, kind (request, response, event, mark, other), channel, mod and
-//! relay seq, a mark's label and data, the session's tags (when it has any), and the frame
+//! relay seq, a mark's label and data, the session's tags (`{}` when none, so every line has the same keys), and the frame
 //! itself as JSON (`msg`), or as a string (`raw`) when it was not valid JSON when received.
 
 use std::io::Write;
@@ -64,9 +64,7 @@ fn line(
     if row.kind == Kind::Mark {
         head["label"] = json!(row.label);
     }
-    if !meta.tags.is_empty() {
-        head["tags"] = json!(meta.tags);
-    }
+    head["tags"] = json!(meta.tags);
     let mut head = serde_json::to_vec(&head).expect("serializable");
     head.pop(); // reopen the object to append the frame
     out.write_all(&head)?;

@@ -156,15 +156,23 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
         .iter()
         .map(|m| {
             let h = &m.latency;
+            // No answered call: no latency, rather than a 0 ms that was never measured.
+            let at = |q: f64| match h.is_empty() {
+                true => "-".to_string(),
+                false => ms(latency_at(h, m.max_ns, q)),
+            };
             vec![
                 m.name.clone(),
                 m.calls.to_string(),
                 m.errors.to_string(),
                 m.unanswered.to_string(),
-                ms(latency_at(h, m.max_ns, 0.5)),
-                ms(latency_at(h, m.max_ns, 0.9)),
-                ms(latency_at(h, m.max_ns, 0.99)),
-                ms(m.max_ns),
+                at(0.5),
+                at(0.9),
+                at(0.99),
+                match h.is_empty() {
+                    true => "-".to_string(),
+                    false => ms(m.max_ns),
+                },
             ]
         })
         .collect();
