@@ -340,7 +340,8 @@ async fn shutdown_during_a_stall_finishes_in_time_with_a_consistent_prefix() {
         took >= Duration::from_secs(2),
         "gave up after {took:?}: {stderr}"
     );
-    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    // The bound is a promise (the margin is for starting and reaping the process).
+    assert!(took < Duration::from_millis(3300), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
     let line = exit_line(&stderr);
     assert!(
@@ -371,7 +372,7 @@ async fn shutdown_on_a_full_disk_under_continue_says_what_was_not_recorded() {
     })
     .await;
     let (status, stderr, took, data, s) = s.stop().await;
-    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    assert!(took < Duration::from_millis(3300), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(1), "frames were lost: {stderr}");
     let line = exit_line(&stderr);
     assert!(line.contains("were not recorded"), "{line}");
@@ -396,7 +397,7 @@ async fn disk_freed_during_shutdown_records_everything_and_the_end() {
         .expect("kill");
     s.free_disk();
     let (status, stderr, took, data, _s) = s.stop_signalled().await;
-    assert!(took < Duration::from_secs(6), "shutdown took {took:?}");
+    assert!(took < Duration::from_millis(5300), "shutdown took {took:?}");
     assert_eq!(status.code(), Some(0), "{stderr}");
     let (code, check) = check_json(&data).await;
     assert_eq!(code, Some(0), "{check}");

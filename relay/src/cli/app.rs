@@ -141,8 +141,9 @@ pub fn main() -> ! {
             super::exit_code(&e)
         }
     };
-    // Tasks still running (a replay's bridges) must not hold the exit.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Tasks still running (a replay's bridges) and blocking threads (a recorder `serve` gave
+    // up waiting for at its shutdown bound) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     std::process::exit(code);
 }
 

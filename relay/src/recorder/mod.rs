@@ -121,6 +121,10 @@ struct Shared {
     /// Once stopping: when to stop retrying a failing disk, a little before the shutdown bound
     /// so that the queue can still be drained and the relay exit within it.
     give_up_at: Mutex<Option<Instant>>,
+    /// How long the last reopen of the data dir took: during shutdown no reopen starts that
+    /// would, at that pace, run past `give_up_at` (replaying a big write-ahead log takes
+    /// seconds, and the shutdown bound is a promise).
+    reopen_took: Mutex<Duration>,
     policy: OnRecordError,
     /// The store, for reads of what is committed (a resume's history, the shipper's chunks):
     /// emptied while the thread reopens it, and a reader holds its clone only for one bounded
@@ -198,6 +202,7 @@ impl Recorder {
             gate: watch::Sender::new(true),
             stopping: AtomicBool::new(false),
             give_up_at: Mutex::new(None),
+            reopen_took: Mutex::new(Duration::ZERO),
             policy,
             store: Arc::new(Mutex::new(Some(store.clone()))),
             ship: std::sync::OnceLock::new(),

@@ -58,10 +58,20 @@ pub(super) fn apply(
 /// Reopens the store, taking it from readers (resume, shipper) meanwhile: a handle there would
 /// keep the old database, and RocksDB's lock, open.
 fn reopen(w: &mut SessionWriter, shared: &Shared) -> Result<(), gabp_storage::StoreError> {
+    let started = Instant::now();
     drop(shared.store.lock().take());
     let r = w.reopen();
     *shared.store.lock() = w.store().cloned();
+    *shared.reopen_took.lock() = started.elapsed();
     r
+}
+
+/// Whether a reopen, taking as long as the last one, ends well before the recorder gives up.
+fn reopen_fits(shared: &Shared) -> bool {
+    let Some(give_up) = *shared.give_up_at.lock() else {
+        return true;
+    };
+    give_up.saturating_duration_since(Instant::now()) > *shared.reopen_took.lock() * 2
 }
 
 /// Notes a failed commit in the health record, the gauge and (rate-limited) the log.
@@ -196,8 +206,10 @@ pub(super) fn commit_with_policy(
                 };
                 backoff = (backoff * 2).min(cap);
                 // RocksDB fails every write after an I/O error until it is reopened.
-                if let Err(e) = reopen(w, shared) {
-                    tracing::debug!(error = %e, "reopening the data dir failed; retrying");
+                if reopen_fits(shared) {
+                    if let Err(e) = reopen(w, shared) {
+                        tracing::debug!(error = %e, "reopening the data dir failed; retrying");
+                    }
                 }
             }
             OnRecordError::Continue => {
@@ -210,7 +222,7 @@ pub(super) fn commit_with_policy(
                     "batch dropped and recorded as a gap (on-record-error=continue)",
                 );
                 // Frames keep flowing meanwhile: reopen at most once a second.
-                if last_reopen.elapsed() >= Duration::from_secs(1) {
+                if last_reopen.elapsed() >= Duration::from_secs(1) && reopen_fits(shared) {
                     *last_reopen = Instant::now();
                     if let Err(e) = reopen(w, shared) {
                         tracing::debug!(error = %e, "reopening the data dir failed");
