@@ -50,6 +50,14 @@ pub const MAX_PREHELLO_ERRORS: u32 = 3;
 /// How long a bridge's writer may keep flushing once the relay is shutting down.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
+/// What a leaving bridge may still take at shutdown: [`SHUTDOWN_GRACE`], but never more than
+/// half of what is left of the shutdown bound (`--shutdown-timeout` is a promise).
+fn shutdown_grace(route: &Route) -> Duration {
+    route.stop_by.get().map_or(SHUTDOWN_GRACE, |by| {
+        SHUTDOWN_GRACE.min(by.saturating_duration_since(std::time::Instant::now()) / 2)
+    })
+}
+
 /// A second descriptor of a bridge's socket, kept to reset the connection when the bridge is
 /// cut: `SO_LINGER` 0 makes the last close send a reset and free the socket's buffers at once,
 /// instead of a FIN that a hung peer could hold open forever.
@@ -123,14 +131,14 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
             // (-32005), so those answers are queued before the outbox closes.
             let mut sessions = route.session.subscribe();
             let ended = sessions.wait_for(Option::is_none);
-            let _ = tokio::time::timeout(SHUTDOWN_GRACE, ended).await;
+            let _ = tokio::time::timeout(shutdown_grace(&route), ended).await;
         }
         outbox.close();
         tokio::select! {
             _ = &mut writer => true,
             _ = cut.cancelled() => false,
             _ = route.cancel.cancelled() => {
-                let grace = route.cfg.write_deadline.min(SHUTDOWN_GRACE);
+                let grace = route.cfg.write_deadline.min(shutdown_grace(&route));
                 tokio::time::timeout(grace, &mut writer).await.is_ok()
             }
         }

@@ -144,6 +144,9 @@ pub struct Route {
     pub throttle: FailureThrottle,
     /// Cancelled at shutdown.
     pub cancel: CancellationToken,
+    /// When the shutdown must be done by (set just before `cancel`): what bridges may still
+    /// take to leave is cut to fit it.
+    pub stop_by: std::sync::OnceLock<std::time::Instant>,
     /// The launch id the relay presents to the mod.
     pub launch_id: String,
     /// Bridge identities (replaced on reload).
@@ -181,6 +184,7 @@ impl Route {
             metrics,
             throttle: FailureThrottle::default(),
             cancel,
+            stop_by: std::sync::OnceLock::new(),
             launch_id: Uuid::new_v4().to_string(),
             next_conn: AtomicU32::new(1),
             session_notices: std::sync::atomic::AtomicU64::new(0),

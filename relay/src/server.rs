@@ -201,6 +201,9 @@ impl Relay {
     /// Shuts down within the configured bound, saying what did not finish.
     pub async fn shutdown_report(mut self) -> ShutdownReport {
         let deadline = Instant::now() + self.shutdown_timeout;
+        for route in &self.routes {
+            let _ = route.stop_by.set(deadline);
+        }
         self.cancel.cancel();
         if let Some(t) = &self.recorder_thread {
             t.begin_stop(deadline);

@@ -273,3 +273,98 @@ os.execv(sys.argv[2], sys.argv[2:])";
         }
     }
 }
+
+/// `--shutdown-timeout` bounds the whole stop even with bridges that read nothing and calls the
+/// mod never answers: what each leaving bridge may still take is cut to fit the bound (it was a
+/// fixed half second, whatever the bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_bound_holds_with_bridges_that_never_read() {
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse().expect("addr"),
+        ModSimConfig {
+            token: MOD_TOKEN.into(),
+            rate: Some(20_000.0),
+            payload_bytes: 256,
+            tool_latency: Duration::from_secs(60),
+            ..ModSimConfig::default()
+        },
+    )
+    .expect("mod");
+    let mut child = relay()
+        .args(["serve", "--upstream", &sim.addr().to_string()])
+        .args(["--upstream-token", MOD_TOKEN, "--listen", "127.0.0.1:0"])
+        .args(["--token", BRIDGE_TOKEN, "--no-record", "--no-bridge-file"])
+        .args(["--on-slow", "block", "--shutdown-timeout", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr: Addr = line_with(&mut lines, " listening on ")
+        .await
+        .split(" listening on ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .expect("address")
+        .parse()
+        .expect("addr");
+    // Three bridges subscribe and never read again; one has calls the mod never answers.
+    let mut stuck = Vec::new();
+    for _ in 0..3 {
+        let (mut c, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
+            .await
+            .expect("hello");
+        c.subscribe(&["world/tick"]).await.expect("subscribe");
+        stuck.push(c);
+    }
+    let (mut caller, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    for i in 0..5 {
+        let call = serde_json::json!({"v":"gabp/1","id":format!("c{i}"),"type":"request",
+            "method":"tools/call","params":{"name":"sim/echo","arguments":{}}});
+        caller
+            .send_body(call.to_string().as_bytes())
+            .await
+            .expect("send");
+    }
+    // Held: every stuck bridge has a queue its socket does not take.
+    let (mut watch, _) = Client::connect_hello(&addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    until_async_ok("the bridges are stuck", async || {
+        let s = watch
+            .call("relay/status", serde_json::json!({}))
+            .await
+            .expect("status");
+        let bridges = s["bridges"].as_array().cloned().unwrap_or_default();
+        let full = bridges
+            .iter()
+            .filter(|b| b["queueEvents"].as_u64().unwrap_or(0) >= 1000)
+            .count();
+        full == 3
+    })
+    .await;
+    let t = std::time::Instant::now();
+    signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    let took = t.elapsed();
+    // 100 ms, and room for the process to start and end (it overran the bound before).
+    assert!(took < Duration::from_millis(350), "stopped after {took:?}");
+    // Within its bound the stop is clean: the stuck bridges were cut, as promised.
+    assert_eq!(status.code(), Some(0));
+    drop(stuck);
+}
+
+/// Waits, with a timeout, for an async condition that needs a mutable borrow.
+async fn until_async_ok(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond().await {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -692,3 +692,51 @@ async fn with_the_mod_down_own_tools_are_listed_and_mod_tools_fail_as_results() 
     let (is_error, text) = result_text(&r);
     assert!(is_error && text.contains("-32000"), "{text}");
 }
+
+/// A standard request whose params do not fit its method gets -32602 saying why, on stdio and
+/// over HTTP; rmcp alone answered -32601 "method not found" (`tools/call` with string
+/// `arguments`, a numeric or missing `name`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misshapen_params_of_a_standard_method_are_invalid_params() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    let bad = [
+        json!({"name": "relay_status", "arguments": "str"}),
+        json!({"name": 5}),
+        json!({"arguments": {}}),
+    ];
+    for (i, params) in bad.iter().enumerate() {
+        let id = 40 + i as u64;
+        let req = json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":params});
+        m.send(&req.to_string()).await;
+        let a = m.answer().await;
+        assert_eq!(a["id"], id, "{a}");
+        assert_eq!(a["error"]["code"], -32602, "{params}: {a}");
+        let msg = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.starts_with("Invalid params for tools/call: "), "{msg}");
+    }
+    // The session goes on, and a custom method is still "not found".
+    let r = m.call(50, "relay_status", json!({})).await;
+    assert!(!result_text(&r).0, "{r}");
+    m.send(r#"{"jsonrpc":"2.0","id":51,"method":"no/such","params":{}}"#)
+        .await;
+    let a = m.answer().await;
+    assert_eq!(a["error"]["code"], -32601, "{a}");
+    // Over HTTP too, as a JSON-RPC answer (status 200).
+    let (_, sid, _) = open_session(&s).await;
+    let sid = sid.expect("a session id");
+    let body = json!({"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"relay_status","arguments":"str"}});
+    let (status, text) = http(
+        &s.mcp,
+        "POST",
+        &[bearer(&s), format!("mcp-session-id: {sid}")],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let a: Value = serde_json::from_str(body).expect("JSON");
+    assert_eq!(a["error"]["code"], -32602, "{a}");
+}

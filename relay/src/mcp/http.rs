@@ -169,6 +169,12 @@ async fn respond(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) 
             }
         };
     };
+    if let Some((id, why)) = super::params::misshapen(&msg) {
+        let mut r = rpc_error(id, -32602, &why);
+        // A well-formed JSON-RPC request with its answer: not an HTTP-level failure.
+        *r.status_mut() = StatusCode::OK;
+        return r;
+    }
     let initialize = matches!(&msg, ClientJsonRpcMessage::Request(r)
         if matches!(r.request, ClientRequest::InitializeRequest(_)));
     if initialize

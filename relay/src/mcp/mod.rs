@@ -8,11 +8,13 @@
 //! - [`names`]: strict-safe tool names and their collision rule.
 //! - [`events`]: the bounded buffer `events_poll` reads.
 //! - [`stdio`]: the stdio transport (bounded lines, parse errors answered).
+//! - [`params`]: standard requests with params of the wrong shape, answered -32602.
 
 pub mod events;
 pub mod http;
 pub mod link;
 pub mod names;
+pub mod params;
 pub mod server;
 pub mod stdio;
 mod tools;

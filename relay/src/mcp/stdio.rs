@@ -168,7 +168,10 @@ where
                 continue;
             }
             match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(text) {
-                Ok(m) => return Some(m),
+                Ok(m) => match super::params::misshapen(&m) {
+                    Some((id, why)) => reply_error(&self.write, id, -32602, &why),
+                    None => return Some(m),
+                },
                 Err(_) => match serde_json::from_slice::<Value>(text) {
                     Err(_) => reply_error(&self.write, Value::Null, -32700, "Parse error"),
                     Ok(v) => {
