@@ -612,7 +612,11 @@ async fn a_cut_front_resumes_without_losing_or_repeating_events() {
         after.iter().all(|x| *x == before[0]),
         "{before:?} {after:?}"
     );
-    assert_eq!(mcp_bridges(&mut plain).await, 1);
+    // One front again (the relay-only probe that read the session leaves at once).
+    wait_for("one MCP bridge", Duration::from_secs(10), async || {
+        mcp_bridges(&mut plain).await == 1
+    })
+    .await;
 }
 
 /// `events_poll` arguments of the wrong type are refused by name (an `isError` result), never
@@ -739,4 +743,59 @@ async fn misshapen_params_of_a_standard_method_are_invalid_params() {
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let a: Value = serde_json::from_str(body).expect("JSON");
     assert_eq!(a["error"]["code"], -32602, "{a}");
+}
+
+/// A relay restarted while the front is attached: the next request reconnects to the new
+/// relay (its discovery file re-read) and the new session is delivered from its seq 0, so a
+/// poll carrying the old session's cursor gets every event of the new one, none skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_relay_restart_the_front_delivers_the_new_session_from_its_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim_with(ModSimConfig {
+        channels: vec!["a/b".into()],
+        autostart: false,
+        ..ModSimConfig::default()
+    });
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("plain bridge");
+    let emit = |n: u64| json!({"name": "sim/emit", "arguments": {"channel": "a/b", "count": n}});
+    plain.call("tools/call", emit(3)).await.expect("emit");
+    let mut id = 10;
+    let (seqs, _, first) = poll_until(&mut m, &mut id, "a/b", 0, 3).await;
+    assert_eq!(seqs, [0, 1, 2]);
+    drop(plain);
+    drop(s); // the relay is killed with its process
+    let s = serve(&sim, dir.path(), &[]).await;
+    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("plain bridge");
+    plain.call("tools/call", emit(6)).await.expect("emit");
+    // The poll names the old session and cursor, as a client continuing would.
+    let args =
+        json!({"channels": ["a/b"], "cursor": {"a/b": 3}, "session": first[0], "waitMs": 2000});
+    let (mut seqs, mut missed, mut session) = (Vec::new(), Vec::new(), String::new());
+    let mut args = args;
+    wait_for("the new session's events", Duration::from_secs(30), async || {
+        id += 1;
+        let r = m.call(id, "events_poll", args.clone()).await;
+        let (is_error, text) = result_text(&r);
+        if is_error {
+            return false; // the relay is still starting
+        }
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        missed.extend(v["missed"].as_array().cloned().unwrap_or_default());
+        for e in v["events"].as_array().expect("events") {
+            seqs.push(e["seq"].as_u64().expect("seq"));
+        }
+        session = v["session"].as_str().unwrap_or_default().to_string();
+        args = json!({"channels": ["a/b"], "cursor": v["cursor"], "session": session, "waitMs": 2000});
+        seqs.len() >= 6
+    })
+    .await;
+    assert_ne!(session, first[0], "a new session");
+    assert_eq!(seqs, (0..6).collect::<Vec<u64>>(), "from its first event");
+    assert!(missed.is_empty(), "{missed:?}");
 }

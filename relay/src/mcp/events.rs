@@ -106,7 +106,8 @@ pub struct Query {
     /// Next seq wanted per channel; a channel not named starts at its oldest buffered event
     /// (the answer's cursor names only channels with an event seen or a cursor given).
     pub cursor: BTreeMap<String, u64>,
-    /// The session the cursor belongs to; another session's cursor is ignored.
+    /// The session the cursor belongs to; another session's cursor is ignored (the current
+    /// one is read from its seq 0).
     pub session: Option<String>,
     /// Most events returned.
     pub max: usize,
@@ -230,10 +231,12 @@ impl Buffer {
         let mut runs: Vec<(&str, std::collections::vec_deque::Iter<'_, Stored>)> = Vec::new();
         let mut cursor: BTreeMap<String, u64> = BTreeMap::new();
         for name in names {
+            // A caller of another session has seen nothing of this one: from its seq 0, so
+            // whatever the buffer no longer holds of it is reported missed.
             let want = if same_session {
                 q.cursor.get(name.as_str()).copied()
             } else {
-                None
+                Some(0)
             };
             let Some(buf) = g.channels.get(name.as_str()) else {
                 // Nothing seen on it yet: keep the caller's cursor; without one, the next poll
@@ -309,7 +312,7 @@ impl Buffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     fn raw(v: u64) -> Box<str> {
         format!("{{\"n\":{v}}}").into()
@@ -338,11 +341,15 @@ mod tests {
         assert_eq!(v["events"].as_array().map(Vec::len), Some(100));
         assert_eq!(v["cursor"]["a"], 110);
         assert_eq!(v["more"], true);
-        // A cursor from another session starts at the oldest event held.
+        // A cursor from another session starts at the oldest event held, and what this
+        // session sent before it is reported missed (the caller saw none of it).
         q.session = Some("other".into());
         let v = poll_now(&b, &q);
         assert_eq!(v["events"][0]["seq"], 10);
-        assert!(v["missed"].as_array().is_some_and(Vec::is_empty));
+        assert_eq!(
+            v["missed"],
+            json!([{"channel": "a", "fromSeq": 0, "toSeq": 9}])
+        );
     }
 
     #[test]

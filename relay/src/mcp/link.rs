@@ -158,17 +158,51 @@ struct Incoming<'a> {
     payload: Option<Value>,
 }
 
+/// What a connection's hello asks for.
+enum Hello {
+    /// A bridge, resuming from this point when given one.
+    Bridge(Option<Value>),
+    /// A relay-only bridge (`withoutMod`): only to read the route's current session.
+    Probe,
+}
+
 impl Link {
     /// Connects, says hello and subscribes to every channel the mod advertises, delivering
     /// events into `shared`. After `before` (a link that was cut) it resumes instead: every
     /// channel `shared` has seen continues from its last seq, so nothing the relay still holds
-    /// is missed or repeated (another mod session by now starts afresh).
+    /// is missed or repeated; when the mod's session changed meanwhile (a restarted relay or
+    /// mod), the new session is resumed from its first event, which a relay-only probe of
+    /// the route names first.
     pub async fn connect(
         t: &Target,
         shared: Arc<Shared>,
         before: Option<&Link>,
     ) -> Result<Arc<Link>> {
         let t = t.current()?;
+        let mut resume = before.and_then(|b| b.resume_point());
+        if let Some(r) = &mut resume {
+            let probe = Self::open(&t, shared.clone(), Hello::Probe).await?;
+            let now = probe.welcome["capabilities"]["extensions"]["relay"]["sessionId"]
+                .as_str()
+                .map(String::from);
+            if let Some(now) = now.filter(|n| r["session"].as_str() != Some(n)) {
+                let channels: serde_json::Map<String, Value> = probe
+                    .channels()
+                    .into_iter()
+                    .map(|c| (c, json!(-1)))
+                    .collect();
+                *r = json!({ "session": now, "channels": channels });
+            }
+        }
+        let link = Self::open(&t, shared, Hello::Bridge(resume)).await?;
+        Ok(Arc::new(link))
+    }
+
+    /// One connection and its hello: a bridge (resuming when given a resume point, else
+    /// subscribing to every advertised channel), or a relay-only probe that subscribes to
+    /// nothing and leaves `shared` alone.
+    async fn open(t: &Target, shared: Arc<Shared>, kind: Hello) -> Result<Link> {
+        let probe = matches!(kind, Hello::Probe);
         let conn = Conn::connect(&t.addr)
             .await
             .with_context(|| format!("cannot connect to the relay at {}", t.addr))?;
@@ -202,10 +236,17 @@ impl Link {
                 match msg.kind {
                     "response" => {
                         let waiter = msg.id.and_then(|id| rp.lock().remove(id));
-                        if let (Some(w), Ok(v)) = (waiter, serde_json::from_slice(&body)) {
+                        if let (Some(w), Ok(v)) = (waiter, serde_json::from_slice::<Value>(&body)) {
+                            // The welcome's session is entered here, before any event read
+                            // after it (a resume's history) reaches the buffer.
+                            let relay = &v["result"]["capabilities"]["extensions"]["relay"];
+                            if let (Some(s), false) = (relay["sessionId"].as_str(), probe) {
+                                rs.enter_session(s);
+                            }
                             let _ = w.send(v);
                         }
                     }
+                    "event" if probe => {}
                     "event" => {
                         let (Some(ch), Some(seq), Some(p)) = (msg.channel, msg.seq, msg.payload)
                         else {
@@ -250,7 +291,14 @@ impl Link {
             "launchId": uuid::Uuid::new_v4().to_string(),
             "clientInfo": { "name": t.name, "version": crate::route::VERSION },
         });
-        let resumed: Vec<String> = match before.and_then(|b| b.resume_point()) {
+        let resume = match kind {
+            Hello::Probe => {
+                hello["relay"] = json!({ "withoutMod": true });
+                None
+            }
+            Hello::Bridge(r) => r,
+        };
+        let resumed: Vec<String> = match resume {
             Some(resume) => {
                 let names = resume["channels"]
                     .as_object()
@@ -271,10 +319,10 @@ impl Link {
         link.max_body = relay["maxBodyBytes"]
             .as_u64()
             .map_or(DEFAULT_MAX_BODY, |n| n as usize);
-        if let Some(s) = relay["sessionId"].as_str() {
-            link.shared.enter_session(s);
-        }
         link.welcome = welcome;
+        if probe {
+            return Ok(link);
+        }
         // A resume subscribed its channels already.
         let channels: Vec<String> = link
             .channels()
@@ -286,7 +334,7 @@ impl Link {
                 .await
                 .map_err(|e| anyhow!("cannot subscribe to the mod's channels: {e}"))?;
         }
-        Ok(Arc::new(link))
+        Ok(link)
     }
 
     /// The `relay.resume` that continues this link's subscription: the buffer's session, and
