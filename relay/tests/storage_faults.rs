@@ -256,4 +256,21 @@ async fn repair_of_a_dir_that_is_no_data_dir_changes_nothing_and_fails() {
         assert!(!d.join("CURRENT").exists());
     }
     assert_eq!(std::fs::read_dir(&empty).expect("ls").count(), 0);
+    // Nor does any other command send its user to a repair that cannot help.
+    let d = other.to_str().expect("utf8");
+    for args in [
+        vec!["sessions", "--data-dir", d],
+        vec!["stats", "latest", "--data-dir", d],
+        vec!["export", "latest", "--data-dir", d],
+        vec!["sessions", "check", "--data-dir", d],
+    ] {
+        let out = run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let line = error_line(&out);
+        assert!(
+            line.contains("not a gabp-relay data dir") && !line.contains("repair"),
+            "{args:?}: {line}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&other).expect("ls").count(), 1);
 }

@@ -5,6 +5,38 @@ use std::path::Path;
 
 use crate::error::StoreError;
 
+/// Whether `path` holds any file RocksDB writes: a dir without one is no damaged data dir
+/// (nothing for `repair` to work on) but some other dir, or an empty one.
+pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
+    for e in std::fs::read_dir(path)? {
+        let name = e?.file_name();
+        let n = name.to_string_lossy();
+        if n == "CURRENT"
+            || n == "LOCK"
+            || n == "LOG"
+            || n.starts_with("LOG.old.")
+            || n.starts_with("MANIFEST-")
+            || n.starts_with("OPTIONS-")
+            || n.ends_with(".sst")
+            || n.ends_with(".log")
+            || n.ends_with(".blob")
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The refusal of a dir that holds files but none RocksDB wrote.
+pub(crate) fn not_a_data_dir(path: &Path) -> StoreError {
+    StoreError::Open {
+        path: path.display().to_string(),
+        reason: "it holds no RocksDB files (no CURRENT, MANIFEST, table or log file), so it is \
+                 not a gabp-relay data dir; nothing was changed"
+            .into(),
+    }
+}
+
 /// The pid holding RocksDB's `LOCK` file, from /proc/locks (RocksDB locks it with fcntl).
 pub fn lock_holder(dir: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;

@@ -85,24 +85,6 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::File::open(to)?.sync_all()
 }
 
-/// Whether `path` holds any file RocksDB writes: repair has something to work on.
-fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
-    for e in std::fs::read_dir(path)? {
-        let name = e?.file_name();
-        let n = name.to_string_lossy();
-        if n == "CURRENT"
-            || n.starts_with("MANIFEST-")
-            || n.starts_with("OPTIONS-")
-            || n.ends_with(".sst")
-            || n.ends_with(".log")
-            || n.ends_with(".blob")
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 /// Copies `path` aside to `<path>.bak-<unix seconds>`, then lets RocksDB repair it (rebuilding
 /// the manifest from the table files and turning write-ahead logs into tables), then opens it
 /// as the relay would, marking sessions of a dead relay as ended by crash.
@@ -119,15 +101,10 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             });
         }
     }
-    if !holds_rocksdb_files(path)? {
+    if !crate::dir::holds_rocksdb_files(path)? {
         // An empty or mistyped dir: "repairing" it would create a fresh, empty database and a
         // backup of nothing, and report success.
-        return Err(StoreError::Open {
-            path: p,
-            reason: "it holds no RocksDB files (no CURRENT, MANIFEST, table or log file), so \
-                     it is not a gabp-relay data dir; nothing was changed"
-                .into(),
-        });
+        return Err(crate::dir::not_a_data_dir(path));
     }
     let before = usage(path)?;
     let secs = std::time::SystemTime::now()
@@ -157,130 +134,153 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             ),
         });
     }
-    let lost_before = files_under(&path.join("lost"));
-    let mut steps = Vec::new();
-    if !path.join("CURRENT").exists() {
-        let newest = std::fs::read_dir(path)?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter_map(|n| Some((n.strip_prefix("MANIFEST-")?.parse::<u64>().ok()?, n)))
-            .max();
-        if let Some((_, name)) = newest {
-            std::fs::write(path.join("CURRENT"), format!("{name}\n"))?;
-            steps.push(format!("rewrote CURRENT to name {name}"));
+    // Any failure from here on names the path and the copy (a read-only dir, say, fails
+    // only after the copy was made).
+    let (with_copy, p2) = (backup.clone(), p.clone());
+    let result = (|| -> Result<RepairReport, StoreError> {
+        let lost_before = files_under(&path.join("lost"));
+        let mut steps = Vec::new();
+        if !path.join("CURRENT").exists() {
+            let newest = std::fs::read_dir(path)?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter_map(|n| Some((n.strip_prefix("MANIFEST-")?.parse::<u64>().ok()?, n)))
+                .max();
+            if let Some((_, name)) = newest {
+                std::fs::write(path.join("CURRENT"), format!("{name}\n"))?;
+                steps.push(format!("rewrote CURRENT to name {name}"));
+            }
         }
-    }
-    let mut opened = None;
-    let mut salvaged = false;
-    // First as a relay opens it (only a torn last record is tolerated): if that works, no
-    // write-ahead log record needs skipping.
-    match Store::open(path, StoreOptions::default()) {
-        Ok(s) => {
-            steps.push("it opens as it is: no write-ahead log record had to be skipped".into());
-            opened = Some(s);
-        }
-        Err(e) => steps.push(format!("it does not open as it is: {}", e.detail())),
-    }
-    for (mode, what) in [
-        (
-            rocksdb::DBRecoveryMode::SkipAnyCorruptedRecord,
-            "replayed the write-ahead logs, skipping records that could not be read",
-        ),
-        (
-            rocksdb::DBRecoveryMode::PointInTime,
-            "replayed the write-ahead logs up to the first record that could not be read",
-        ),
-    ] {
-        if opened.is_some() {
-            break;
-        }
-        match Store::open_salvaging(path, mode) {
+        let mut opened = None;
+        let mut salvaged = false;
+        // First as a relay opens it (only a torn last record is tolerated): if that works, no
+        // write-ahead log record needs skipping.
+        match Store::open(path, StoreOptions::default()) {
             Ok(s) => {
-                steps.push(what.to_string());
-                salvaged = true;
+                steps.push("it opens as it is: no write-ahead log record had to be skipped".into());
                 opened = Some(s);
+            }
+            Err(e) => steps.push(format!("it does not open as it is: {}", e.detail())),
+        }
+        for (mode, what) in [
+            (
+                rocksdb::DBRecoveryMode::SkipAnyCorruptedRecord,
+                "replayed the write-ahead logs, skipping records that could not be read",
+            ),
+            (
+                rocksdb::DBRecoveryMode::PointInTime,
+                "replayed the write-ahead logs up to the first record that could not be read",
+            ),
+        ] {
+            if opened.is_some() {
                 break;
             }
-            // The reason only: the error's own advice ("run repair") makes no sense here.
-            Err(e) => steps.push(format!("could not open it that way: {}", e.detail())),
+            match Store::open_salvaging(path, mode) {
+                Ok(s) => {
+                    steps.push(what.to_string());
+                    salvaged = true;
+                    opened = Some(s);
+                    break;
+                }
+                // The reason only: the error's own advice ("run repair") makes no sense here.
+                Err(e) => steps.push(format!("could not open it that way: {}", e.detail())),
+            }
         }
-    }
-    let mut lost = Vec::new();
-    let store = match opened {
-        Some(s) => s,
-        None => {
-            steps.push("rebuilt it with RocksDB's repair (manifest from the table files)".into());
-            let mut o = rocksdb::Options::default();
-            o.create_missing_column_families(true);
-            rocksdb::DB::repair(&o, path).map_err(|e| StoreError::Open {
-                path: p.clone(),
-                reason: format!("repair failed ({e}); the copy is at {}", backup.display()),
-            })?;
-            Store::reopen(path, StoreOptions::default()).map_err(|e| StoreError::Open {
-                path: p.clone(),
-                reason: format!(
-                    "still unreadable after RocksDB's repair ({}); the untouched copy is at {}",
-                    e.detail(),
-                    backup.display()
-                ),
-            })?
+        let mut lost = Vec::new();
+        let store = match opened {
+            Some(s) => s,
+            None => {
+                steps.push(
+                    "rebuilt it with RocksDB's repair (manifest from the table files)".into(),
+                );
+                let mut o = rocksdb::Options::default();
+                o.create_missing_column_families(true);
+                rocksdb::DB::repair(&o, path).map_err(|e| StoreError::Open {
+                    path: p.clone(),
+                    reason: format!("repair failed ({e}); the copy is at {}", backup.display()),
+                })?;
+                Store::reopen(path, StoreOptions::default()).map_err(|e| StoreError::Open {
+                    path: p.clone(),
+                    reason: format!(
+                        "still unreadable after RocksDB's repair ({}); the untouched copy is at {}",
+                        e.detail(),
+                        backup.display()
+                    ),
+                })?
+            }
+        };
+        // A log that went missing or was cut short reads as less: say what was committed and is
+        // gone, then mark what is here, so the repaired dir opens.
+        if let (Some(committed), held) = store.committed_and_held() {
+            if committed > held {
+                lost.push(format!(
+                    "{} committed write(s) are missing: the write-ahead log is gone or shorter than what was synced (what they held is only in the copy, if there)",
+                    committed - held
+                ));
+            }
         }
-    };
-    // A log that went missing or was cut short reads as less: say what was committed and is
-    // gone, then mark what is here, so the repaired dir opens.
-    if let (Some(committed), held) = store.committed_and_held() {
-        if committed > held {
+        store.mark_committed()?;
+        let crashed = store.recover_crashed()?;
+        let metas = store.sessions()?;
+        let sessions = metas.len();
+        // Verify, never assume: what RocksDB set aside, and every session's own check.
+        if salvaged {
+            // What the unreadable records held (and, cut at the first, all after it) is gone here.
+            lost.push(
+                "write-ahead log records that could not be read were dropped (what they held is only in the copy)"
+                    .to_string(),
+            );
+        }
+        let moved: Vec<(PathBuf, u64)> = files_under(&path.join("lost"))
+            .into_iter()
+            .filter(|f| !lost_before.contains(f))
+            .collect();
+        if !moved.is_empty() {
+            let bytes: u64 = moved.iter().map(|f| f.1).sum();
+            let names: Vec<String> = moved.iter().map(|f| f.0.display().to_string()).collect();
             lost.push(format!(
-                "{} committed write(s) are missing: the write-ahead log is gone or shorter than what was synced (what they held is only in the copy, if there)",
-                committed - held
+                "{} file(s) RocksDB could not use ({bytes} bytes: {}) were moved to lost/",
+                moved.len(),
+                names.join(", ")
             ));
         }
-    }
-    store.mark_committed()?;
-    let crashed = store.recover_crashed()?;
-    let metas = store.sessions()?;
-    let sessions = metas.len();
-    // Verify, never assume: what RocksDB set aside, and every session's own check.
-    if salvaged {
-        // What the unreadable records held (and, cut at the first, all after it) is gone here.
-        lost.push(
-            "write-ahead log records that could not be read were dropped (what they held is only in the copy)"
-                .to_string(),
-        );
-    }
-    let moved: Vec<(PathBuf, u64)> = files_under(&path.join("lost"))
-        .into_iter()
-        .filter(|f| !lost_before.contains(f))
-        .collect();
-    if !moved.is_empty() {
-        let bytes: u64 = moved.iter().map(|f| f.1).sum();
-        let names: Vec<String> = moved.iter().map(|f| f.0.display().to_string()).collect();
-        lost.push(format!(
-            "{} file(s) RocksDB could not use ({bytes} bytes: {}) were moved to lost/",
-            moved.len(),
-            names.join(", ")
-        ));
-    }
-    for m in &metas {
-        let r = store.check_session(m.id)?;
-        if !r.ok() {
-            lost.push(format!(
-                "session {} is not sound ({} frames readable; {})",
-                m.id,
-                r.frames,
-                r.problems.first().map(String::as_str).unwrap_or_default()
-            ));
+        for m in &metas {
+            let r = store.check_session(m.id)?;
+            if !r.ok() {
+                lost.push(format!(
+                    "session {} is not sound ({} frames readable; {})",
+                    m.id,
+                    r.frames,
+                    r.problems.first().map(String::as_str).unwrap_or_default()
+                ));
+            }
         }
-    }
-    drop(store);
-    // RocksDB's repair creates `lost/` and new files with the process's default modes.
-    make_private(path)?;
-    Ok(RepairReport {
-        backup,
-        before,
-        after: usage(path)?,
-        sessions,
-        crashed,
-        steps,
-        lost,
+        drop(store);
+        // RocksDB's repair creates `lost/` and new files with the process's default modes.
+        make_private(path)?;
+        Ok(RepairReport {
+            backup,
+            before,
+            after: usage(path)?,
+            sessions,
+            crashed,
+            steps,
+            lost,
+        })
+    })();
+    result.map_err(|e| {
+        let copy = with_copy.display().to_string();
+        match e {
+            StoreError::Open { path, reason } if reason.contains(&copy) => {
+                StoreError::Open { path, reason }
+            }
+            StoreError::Open { reason, .. } => StoreError::Open {
+                path: p2,
+                reason: format!("{reason}; the untouched copy is at {copy}"),
+            },
+            e => StoreError::Open {
+                path: p2,
+                reason: format!("{}; the untouched copy is at {copy}", e.detail()),
+            },
+        }
     })
 }

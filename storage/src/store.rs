@@ -309,6 +309,9 @@ impl Store {
                     path: p.clone(),
                     reason: "no recordings here (the data dir is empty)".into(),
                 }
+            } else if !crate::dir::holds_rocksdb_files(path)? {
+                // Not a damaged data dir but some other dir: `repair` could not help.
+                crate::dir::not_a_data_dir(path)
             } else {
                 damaged("its CURRENT file is missing".into())
             });
@@ -392,6 +395,9 @@ impl Store {
             return Err(StoreError::NoDataDir(path.display().to_string()));
         }
         if !path.join("CURRENT").exists() {
+            if !crate::dir::holds_rocksdb_files(path)? {
+                return Err(crate::dir::not_a_data_dir(path));
+            }
             return Err(StoreError::Damaged {
                 path: path.display().to_string(),
                 reason: "its CURRENT file is missing".into(),

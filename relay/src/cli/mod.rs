@@ -91,8 +91,10 @@ pub fn one_line(e: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in e.chain() {
         let mut text = cause.to_string();
-        if let Some(i) = text.find(" (os error") {
-            text.truncate(i);
+        // Only the errno's parenthesis goes: what follows it (a path, a copy kept) stays.
+        while let Some(i) = text.find(" (os error") {
+            let end = text[i..].find(')').map_or(text.len(), |j| i + j + 1);
+            text.replace_range(i..end, "");
         }
         if line.contains(&text) {
             continue;
@@ -230,4 +232,20 @@ pub enum Signal {
     Shutdown(&'static str),
     /// Re-read the configuration (SIGHUP).
     Reload,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn one_line_drops_the_errno_but_keeps_what_follows_it() {
+        let io = std::io::Error::from_raw_os_error(13);
+        let e = anyhow::anyhow!("cannot write: {io}; the untouched copy is at /x.bak-1");
+        let line = one_line(&e.context("repair failed"));
+        assert_eq!(
+            line,
+            "repair failed: cannot write: Permission denied; the untouched copy is at /x.bak-1"
+        );
+    }
 }
