@@ -29,6 +29,14 @@ struct Serve {
     stderr: std::path::PathBuf,
 }
 
+impl Serve {
+    /// Kills the relay and waits for its exit (its discovery file stays, as after a crash).
+    async fn stop(mut self) {
+        let _ = self._child.start_kill();
+        let _ = self._child.wait().await;
+    }
+}
+
 fn sim() -> ModSim {
     sim_with(ModSimConfig::default())
 }
@@ -767,7 +775,7 @@ async fn after_a_relay_restart_the_front_delivers_the_new_session_from_its_start
     let (seqs, _, first) = poll_until(&mut m, &mut id, "a/b", 0, 3).await;
     assert_eq!(seqs, [0, 1, 2]);
     drop(plain);
-    drop(s); // the relay is killed with its process
+    s.stop().await;
     let s = serve(&sim, dir.path(), &[]).await;
     let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
         .await
@@ -798,4 +806,56 @@ async fn after_a_relay_restart_the_front_delivers_the_new_session_from_its_start
     assert_ne!(session, first[0], "a new session");
     assert_eq!(seqs, (0..6).collect::<Vec<u64>>(), "from its first event");
     assert!(missed.is_empty(), "{missed:?}");
+}
+
+/// With the relay itself gone, the front still lists its own tools and answers calls with an
+/// `isError` result (it answered -32603 to both); once the relay is back, calls work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_relay_down_own_tools_are_listed_and_calls_fail_as_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let mut m = stdio(&s).await;
+    let r = m.call(2, "relay_status", json!({})).await;
+    assert!(!result_text(&r).0, "{r}");
+    s.stop().await;
+    let mut id = 100;
+    let mut failed = String::new();
+    wait_for(
+        "a call fails as a result with the relay down",
+        Duration::from_secs(20),
+        async || {
+            id += 1;
+            let r = m.call(id, "relay_status", json!({})).await;
+            let (is_error, text) = result_text(&r);
+            failed = text;
+            // (A call on the connection as it dies is "closed before the answer".)
+            is_error && failed.contains("cannot be reached")
+        },
+    )
+    .await;
+    assert!(failed.contains("cannot be reached"), "{failed}");
+    id += 1;
+    m.send(&json!({"jsonrpc":"2.0","id":id,"method":"tools/list"}).to_string())
+        .await;
+    let a = loop {
+        let a = m.answer().await;
+        if a["id"] == id {
+            break a;
+        }
+    };
+    let names: Vec<&str> = a["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{a}"))
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"events_poll") && names.contains(&"relay_status"),
+        "{names:?}"
+    );
+    let s = serve(&sim, dir.path(), &[]).await;
+    let r = m.call(id + 1, "relay_status", json!({})).await;
+    assert!(!result_text(&r).0, "back: {r}");
+    drop(s);
 }

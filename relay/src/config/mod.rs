@@ -225,9 +225,18 @@ impl std::str::FromStr for Retention {
         let mut r = Retention::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             // A bare number is ambiguous; as before, it is an age in seconds.
+            // One age and one size at most: a second would silently replace the first.
+            let twice = |what: &str| {
+                format!("retention {s:?} gives two {what}s; give one age and/or one size, like 7d,10GiB")
+            };
             if let Ok(d) = parse_duration(part) {
-                r.max_age = Some(d);
+                if r.max_age.replace(d).is_some() {
+                    return Err(twice("age"));
+                }
             } else if let Ok(b) = parse_size(part) {
+                if r.max_bytes.is_some() {
+                    return Err(twice("size"));
+                }
                 if b > limits::RETAIN_BYTES {
                     return Err(format!(
                         "retention size {part:?} is too large (at most {})",
@@ -316,6 +325,10 @@ mod tests {
         assert_eq!(r.max_age, Some(Duration::from_secs(7 * 86400)));
         assert_eq!(r.max_bytes, Some(10 << 30));
         assert!("7 parsecs".parse::<Retention>().is_err());
+        for twice in ["7d,10GiB,3", "7d,7d", "1GiB,2GiB"] {
+            let e = twice.parse::<Retention>().expect_err(twice);
+            assert!(e.contains("gives two"), "{e}");
+        }
         assert!("2PiB"
             .parse::<Retention>()
             .expect_err("too large")

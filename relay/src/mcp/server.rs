@@ -320,13 +320,10 @@ impl ServerHandler for Front {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        // The relay's own tools are listed even when the mod's cannot be (the mod is down):
-        // `tools/list_changed` follows when its session starts.
-        let mut tools = match self.mod_tools().await {
-            Ok(t) => t,
-            Err(CallError::Gabp { .. }) => Vec::new(),
-            Err(e) => return Err(internal(e.to_string())),
-        };
+        // The relay's own tools are listed even when the mod's cannot be (the mod is down, or
+        // the relay itself is, until it is back): `tools/list_changed` follows when the mod's
+        // session starts.
+        let mut tools = self.mod_tools().await.unwrap_or_default();
         tools.extend(own_tools());
         let tools: Vec<Tool> = tools
             .into_iter()
@@ -340,7 +337,15 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let link = self.link().await?;
+        // A relay that cannot be reached (stopped, restarting) is the call's answer, as a
+        // mod that is down is: the front itself goes on and connects again on the next call.
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(e) => {
+                let why = format!("the relay cannot be reached: {}", e.message);
+                return Ok(error_result(&CallError::Link(why)).into());
+            }
+        };
         let args = Value::Object(request.arguments.unwrap_or_default());
         let result = match &*request.name {
             "events_poll" => self.poll(&link, &args).await,
