@@ -208,6 +208,12 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 })?
             }
         };
+        if salvaged {
+            // What the salvaging open replayed is only in memory, and the damaged log is still
+            // live: an ordinary open would stop at its bad record again and find fewer writes
+            // than the mark below. Written out as tables, the old log is obsolete.
+            store.flush_tables()?;
+        }
         // A log that went missing or was cut short reads as less: say what was committed and is
         // gone, then mark what is here, so the repaired dir opens.
         if let (Some(committed), held) = store.committed_and_held() {
@@ -255,6 +261,13 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
             }
         }
         drop(store);
+        // The mark must name what the next ordinary open finds, whichever way this one opened.
+        let unseen = Store::remark_as_read(path)?;
+        if unseen > 0 {
+            lost.push(format!(
+                "{unseen} write(s) replayed by the repair are not found by an ordinary open of the repaired dir (they are in the copy)"
+            ));
+        }
         // RocksDB's repair creates `lost/` and new files with the process's default modes.
         make_private(path)?;
         Ok(RepairReport {

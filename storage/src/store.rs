@@ -482,6 +482,22 @@ impl Store {
         Ok(())
     }
 
+    /// After a repair: moves the mark to what an ordinary read-only open of `path` finds (a
+    /// salvaging open may have held more than the dir gives back once closed); returns how
+    /// many marked writes that open does not find.
+    pub fn remark_as_read(path: &Path) -> Result<u64, StoreError> {
+        let opts = StoreOptions {
+            read_only: true,
+            ..StoreOptions::default()
+        };
+        let store = Store::open_db(path, opts, None)?;
+        let held = store.db.latest_sequence_number();
+        let marked = crate::mark::read(path).ok().flatten().unwrap_or(0);
+        drop(store);
+        crate::mark::write(path, held)?;
+        Ok(marked.saturating_sub(held))
+    }
+
     /// The writes the mark names and the writes this data dir holds.
     pub fn committed_and_held(&self) -> (Option<u64>, u64) {
         (
