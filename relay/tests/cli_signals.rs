@@ -290,25 +290,25 @@ async fn the_shutdown_bound_holds_with_bridges_that_never_read() {
         },
     )
     .expect("mod");
-    let mut child = relay()
-        .args(["serve", "--upstream", &sim.addr().to_string()])
-        .args(["--upstream-token", MOD_TOKEN, "--listen", "127.0.0.1:0"])
-        .args(["--token", BRIDGE_TOKEN, "--no-record", "--no-bridge-file"])
-        .args(["--on-slow", "block", "--shutdown-timeout", "100ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr: Addr = line_with(&mut lines, " listening on ")
-        .await
-        .split(" listening on ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .expect("address")
-        .parse()
-        .expect("addr");
+    let up = sim.addr().to_string();
+    let Serve {
+        mut child, addr, ..
+    } = serve(&[
+        "--upstream",
+        &up,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--no-record",
+        "--on-slow",
+        "block",
+        "--shutdown-timeout",
+        "100ms",
+    ])
+    .await;
     // Three bridges subscribe and never read again; one has calls the mod never answers.
     let mut stuck = Vec::new();
     for _ in 0..3 {
