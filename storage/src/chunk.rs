@@ -22,6 +22,8 @@ const LZ4_PREFIX: usize = 9;
 /// allocated (the writer seals chunks at 128 KiB, plus one frame of at most 16 MiB).
 const MAX_RECORDS_LEN: usize = 64 << 20;
 const HEADER: usize = 38;
+/// The largest compression buffer a builder keeps between chunks (sealed chunks are 128 KiB).
+const SCRATCH_KEPT: usize = 256 * 1024;
 /// The chunk's own prefix (version and record count) before its first record.
 pub const CHUNK_PREFIX: usize = 5;
 const HAS_CHANNEL: u8 = 1;
@@ -119,6 +121,9 @@ pub struct ChunkBuilder {
     count: u32,
     /// Finish as a version 2 (LZ4) chunk when that is smaller.
     lz4: bool,
+    /// Where chunks are compressed, kept between chunks: a new zeroed buffer of the largest
+    /// possible output per chunk cost more than the copy of the compressed bytes out of it.
+    scratch: Vec<u8>,
 }
 
 impl ChunkBuilder {
@@ -192,7 +197,7 @@ impl ChunkBuilder {
             buf[1..5].copy_from_slice(&count.to_le_bytes());
         }
         if self.lz4 && buf.len() > CHUNK_PREFIX {
-            if let Some(packed) = compress(count, &buf[CHUNK_PREFIX..]) {
+            if let Some(packed) = compress(count, &buf[CHUNK_PREFIX..], &mut self.scratch) {
                 return packed;
             }
         }
@@ -202,17 +207,28 @@ impl ChunkBuilder {
 
 /// A version 2 chunk of `records`, if it is at most 7/8 of the version 1 chunk (as RocksDB
 /// judges its blocks: less saving is not worth a decompression on every read).
-fn compress(count: u32, records: &[u8]) -> Option<Bytes> {
-    let mut out = vec![0u8; LZ4_PREFIX + lz4_flex::block::get_maximum_output_size(records.len())];
-    let n = lz4_flex::block::compress_into(records, &mut out[LZ4_PREFIX..]).ok()?;
+fn compress(count: u32, records: &[u8], scratch: &mut Vec<u8>) -> Option<Bytes> {
+    let room = lz4_flex::block::get_maximum_output_size(records.len());
+    // A chunk holding one huge frame is compressed in a buffer of its own, not kept.
+    let mut once = Vec::new();
+    let scratch = if room > SCRATCH_KEPT {
+        &mut once
+    } else {
+        scratch
+    };
+    if scratch.len() < room {
+        scratch.resize(room, 0);
+    }
+    let n = lz4_flex::block::compress_into(records, scratch).ok()?;
     if (LZ4_PREFIX + n) * 8 > (CHUNK_PREFIX + records.len()) * 7 {
         return None;
     }
-    out[0] = VERSION_LZ4;
-    out[1..5].copy_from_slice(&count.to_le_bytes());
-    out[5..9].copy_from_slice(&u32::try_from(records.len()).ok()?.to_le_bytes());
-    out.truncate(LZ4_PREFIX + n);
-    Some(Bytes::from(out))
+    let mut out = BytesMut::with_capacity(LZ4_PREFIX + n);
+    out.put_u8(VERSION_LZ4);
+    out.put_u32_le(count);
+    out.put_u32_le(u32::try_from(records.len()).ok()?);
+    out.put_slice(&scratch[..n]);
+    Some(out.freeze())
 }
 
 /// Decodes every record of a chunk.

@@ -12,7 +12,7 @@
 //! background error once the disk or descriptors are back). [`SessionWriter::discard_staged`]
 //! instead drops it and records a [`Gap`] where the frames would have been.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::path::PathBuf;
 
 use rocksdb::{WriteBatch, WriteOptions};
@@ -43,7 +43,7 @@ struct Open {
     /// (channel, first relay seq, its frame number, count) for the open chunk.
     runs: Vec<(u32, u64, u64, u32)>,
     /// Per channel since the last commit: (first relay seq, count), for a gap record.
-    staged_runs: HashMap<u32, (u64, u64)>,
+    staged_runs: FxHashMap<u32, (u64, u64)>,
     /// `details` records (welcome, channel names) not yet committed; written once.
     pending: Vec<([u8; keys::DETAIL_KEY_LEN], Vec<u8>)>,
     /// Frames lost since the last commit, not yet recorded.
@@ -71,7 +71,8 @@ pub struct SessionWriter {
     store: Option<Store>,
     path: PathBuf,
     opts: StoreOptions,
-    open: HashMap<SessionId, Open>,
+    /// Looked up once per frame: a fast hash (the keys are ours, not an attacker's).
+    open: FxHashMap<SessionId, Open>,
     batch: WriteBatch,
     staged: usize,
     /// Why the last reopen failed, said by every commit until one succeeds.
@@ -94,7 +95,7 @@ impl SessionWriter {
             path: store.path().to_path_buf(),
             opts: store.opts.clone(),
             store: Some(store),
-            open: HashMap::new(),
+            open: FxHashMap::default(),
             batch: WriteBatch::default(),
             staged: 0,
             reopen_failed: None,
@@ -168,7 +169,7 @@ impl SessionWriter {
                 chunk,
                 chunk_first: 0,
                 runs: Vec::new(),
-                staged_runs: HashMap::new(),
+                staged_runs: FxHashMap::default(),
                 pending,
                 gap: None,
                 record_dirty: true,
