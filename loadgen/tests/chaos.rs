@@ -127,10 +127,11 @@ fn honest_bridges_keep_every_event_beside_hostile_clients() {
         // Bounded memory: the hostile mix must not grow the relay without bound.
         let rss = p["relay_rss_peak_mib"].as_f64().expect("rss");
         expect(
-            // ARCHITECTURE invariant 4 bounds the relay at 0.4-0.8 GiB at full rate with
-            // recording; the hostile mix peaked at 290-541 MiB over 8 runs of this and the
-            // session-start binary alike, so 512 was a margin, not the bound.
-            p["rss_limit_hit"] == false && rss > 1.0 && rss < 768.0,
+            // The hostile mix peaked at 402-950 MiB while the recorder's queue counted a
+            // batch by its bodies alone: a lagging recorder held thousands of one-event
+            // batches, each in room for a thousand. Counted by their room too: 355-413 MiB
+            // (the recorder's 256 MiB budget is most of it when the recorder lags).
+            p["rss_limit_hit"] == false && rss > 1.0 && rss < 512.0,
             format!("{phase}: relay RSS peaked at {rss:.0} MiB"),
         );
         expect(

@@ -144,9 +144,11 @@ impl Shared {
     }
 }
 
-/// Queue capacity in batches: deep enough to ride out a slow fsync or a RocksDB write stall of
-/// a second or more at low rates, where batches are small; memory is bounded by `BUDGET_KIB`.
-pub const QUEUE: usize = 16 * 1024;
+/// Queue capacity in batches: one per KiB of [`BUDGET_KIB`], which every batch takes at least,
+/// so the byte budget is always the bound that holds the mod, whatever the batches' sizes. (At
+/// 16,384, a relay that read events one or two at a time, each its own batch, was held at half
+/// the budget.) A queued batch's slot is a few dozen bytes: the budget bounds memory.
+pub const QUEUE: usize = BUDGET_KIB;
 /// Body bytes the queue may hold, in KiB: the recorder's memory bound whatever frames arrive.
 pub const BUDGET_KIB: usize = 256 * 1024;
 /// Batches applied per commit at most.
@@ -162,15 +164,18 @@ struct RecBatch {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-/// KiB of the recorder's byte budget a batch takes: its frame bodies, at least 1, at most all.
-fn budget_kib(msgs: &[RecMsg]) -> u32 {
-    let bytes: usize = msgs
+/// KiB of the recorder's byte budget a batch takes: its frame bodies and its own allocation
+/// (a batch of one message in room for a thousand holds that room until it is committed), at
+/// least 1, at most all.
+fn budget_kib(msgs: &Vec<RecMsg>) -> u32 {
+    let bodies: usize = msgs
         .iter()
         .map(|m| match m {
             RecMsg::Frame { rec, .. } => rec.body.len(),
             _ => 0,
         })
         .sum();
+    let bytes = bodies + msgs.capacity() * std::mem::size_of::<RecMsg>();
     (bytes / 1024).clamp(1, BUDGET_KIB) as u32
 }
 
@@ -303,10 +308,11 @@ impl Recorder {
     /// Sends without ever waiting: for tasks that must not stall (bridge writers). When the
     /// queue is full the message is handed to a task that waits, so it is still recorded.
     pub fn send_detached(&self, msg: RecMsg) {
-        let kib = budget_kib(std::slice::from_ref(&msg));
+        let msgs = vec![msg];
+        let kib = budget_kib(&msgs);
         let msg = match self.budget.clone().try_acquire_many_owned(kib) {
             Ok(permit) => match self.tx.try_send(RecBatch {
-                msgs: vec![msg],
+                msgs,
                 _budget: Some(permit),
             }) {
                 Ok(()) => return,
@@ -315,7 +321,10 @@ impl Recorder {
                     | mpsc::error::TrySendError::Closed(mut b),
                 ) => b.msgs.pop().expect("the batch holds the message"),
             },
-            Err(_) => msg,
+            Err(_) => {
+                let mut msgs = msgs;
+                msgs.pop().expect("the batch holds the message")
+            }
         };
         let me = self.clone();
         tokio::spawn(async move { me.send(msg).await });
@@ -368,5 +377,44 @@ impl RecorderThread {
             let _ = h.join();
         }
         self.shared.health.lock().unrecorded_at_shutdown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use gabp_storage::{Direction, FrameRecord};
+
+    use super::*;
+
+    fn frame(len: usize) -> RecMsg {
+        RecMsg::Frame {
+            session: SessionId::nil(),
+            rec: FrameRecord::message(
+                Direction::ModToRelay,
+                0,
+                1,
+                true,
+                Bytes::from(vec![b'x'; len]),
+            ),
+        }
+    }
+
+    /// A batch holds its room until it is committed, so the budget counts it: a queue of
+    /// one-event batches in room for a thousand each once held ~0.5 GiB under a 256 MiB budget.
+    #[test]
+    fn a_batch_takes_budget_for_its_room_as_well_as_its_bodies() {
+        let mut roomy = Vec::with_capacity(1024);
+        roomy.push(frame(300));
+        let room = 1024 * std::mem::size_of::<RecMsg>() / 1024;
+        assert!(
+            budget_kib(&roomy) as usize >= room,
+            "{}",
+            budget_kib(&roomy)
+        );
+        let snug = vec![frame(300)];
+        assert_eq!(budget_kib(&snug), 1);
+        let big = vec![frame(64 * 1024), frame(64 * 1024)];
+        assert_eq!(budget_kib(&big), 128);
     }
 }

@@ -5,13 +5,15 @@
 //! The reader is the only publisher of events, so per channel order is the mod's order. It
 //! never waits for a bridge (unless a bridge's policy is `block`); it does wait for the
 //! recorder, which is what makes recording lossless. Outbox wake-ups are batched: touched
-//! writers are woken once the socket has nothing more buffered, or every 256 frames at full
-//! rate. Recorder messages go out in batches of up to 512, or after lingering at most 5 ms, so a
-//! slow trickle of frames does not become many tiny batches, but never after a bridge could
-//! see what they record: whatever a bridge sends once it has a frame (a mark, a request) must
-//! be recorded after that frame, or episode exports cut by marks lose their answers. When the
-//! recorder has no room (a slow or failing disk), bridges still get what was read first, and
-//! the reader then waits at the recorder's queue, ahead of anything the bridges send back.
+//! writers are woken once the socket has nothing more buffered, or every 256 to 1,024 frames at
+//! full rate (by the outbox bound), and reads are large (256 KiB), so a burst is one `writev`
+//! per bridge. Recorder messages go out in batches of up to 1,024, or after lingering at most
+//! 5 ms, so a slow trickle of frames does not become many tiny batches, but never after a
+//! bridge could see what they record: whatever a bridge sends once it has a frame (a mark, a
+//! request) must be recorded after that frame, or episode exports cut by marks lose their
+//! answers. When the recorder has no room (a slow or failing disk), bridges still get what was
+//! read first, and the reader then waits at the recorder's queue, ahead of anything the bridges
+//! send back.
 //!
 //! The mod is trusted for content, not for cost: what no bridge could decode (non-finite
 //! numbers, lone surrogates), what would exceed `--max-body` once sequenced, and events on
@@ -38,15 +40,46 @@ use crate::recorder::RecMsg;
 use crate::route::{Route, SessionInfo};
 
 /// Recorder messages batched before a send even if the socket still has data.
-const RECORD_BATCH: usize = 512;
+const RECORD_BATCH: usize = 1024;
 /// How long recorder messages may wait in the reader before they are sent: at low rates this
 /// turns many tiny batches into few larger ones, and the recorder thread (which commits every
 /// 10 ms) is woken a few times per commit rather than hundreds: on a small machine every wake-up
 /// of another thread can delay the readers and writers that carry events.
 const RECORD_LINGER: Duration = Duration::from_millis(5);
 /// Frames processed before writers are woken even if the socket still has data: at full rate the
-/// socket never runs dry, and writers must drain outboxes long before they fill.
-const WAKE_EVERY: usize = 256;
+/// socket never runs dry, and writers must drain outboxes long before they fill. A sixteenth of
+/// the outbox bound (1,024 at the default), never fewer than 256: fewer, larger writes per
+/// event, on both ends of every bridge's socket.
+fn wake_every(outbox_frames: usize) -> usize {
+    (outbox_frames / 16).clamp(256, 1024)
+}
+/// The mod's read buffer gets [`READ_ROOM`] more room whenever less than [`READ_ROOM_MIN`] is
+/// left: once frames have been split off it, the buffer only grows by 64 KiB at a time (`bytes`
+/// caps what it remembers of its first capacity), and reads would then end after about 200
+/// events of 256 B: each read burst becomes a `writev` to every bridge.
+const READ_ROOM: usize = 256 * 1024;
+const READ_ROOM_MIN: usize = 64 * 1024;
+
+/// What [`Reader::take_records`] sends: `records` whole when at least a quarter full (a new
+/// room of [`RECORD_BATCH`] is left), else a copy of just its messages (the room stays).
+fn take_batch(records: &mut Vec<RecMsg>) -> Vec<RecMsg> {
+    if records.len() >= records.capacity() / 4 {
+        std::mem::replace(records, Vec::with_capacity(RECORD_BATCH))
+    } else {
+        let mut snug = Vec::with_capacity(records.len());
+        snug.append(records);
+        snug
+    }
+}
+
+/// Gives the read buffer room for a large read when it is nearly drained (so moving what it
+/// holds, part of one frame, costs little).
+fn make_read_room(frames: &mut Frames) {
+    let buf = frames.read_buffer_mut();
+    if buf.capacity() - buf.len() < READ_ROOM_MIN && buf.len() < 4096 {
+        buf.reserve(READ_ROOM);
+    }
+}
 
 /// Per-session reader state.
 struct Reader<'a> {
@@ -120,7 +153,9 @@ pub(super) async fn read_loop(
     let mut stall_check = tokio::time::interval((frame_timeout / 4).max(Duration::from_millis(10)));
     stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut partial_since: Option<std::time::Instant> = None;
+    let wake_every = wake_every(route.cfg.outbox_frames);
     loop {
+        make_read_room(frames);
         let next = match frames.next().now_or_never() {
             Some(n) => n,
             None => {
@@ -159,7 +194,7 @@ pub(super) async fn read_loop(
                     Read::Skipped { len, answers } => r.on_oversized(len, answers).await,
                 }
                 since_flush += 1;
-                if since_flush >= WAKE_EVERY || r.records.len() >= RECORD_BATCH {
+                if since_flush >= wake_every || r.records.len() >= RECORD_BATCH {
                     r.flush(false).await;
                     since_flush = 0;
                     // A mod that never pauses never reaches the select below: shutdown is
@@ -214,12 +249,11 @@ impl Reader<'_> {
         let Some(rec) = &self.route.recorder else {
             return self.records.clear();
         };
-        match rec.try_send_batch(std::mem::replace(
-            &mut self.records,
-            Vec::with_capacity(RECORD_BATCH),
-        )) {
+        match rec.try_send_batch(self.take_records()) {
             Ok(()) => self.last_record_send = std::time::Instant::now(),
-            Err(back) => self.records = back,
+            // Back in the order read, before anything read after them.
+            Err(back) if back.capacity() >= self.records.capacity() => self.records = back,
+            Err(back) => self.records.extend(back),
         }
     }
 
@@ -232,11 +266,16 @@ impl Reader<'_> {
             return self.records.clear();
         };
         self.last_record_send = std::time::Instant::now();
-        rec.send_batch(std::mem::replace(
-            &mut self.records,
-            Vec::with_capacity(RECORD_BATCH),
-        ))
-        .await;
+        let batch = self.take_records();
+        rec.send_batch(batch).await;
+    }
+
+    /// The records read so far, as a batch no larger than they need: a full batch goes as it
+    /// is, a small one (at low rates, a burst is an event or two) is copied out and the room
+    /// kept here. The recorder's queue is bounded by the bytes its batches hold, and a batch
+    /// of one message in room for a thousand would hold a thousand times its size.
+    fn take_records(&mut self) -> Vec<RecMsg> {
+        take_batch(&mut self.records)
     }
 
     fn record(&mut self, rec: FrameRecord) {
@@ -571,5 +610,85 @@ fn response_wire(
         out.freeze()
     } else {
         gabp_proto::frame_bytes(&gabp_proto::rewrite::with_id(body, id_span, bridge_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    use tokio_util::codec::FramedRead;
+
+    use super::*;
+
+    /// Whenever the mod's read buffer is nearly drained, it has room for a large read: bursts
+    /// of a few hundred events each would otherwise mean a `writev` per bridge per 64 KiB.
+    #[tokio::test]
+    async fn a_drained_read_buffer_has_room_for_a_large_read() {
+        let body = format!(
+            r#"{{"v":"gabp/1","type":"event","channel":"a/b","seq":1,"payload":{{"pad":"{}"}}}}"#,
+            "x".repeat(200)
+        );
+        let mut wire = BytesMut::new();
+        for _ in 0..3000 {
+            gabp_proto::encode_frame(body.as_bytes(), &mut wire);
+        }
+        let (mut mod_side, relay_side) = tokio::io::duplex(wire.len());
+        mod_side.write_all(&wire).await.expect("written");
+        drop(mod_side);
+        let mut frames: Frames = FramedRead::with_capacity(
+            Box::pin(relay_side),
+            gabp_proto::SkippingCodec::new(1 << 20),
+            256 * 1024,
+        );
+        let mut checked = 0;
+        let mut read = 0;
+        loop {
+            make_read_room(&mut frames);
+            let buf = frames.read_buffer();
+            if buf.len() < 4096 {
+                assert!(
+                    buf.capacity() - buf.len() >= READ_ROOM_MIN,
+                    "{} bytes of room after {read} frames",
+                    buf.capacity() - buf.len()
+                );
+                checked += 1;
+            }
+            match frames.next().await {
+                Some(Ok(_)) => read += 1,
+                Some(Err(e)) => panic!("{e}"),
+                None => break,
+            }
+        }
+        assert_eq!(read, 3000);
+        assert!(checked > 10, "the buffer was drained {checked} times");
+    }
+
+    #[test]
+    fn a_batch_for_the_recorder_is_never_mostly_empty_room() {
+        let mark = || RecMsg::Mark;
+        let mut records = Vec::with_capacity(RECORD_BATCH);
+        records.push(mark());
+        let batch = take_batch(&mut records);
+        assert_eq!((batch.len(), batch.capacity()), (1, 1));
+        assert!(records.is_empty() && records.capacity() == RECORD_BATCH);
+        records.extend((0..RECORD_BATCH).map(|_| mark()));
+        let batch = take_batch(&mut records);
+        assert_eq!(batch.len(), RECORD_BATCH);
+        assert!(records.is_empty() && records.capacity() == RECORD_BATCH);
+        for n in [1, 100, 255, 256, 700] {
+            records.extend((0..n).map(|_| mark()));
+            let batch = take_batch(&mut records);
+            assert_eq!(batch.len(), n);
+            assert!(batch.capacity() <= 4 * n, "{n} in {}", batch.capacity());
+        }
+    }
+
+    #[test]
+    fn writers_are_woken_at_least_every_256_frames_and_at_most_every_1024() {
+        assert_eq!(wake_every(16 * 1024), 1024);
+        assert_eq!(wake_every(1 << 20), 1024);
+        assert_eq!(wake_every(8 * 1024), 512);
+        assert_eq!(wake_every(64), 256);
     }
 }
