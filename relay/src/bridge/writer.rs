@@ -71,11 +71,8 @@ pub fn write_from_reader(route: &Route, outbox: &Outbox) {
     }
     let staged = sink.stage();
     let result = sink.write_now();
-    // Only an idle socket is written here, so there was nothing unwritten before: say so
-    // only when some is left (the writer then says when it is gone).
-    if !matches!(result, Ok(true)) {
-        outbox.note_unwritten(sink.queued_bytes());
-    }
+    // What the take counted as unwritten, now exact (nothing, when the socket took it all).
+    outbox.note_unwritten(sink.queued_bytes());
     record_staged(route, &sink, staged);
     drop(sink);
     match result {

@@ -477,6 +477,12 @@ impl Outbox {
         } else {
             batch.frames.extend(st.queue.drain(..));
         }
+        // Taken is not yet written: counted as unwritten before anyone waiting for room is
+        // told (the taker then sets the exact figure), or a resume's history could be queued
+        // again in the moment between the two and a bridge that reads nothing hold twice its
+        // bound.
+        self.unwritten
+            .fetch_add(st.event_bytes + st.control_bytes, Ordering::AcqRel);
         st.events = 0;
         st.event_bytes = 0;
         st.controls = 0;

@@ -165,6 +165,39 @@ async fn block_waits_for_bytes_not_only_frames() {
     assert_eq!(o.offer(&ev("a", 2)), Offer::Queued);
 }
 
+/// What a take hands over counts as unwritten until the taker says what the socket left: a
+/// resume waiting for room (`events_below`, which counts both) must never see the bytes in
+/// neither place, or a bridge that reads nothing is sent its history twice over.
+#[tokio::test]
+async fn taken_bytes_count_as_unwritten_until_the_taker_says_otherwise() {
+    let o = Outbox::new(OnSlow::DropOldest, 100, 1 << 20);
+    for s in 0..3 {
+        o.offer(&ev("a", s));
+    }
+    o.note_unwritten(0);
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    assert_eq!(o.depth().1, 0);
+    assert_eq!(
+        o.unwritten(),
+        30,
+        "three frames of 10 bytes taken, none written yet"
+    );
+    let waiting = tokio::time::timeout(
+        std::time::Duration::from_millis(20),
+        o.events_below(100, 20),
+    )
+    .await;
+    assert!(
+        waiting.is_err(),
+        "30 bytes taken and unwritten are over a room of 20"
+    );
+    o.note_unwritten(0);
+    tokio::time::timeout(std::time::Duration::from_secs(5), o.events_below(100, 20))
+        .await
+        .expect("room once the socket took them");
+}
+
 /// `offer_all` on a run is exactly `offer` on each of its events in turn: same queue, same
 /// drop runs, same counts, whatever the policy, the bounds, the run lengths, a kept notice or a
 /// control frame in between.

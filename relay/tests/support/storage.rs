@@ -131,7 +131,10 @@ pub async fn recorded(left: Left) -> (tempfile::TempDir, PathBuf) {
         &"127.0.0.1:0".parse().expect("addr"),
         ModSimConfig {
             token: super::MOD_TOKEN.into(),
-            rate: None,
+            // Paced, so the recording is many commits (one per 10 ms tick): a fault placed in
+            // the middle of the write-ahead log then lands after the session's first record.
+            // At full rate a large read burst could put half the session in one commit.
+            rate: Some(50_000.0),
             payload_bytes: 512,
             max_events: Some(EVENTS),
             ..ModSimConfig::default()
