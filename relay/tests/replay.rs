@@ -511,7 +511,15 @@ async fn a_replay_bridge_that_never_reads_is_cut_under_every_policy() {
         let (addr, cancel) = in_process(&data, move |c| {
             c.on_slow = policy;
             c.write_deadline = Duration::from_millis(300);
-            c.outbox_bytes = 256 * 1024;
+            // Under `disconnect` the honest bridge is cut too if its outbox fills before it
+            // reads its first event (a max-speed replay fills 256 KiB in about a millisecond,
+            // and a loaded machine can deschedule it longer): 4 MiB is still far below the
+            // 30 MB that cut the deaf one.
+            c.outbox_bytes = if matches!(policy, OnSlow::Disconnect) {
+                4 << 20
+            } else {
+                256 * 1024
+            };
         })
         .await;
         let mut honest = Client::connect_hello(&addr, TOKEN).await.expect("hello").0;
