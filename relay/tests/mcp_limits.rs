@@ -41,6 +41,23 @@ fn sim() -> ModSim {
     sim_with(ModSimConfig::default())
 }
 
+/// A mod with one channel, `a/b`, that sends events only when asked (`sim/emit`).
+fn quiet_sim() -> ModSim {
+    sim_with(ModSimConfig {
+        channels: vec!["a/b".into()],
+        autostart: false,
+        ..ModSimConfig::default()
+    })
+}
+
+/// A plain bridge on the relay `s`, beside the front.
+async fn plain_bridge(s: &Serve) -> Client {
+    Client::connect_hello(&s.addr, &s.token)
+        .await
+        .expect("plain bridge")
+        .0
+}
+
 fn sim_with(cfg: ModSimConfig) -> ModSim {
     let cfg = ModSimConfig {
         token: MOD_TOKEN.into(),
@@ -502,9 +519,7 @@ async fn an_oversized_tool_call_is_refused_unsent_and_the_front_goes_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
     let s = serve(&sim, dir.path(), &[]).await;
-    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
-        .await
-        .expect("plain bridge");
+    let mut plain = plain_bridge(&s).await;
     let mut m = stdio(&s).await;
     let big = "a".repeat(1100 * 1024);
     let r = m.call(2, "sim_echo", json!({ "big": big })).await;
@@ -603,15 +618,9 @@ async fn poll_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_front_resumes_without_losing_or_repeating_events() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sim = sim_with(ModSimConfig {
-        channels: vec!["a/b".into()],
-        autostart: false,
-        ..ModSimConfig::default()
-    });
+    let sim = quiet_sim();
     let s = serve(&sim, dir.path(), &[]).await;
-    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
-        .await
-        .expect("plain bridge");
+    let mut plain = plain_bridge(&s).await;
     let proxy = Proxy::start(&s.addr).await;
     let mut m = stdio_with(&["--connect", &proxy.addr, "--token", &s.token]).await;
     let mut id = 10;
@@ -765,16 +774,10 @@ async fn misshapen_params_of_a_standard_method_are_invalid_params() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_relay_restart_the_front_delivers_the_new_session_from_its_start() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let sim = sim_with(ModSimConfig {
-        channels: vec!["a/b".into()],
-        autostart: false,
-        ..ModSimConfig::default()
-    });
+    let sim = quiet_sim();
     let s = serve(&sim, dir.path(), &[]).await;
     let mut m = stdio(&s).await;
-    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
-        .await
-        .expect("plain bridge");
+    let mut plain = plain_bridge(&s).await;
     let emit = |n: u64| json!({"name": "sim/emit", "arguments": {"channel": "a/b", "count": n}});
     plain.call("tools/call", emit(3)).await.expect("emit");
     let mut id = 10;
@@ -783,9 +786,7 @@ async fn after_a_relay_restart_the_front_delivers_the_new_session_from_its_start
     drop(plain);
     s.stop().await;
     let s = serve(&sim, dir.path(), &[]).await;
-    let (mut plain, _) = Client::connect_hello(&s.addr, &s.token)
-        .await
-        .expect("plain bridge");
+    let mut plain = plain_bridge(&s).await;
     plain.call("tools/call", emit(6)).await.expect("emit");
     // The poll names the old session and cursor, as a client continuing would.
     let args =
