@@ -86,15 +86,12 @@ pub struct StoreOptions {
 #[derive(Clone)]
 pub struct Store {
     pub(crate) db: Arc<DB>,
-    /// Gives back the space of deleted sessions (declared next to `db`: it may hold the last
-    /// handle on it, and must close it before the log dir below goes).
+    /// Gives back the space of deleted sessions (it may hold the last handle on `db`).
     pub(crate) reclaimer: Arc<Reclaimer>,
     pub(crate) opts: StoreOptions,
     path: PathBuf,
     /// Whether the `details` column family exists (data dirs written before it have none).
     details: bool,
-    /// A read-only open writes RocksDB's info log here, never into the data dir.
-    _log_dir: Option<Arc<tempfile::TempDir>>,
     /// Read-only, with no relay holding the data dir: sessions still marked `recording` were
     /// left by a dead relay and are shown as ended by crash (the next relay writes that).
     pub(crate) orphaned: bool,
@@ -326,14 +323,10 @@ impl Store {
         if let Some(mode) = salvage {
             o.set_wal_recovery_mode(mode);
         }
-        let mut log_dir = None;
         let db = if opts.read_only {
-            // RocksDB would otherwise rotate its info log inside the data dir.
-            let tmp = tempfile::Builder::new()
-                .prefix("gabp-relay-rocksdb-log")
-                .tempdir()?;
-            o.set_db_log_dir(tmp.path());
-            log_dir = Some(Arc::new(tmp));
+            // A read-only open makes no info log (RocksDB creates one only when writable), so
+            // it creates no file anywhere: not in the data dir, not in a temporary dir that a
+            // killed read command would leave behind.
             DB::open_cf_descriptors_read_only(&o, path, cf_descriptors(&opts, details), false)
                 .map_err(|e| damaged(e.to_string()))?
         } else {
@@ -364,7 +357,6 @@ impl Store {
             opts,
             path: path.to_path_buf(),
             details,
-            _log_dir: log_dir,
             orphaned,
         })
     }

@@ -212,3 +212,64 @@ fn retention_deletes_oldest_ended_sessions_and_lock_is_exclusive() {
         ids[2]
     );
 }
+
+/// Names, sizes and contents of every file in `dir`.
+fn listing(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| {
+            let e = e.expect("entry");
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap_or_default())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Entries of the system temp dir other than the `.tmp…` dirs tests make with `tempfile`.
+fn temp_entries() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(std::env::temp_dir())
+        .expect("read temp dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".tmp"))
+        .collect()
+}
+
+#[test]
+fn reading_creates_no_file_in_the_data_dir_or_anywhere_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let id = {
+        let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
+        let mut w = SessionWriter::new(store);
+        let m = meta("r");
+        w.begin(m.clone());
+        w.define_channel(m.id, 0, "a");
+        for i in 0..100 {
+            w.append(m.id, &event(0, i, i));
+        }
+        w.end(m.id, EndReason::Clean, 200);
+        w.commit().expect("commit");
+        m.id
+    };
+    let before = listing(dir.path());
+    let temp_before = temp_entries();
+    let ro = Store::open_for_reading(dir.path()).expect("read");
+    assert_eq!(ro.sessions().expect("list").len(), 1);
+    assert_eq!(ro.frames(id).count(), 100);
+    assert!(ro.check_session(id).expect("check").ok());
+    // While it is open: a read command killed now (SIGKILL runs no destructor) must leave
+    // nothing behind, so nothing may have been made for it.
+    let made: Vec<String> = temp_entries().difference(&temp_before).cloned().collect();
+    assert!(
+        made.is_empty(),
+        "a read-only open made {made:?} in the temp dir"
+    );
+    drop(ro);
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "reading changed the data dir (info log included)"
+    );
+}
