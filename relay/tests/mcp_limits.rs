@@ -658,8 +658,9 @@ async fn a_cut_front_resumes_without_losing_or_repeating_events() {
     .await;
 }
 
-/// `events_poll` arguments of the wrong type are refused by name (an `isError` result), never
-/// read as absent: `channels: "a/b"` used to poll every channel.
+/// `events_poll` arguments of the wrong type or outside the schema's ranges are refused by name
+/// (an `isError` result), never read as absent or clamped: `channels: "a/b"` used to poll every
+/// channel, and `max: 0` returned one event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_poll_refuses_arguments_of_the_wrong_type() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -673,7 +674,13 @@ async fn events_poll_refuses_arguments_of_the_wrong_type() {
         (json!({"cursor": {"a/b": -1}}), "`cursor`"),
         (json!({"session": 5}), "`session`"),
         (json!({"max": "10"}), "`max`"),
+        (json!({"max": 0}), "`max` must be an integer from 1 to 5000"),
+        (json!({"max": 5001}), "`max`"),
         (json!({"waitMs": -5}), "`waitMs`"),
+        (
+            json!({"waitMs": 30001}),
+            "`waitMs` must be an integer from 0 to 30000",
+        ),
     ];
     for (i, (args, field)) in bad.into_iter().enumerate() {
         let r = m.call(10 + i as u64, "events_poll", args.clone()).await;

@@ -498,17 +498,19 @@ fn poll_query(args: &Value) -> Result<(Query, Duration), String> {
         Value::String(s) => Some(s.clone()),
         _ => return Err("`session` must be the session id a previous poll returned".into()),
     };
-    let int = |key: &str| match &args[key] {
+    // Within the ranges the tool's schema declares, or refused by name: a `max: 0` quietly
+    // read as 1 would be a different question answered.
+    let int = |key: &str, lo: u64, hi: u64| match &args[key] {
         Value::Null => Ok(None),
         v => v
             .as_u64()
+            .filter(|n| (lo..=hi).contains(n))
             .map(Some)
-            .ok_or(format!("`{key}` must be an integer >= 0")),
+            .ok_or(format!("`{key}` must be an integer from {lo} to {hi}")),
     };
-    let max = int("max")?
-        .map_or(100, |m| m.min(POLL_MAX as u64) as usize)
-        .max(1);
-    let wait = Duration::from_millis(int("waitMs")?.unwrap_or(0)).min(POLL_WAIT_MAX);
+    let max = int("max", 1, POLL_MAX as u64)?.map_or(100, |m| m as usize);
+    let wait_ms = int("waitMs", 0, POLL_WAIT_MAX.as_millis() as u64)?;
+    let wait = Duration::from_millis(wait_ms.unwrap_or(0));
     Ok((
         Query {
             channels,

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::server::POLL_MAX;
+use super::server::{POLL_MAX, POLL_WAIT_MAX};
 
 /// The definitions (names, titles, input schemas) of the relay's own tools.
 pub(super) fn own_tools() -> Vec<Value> {
@@ -19,7 +19,7 @@ pub(super) fn own_tools() -> Vec<Value> {
                     "cursor": { "type": "object", "additionalProperties": { "type": "integer", "minimum": 0 }, "description": "Next seq wanted per channel, from the previous answer" },
                     "session": { "type": "string", "description": "The session the cursor belongs to, from the previous answer" },
                     "max": { "type": "integer", "minimum": 1, "maximum": POLL_MAX, "default": 100 },
-                    "waitMs": { "type": "integer", "minimum": 0, "maximum": 30000, "default": 0 }
+                    "waitMs": { "type": "integer", "minimum": 0, "maximum": POLL_WAIT_MAX.as_millis() as u64, "default": 0 }
                 }
             }
         }),
