@@ -17,14 +17,21 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
             || n.starts_with("LOG.old.")
             || n.starts_with("MANIFEST-")
             || n.starts_with("OPTIONS-")
-            || n.ends_with(".sst")
-            || n.ends_with(".log")
-            || n.ends_with(".blob")
+            || numbered(&n, ".sst")
+            || numbered(&n, ".log")
+            || numbered(&n, ".blob")
         {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// Whether `name` is a file number and `ext`, as RocksDB names its tables, logs and blobs
+/// (`000123.log`): a user's `app.log` beside them does not make a dir a data dir.
+fn numbered(name: &str, ext: &str) -> bool {
+    name.strip_suffix(ext)
+        .is_some_and(|stem| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The refusal of a dir that holds files but none RocksDB wrote.
@@ -136,4 +143,37 @@ fn create_private_dir(path: &Path) -> std::io::Result<()> {
             .create(path)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_rocksdb_files;
+
+    #[test]
+    fn only_rocksdb_names_make_a_dir_look_like_a_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for other in [
+            "app.log",
+            "error.log",
+            "notes.sst",
+            "x.blob",
+            ".log",
+            "LOGS",
+            "current",
+        ] {
+            std::fs::write(dir.path().join(other), b"x").expect("write");
+        }
+        assert!(!holds_rocksdb_files(dir.path()).expect("read"));
+        for ours in [
+            "000012.log",
+            "000009.sst",
+            "7.blob",
+            "MANIFEST-000016",
+            "CURRENT",
+        ] {
+            let one = tempfile::tempdir().expect("tempdir");
+            std::fs::write(one.path().join(ours), b"x").expect("write");
+            assert!(holds_rocksdb_files(one.path()).expect("read"), "{ours}");
+        }
+    }
 }
