@@ -238,7 +238,11 @@ async fn repair_of_a_dir_that_is_no_data_dir_changes_nothing_and_fails() {
     let other = dir.path().join("photos");
     std::fs::create_dir(&other).expect("mkdir");
     std::fs::write(other.join("cat.jpg"), b"not a database").expect("write");
-    for d in [&empty, &other] {
+    // A dir of a program's own logs: `app.log` is no RocksDB write-ahead log (`000012.log`).
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).expect("mkdir");
+    std::fs::write(logs.join("app.log"), b"started\n").expect("write");
+    for d in [&empty, &other, &logs] {
         let before: Vec<_> = std::fs::read_dir(dir.path())
             .expect("ls")
             .map(|e| e.expect("entry").file_name())
