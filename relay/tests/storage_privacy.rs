@@ -177,8 +177,40 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
         .lines()
         .count() as u64;
     assert!(lines >= EVENTS, "{lines} lines");
-    let leftovers = files_with(dir.path(), |n| n.starts_with(".gabp-export-"));
+    let leftovers = files_with(dir.path(), |n| n.starts_with(".gabp-"));
     assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // What a Parquet directory export killed mid-write leaves (its work dir, named after its
+    // process) is removed by the next export beside it; a live process's is not.
+    let mut child = std::process::Command::new("true").spawn().expect("spawn");
+    let dead = child.id();
+    child.wait().expect("reaped");
+    let killed = dir.path().join(format!(".gabp-export-{dead}-AbC123"));
+    std::fs::create_dir_all(killed.join("route=x")).expect("mkdir");
+    std::fs::write(killed.join("route=x").join("part.parquet"), b"half").expect("write");
+    let live = dir
+        .path()
+        .join(format!(".gabp-export-{}-XyZ789", std::process::id()));
+    std::fs::create_dir(&live).expect("mkdir");
+    let pq = dir.path().join("pq");
+    let out = run(&[
+        "export",
+        "--all",
+        "--format",
+        "parquet",
+        "--data-dir",
+        d,
+        "-o",
+        pq.to_str().expect("utf8"),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!killed.exists(), "a killed export's work dir was left");
+    assert!(live.exists(), "a live process's work dir was removed");
 }
 
 /// A relay killed before any flush (everything in the write-ahead log) with its MANIFEST

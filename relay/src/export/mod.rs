@@ -9,6 +9,7 @@
 //! A mark is a bridge's `relay/mark {label, data?}` request: recorded as a frame like any
 //! other, exported with kind `mark`, its label and data.
 
+mod atomic;
 pub mod jsonl;
 pub mod parquet;
 
@@ -19,6 +20,7 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, FrameRecord, SessionMeta, Store, StoreError};
 use serde_json::Value;
 
+pub use atomic::write_atomically;
 pub use jsonl::{export, export_sessions, export_to_file};
 
 /// Which frames to export.
@@ -305,40 +307,6 @@ fn mark_span(
     })
 }
 
-/// Writes into a private temporary file beside `path`, renamed over it only once `write`
-/// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
-/// followed. A FIFO, device or socket at `path` (`/dev/stdout`, a named pipe) is written
-/// into, never replaced by a file. `-` is standard output.
-pub fn write_atomically<T, E: From<std::io::Error>>(
-    path: &std::path::Path,
-    write: impl FnOnce(&mut std::fs::File) -> Result<T, E>,
-) -> Result<T, E> {
-    if is_stdout(path) {
-        use std::os::fd::AsFd;
-        // A second descriptor of stdout: same file position and flags (`>>` still appends).
-        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
-        return write(&mut std::fs::File::from(fd));
-    }
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        let t = md.file_type();
-        if !(t.is_file() || t.is_dir() || t.is_symlink()) {
-            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-            return write(&mut f);
-        }
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".gabp-output-")
-        .tempfile_in(dir)?;
-    let out = write(tmp.as_file_mut())?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(out)
-}
-
 /// Whether writing to `output` could touch the data dir `data`: it is that dir, lies inside
 /// it, or is a directory holding it (which `--force` would replace). Paths are compared
 /// resolved, with `output`'s own last component taken as it is (a symlink there is replaced,
@@ -409,52 +377,4 @@ pub enum ExportError {
         /// Whether it was looked for after the start mark.
         after: bool,
     },
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::{Read, Write};
-    use std::os::unix::fs::FileTypeExt;
-
-    /// A named pipe at the output path is written into and stays a pipe (a root user's
-    /// `-o /dev/null` must never replace the device with a file); a file is still replaced
-    /// whole.
-    #[test]
-    fn a_fifo_is_written_into_and_a_file_replaced() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fifo = dir.path().join("pipe");
-        let made = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo runs");
-        assert!(made.success());
-        let reader = {
-            let fifo = fifo.clone();
-            std::thread::spawn(move || {
-                let mut got = String::new();
-                std::fs::File::open(fifo)
-                    .expect("open to read")
-                    .read_to_string(&mut got)
-                    .expect("read");
-                got
-            })
-        };
-        super::write_atomically(&fifo, |f| -> Result<(), std::io::Error> {
-            f.write_all(b"through the pipe")
-        })
-        .expect("written");
-        assert_eq!(reader.join().expect("reader"), "through the pipe");
-        let t = std::fs::symlink_metadata(&fifo)
-            .expect("still there")
-            .file_type();
-        assert!(t.is_fifo(), "the pipe was replaced by {t:?}");
-
-        let file = dir.path().join("out.txt");
-        std::fs::write(&file, "old").expect("write");
-        super::write_atomically(&file, |f| -> Result<(), std::io::Error> {
-            f.write_all(b"new")
-        })
-        .expect("written");
-        assert_eq!(std::fs::read_to_string(&file).expect("read"), "new");
-    }
 }

@@ -383,12 +383,12 @@ pub fn export_hive(
             "the directory exists and is not empty",
         )));
     }
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
+    let parent = super::atomic::parent_of(dir);
+    // The work dir is named after this process, so that what a killed export left is removed
+    // by the next one here (see `super::atomic`).
+    super::atomic::sweep_leftovers(parent, EXPORT_PREFIX);
     let tmp = tempfile::Builder::new()
-        .prefix(".gabp-export-")
+        .prefix(&super::atomic::work_prefix(EXPORT_PREFIX))
         .tempdir_in(parent)?;
     let mut written = Vec::with_capacity(metas.len());
     for meta in metas {
@@ -421,6 +421,9 @@ pub fn export_hive(
     }
     Ok(written)
 }
+
+/// Prefix of a Parquet directory export's hidden work dir.
+const EXPORT_PREFIX: &str = ".gabp-export-";
 
 /// Puts `new` where `dir` is: `dir` moves aside, `new` takes its name, the old one is removed.
 /// Should the second rename fail, the old directory is moved back.

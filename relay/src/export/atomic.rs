@@ -1,0 +1,285 @@
+//! How an output file or directory appears: whole or not at all, and nothing left behind by a
+//! run that was interrupted, however it died.
+//!
+//! A file is written unnamed (`O_TMPFILE`) in the target's directory and given a name only once
+//! complete, so a run killed mid-write (SIGKILL runs no cleanup) leaves nothing: the kernel
+//! frees an unnamed file with its last descriptor. Where the file system cannot make unnamed
+//! files, and for directories (a Parquet export), the work file or dir is hidden and named
+//! after the process (`.gabp-output-<pid>-…`); the next export into the same directory removes
+//! those whose process is gone.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Prefix of a single-file output's hidden work file.
+const OUTPUT_PREFIX: &str = ".gabp-output-";
+
+/// Writes into a private temporary file beside `path`, renamed over it only once `write`
+/// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
+/// followed. A FIFO, device or socket at `path` (`/dev/stdout`, a named pipe) is written
+/// into, never replaced by a file. `-` is standard output.
+pub fn write_atomically<T, E: From<std::io::Error>>(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> Result<T, E>,
+) -> Result<T, E> {
+    if super::is_stdout(path) {
+        use std::os::fd::AsFd;
+        // A second descriptor of stdout: same file position and flags (`>>` still appends).
+        let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+        return write(&mut File::from(fd));
+    }
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        let t = md.file_type();
+        if !(t.is_file() || t.is_dir() || t.is_symlink()) {
+            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+            return write(&mut f);
+        }
+    }
+    let dir = parent_of(path);
+    if !dir.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("the directory {} does not exist", dir.display()),
+        )
+        .into());
+    }
+    match unnamed_file(dir) {
+        Some(mut f) => {
+            let out = write(&mut f)?;
+            f.sync_all()?;
+            give_name(&f, dir, path)?;
+            Ok(out)
+        }
+        None => {
+            sweep_leftovers(dir, OUTPUT_PREFIX);
+            let mut tmp = tempfile::Builder::new()
+                .prefix(&work_prefix(OUTPUT_PREFIX))
+                .tempfile_in(dir)?;
+            let out = write(tmp.as_file_mut())?;
+            tmp.as_file().sync_all()?;
+            tmp.persist(path).map_err(|e| e.error)?;
+            Ok(out)
+        }
+    }
+}
+
+/// The directory `path` is in (`.` for a bare name).
+pub(super) fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
+}
+
+/// A private file in `dir` with no name, or `None` where the file system makes none.
+fn unnamed_file(dir: &Path) -> Option<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+        .ok()
+}
+
+/// Links the complete unnamed file `f` into `dir` under a hidden name, then renames that over
+/// `path` (a link cannot replace an existing file; the rename does, atomically).
+fn give_name(f: &File, dir: &Path, path: &Path) -> std::io::Result<()> {
+    let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+    let prefix = work_prefix(OUTPUT_PREFIX);
+    for _ in 0..16 {
+        let named = dir.join(format!("{prefix}{}", uuid::Uuid::new_v4().simple()));
+        match nix::unistd::linkat(
+            nix::fcntl::AT_FDCWD,
+            &fd_path,
+            nix::fcntl::AT_FDCWD,
+            &named,
+            nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+        ) {
+            Ok(()) => {
+                return std::fs::rename(&named, path).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&named);
+                });
+            }
+            Err(nix::errno::Errno::EEXIST) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free name for the output's work file",
+    ))
+}
+
+/// `prefix` followed by this process's id: what [`sweep_leftovers`] reads back.
+pub(super) fn work_prefix(prefix: &str) -> String {
+    format!("{prefix}{}-", std::process::id())
+}
+
+/// Removes the work files and dirs named `prefix<pid>-…` in `dir` whose process is gone: what
+/// an export killed mid-write left. Best effort, silent: it never touches a live process's
+/// work, nor any name of another shape.
+pub(super) fn sweep_leftovers(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        let gone = matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if !gone {
+            continue;
+        }
+        let p = e.path();
+        let _ = match e.file_type() {
+            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+            _ => std::fs::remove_file(&p),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::FileTypeExt;
+
+    use super::{sweep_leftovers, work_prefix, write_atomically};
+
+    fn names(dir: &std::path::Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A named pipe at the output path is written into and stays a pipe (a root user's
+    /// `-o /dev/null` must never replace the device with a file); a file is still replaced
+    /// whole.
+    #[test]
+    fn a_fifo_is_written_into_and_a_file_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("pipe");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut got = String::new();
+                std::fs::File::open(fifo)
+                    .expect("open to read")
+                    .read_to_string(&mut got)
+                    .expect("read");
+                got
+            })
+        };
+        write_atomically(&fifo, |f| -> Result<(), std::io::Error> {
+            f.write_all(b"through the pipe")
+        })
+        .expect("written");
+        assert_eq!(reader.join().expect("reader"), "through the pipe");
+        let t = std::fs::symlink_metadata(&fifo)
+            .expect("still there")
+            .file_type();
+        assert!(t.is_fifo(), "the pipe was replaced by {t:?}");
+
+        let file = dir.path().join("out.txt");
+        std::fs::write(&file, "old").expect("write");
+        write_atomically(&file, |f| -> Result<(), std::io::Error> {
+            f.write_all(b"new")
+        })
+        .expect("written");
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), "new");
+    }
+
+    /// While an output is being written nothing of it has a name in the directory (a run
+    /// killed then leaves nothing), and once done only the output is there, private.
+    #[test]
+    fn an_output_being_written_has_no_name_until_it_is_complete() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("other"), "x").expect("write");
+        let out = dir.path().join("out.jsonl");
+        let seen = write_atomically(&out, |f| -> Result<Vec<String>, std::io::Error> {
+            f.write_all(b"a line\n")?;
+            Ok(names(dir.path()))
+        })
+        .expect("written");
+        assert_eq!(seen, ["other"], "a work file had a name while writing");
+        assert_eq!(names(dir.path()), ["other", "out.jsonl"]);
+        assert_eq!(std::fs::read_to_string(&out).expect("read"), "a line\n");
+        let mode = std::fs::metadata(&out).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// A failed write leaves neither the output nor anything else.
+    #[test]
+    fn a_failed_output_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out.jsonl");
+        let r = write_atomically(&out, |f| -> Result<(), std::io::Error> {
+            f.write_all(b"half")?;
+            Err(std::io::Error::other("stopped"))
+        });
+        assert!(r.is_err());
+        assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+    }
+
+    #[test]
+    fn an_output_in_a_missing_directory_names_the_directory_not_a_work_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("nowhere").join("r.html");
+        let e = write_atomically(&out, |_| -> Result<(), std::io::Error> { Ok(()) })
+            .expect_err("refused");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("nowhere") && msg.contains("does not exist"),
+            "{msg}"
+        );
+        assert!(!msg.contains(".gabp-"), "{msg}");
+    }
+
+    /// What a killed export left (its process gone) is removed; a live process's work and
+    /// names of any other shape are not.
+    #[test]
+    fn leftovers_of_gone_processes_are_swept_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let dead = child.id();
+        child.wait().expect("reaped");
+        let p = ".gabp-output-";
+        let gone_file = format!("{p}{dead}-abc");
+        let gone_dir = format!("{p}{dead}-def");
+        let live = format!("{}xyz", work_prefix(p));
+        for n in [
+            &gone_file,
+            &live,
+            &format!("{p}abc"),
+            &"keep.txt".to_string(),
+        ] {
+            std::fs::write(dir.path().join(n), "x").expect("write");
+        }
+        std::fs::create_dir_all(dir.path().join(&gone_dir).join("inner")).expect("mkdir");
+        sweep_leftovers(dir.path(), p);
+        let mut want = vec![format!("{p}abc"), live, "keep.txt".to_string()];
+        want.sort();
+        assert_eq!(names(dir.path()), want);
+    }
+}
