@@ -37,6 +37,7 @@ pub const NAMES: &[&str] = &[
     "gabp_record_lost_frames_total",
     "gabp_record_commit_seconds",
     "gabp_recorder_lag",
+    "gabp_recorder_lag_bytes",
 ];
 
 /// Handles for one route's hot-path metrics.
@@ -68,8 +69,10 @@ pub struct RouteMetrics {
     pub auth_failures: Counter,
     /// Frames received before a successful hello (counted, never recorded).
     pub unauthenticated: Counter,
-    /// Recorder queue depth.
+    /// Recorder queue depth, in batches.
     pub recorder_lag: Gauge,
+    /// Bytes the recorder's queue holds uncommitted (what a crash would leave unrecorded).
+    pub recorder_lag_bytes: Gauge,
     route: String,
     labels: Arc<Mutex<Labels>>,
 }
@@ -139,6 +142,7 @@ impl RouteMetrics {
             auth_failures: metrics::counter!("gabp_auth_failures_total", "route" => r.clone()),
             unauthenticated: metrics::counter!("gabp_unauthenticated_frames_total", "route" => r.clone()),
             recorder_lag: metrics::gauge!("gabp_recorder_lag", "route" => r.clone()),
+            recorder_lag_bytes: metrics::gauge!("gabp_recorder_lag_bytes", "route" => r.clone()),
             route: r,
             labels: Arc::default(),
         }

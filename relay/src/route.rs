@@ -376,6 +376,7 @@ impl Route {
             "listen": self.cfg.listen.to_string(),
             "recording": self.recorder.is_some(),
             "recorderLag": self.recorder.as_ref().map(|r| r.lag()),
+            "recorderLagBytes": self.recorder.as_ref().map(|r| r.lag_bytes()),
             "recorderHealth": self.recorder.as_ref().map(|r| r.health()),
             "ship": self.recorder.as_ref().and_then(|r| r.ship()),
             "session": session,

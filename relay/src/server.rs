@@ -342,6 +342,7 @@ async fn sweeper(route: Arc<Route>) {
         route.metrics.outbox_events.set(deepest as f64);
         if let Some(r) = &route.recorder {
             route.metrics.recorder_lag.set(r.lag() as f64);
+            route.metrics.recorder_lag_bytes.set(r.lag_bytes() as f64);
         }
     }
 }

@@ -342,6 +342,14 @@ impl Recorder {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
+    /// Bytes of the byte budget that batches not yet committed hold (bodies and allocations,
+    /// KiB granularity): what a crash (`kill -9`, power loss) would leave out of the
+    /// recording, though bridges may already have it (they get events before they are
+    /// committed). Near [`BUDGET_KIB`] when the recorder lags and holds the mod.
+    pub fn lag_bytes(&self) -> u64 {
+        (BUDGET_KIB.saturating_sub(self.budget.available_permits()) as u64) * 1024
+    }
+
     /// Where the shipper finds the store (empty while the recorder reopens it).
     pub fn store_slot(&self) -> crate::ship::shipper::StoreSlot {
         self.shared.store.clone()

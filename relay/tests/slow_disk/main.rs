@@ -97,6 +97,12 @@ async fn slow_disk(policy: &str) {
         assert_eq!(s["session"]["state"], "connected", "{s}");
         // Slow is not failing: the recorder reports itself healthy throughout.
         assert_eq!(s["recorderHealth"]["ok"], true, "{s}");
+        // What a crash now would leave unrecorded is shown: about the queue's budget.
+        let lag = s["recorderLagBytes"].as_f64().unwrap_or(0.0);
+        assert!(
+            lag > 0.5 * QUEUE_BUDGET && lag <= QUEUE_BUDGET,
+            "recorderLagBytes {lag} while held at the budget"
+        );
     }
     // A bridge joining now: its hello is recorded before it is welcomed, so it waits for
     // room in the recorder queue; measured, and it must be welcomed once the disk speeds up.
