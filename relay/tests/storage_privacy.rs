@@ -293,3 +293,66 @@ fn all_private(p: &Path) {
         assert_eq!(mode(p), 0o600, "{}", p.display());
     }
 }
+
+/// A data dir another user cannot read is said to be a permissions problem, naming the dir,
+/// never damage for `repair`: a dir it cannot list, and a dir whose files it cannot read.
+/// Runs the commands as `nobody` (root reads everything); skipped when not root.
+#[tokio::test]
+async fn an_unreadable_data_dir_is_a_permissions_problem_not_damage() {
+    if !std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+    {
+        eprintln!("SKIPPED: not root: cannot run as another user");
+        return;
+    }
+    let (dir, data) = recorded(Left::Flushed).await;
+    // The binary where `nobody` can run it (the build's own dir may be private).
+    let bin_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let bin = bin_dir.path().join("gabp-relay");
+    std::fs::copy(BIN, &bin).expect("copy the binary");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let as_nobody = |args: Vec<String>| {
+        let bin = bin.clone();
+        async move {
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(&bin)
+                .args(&args)
+                .env("HOME", "/")
+                .output()
+                .await
+                .expect("setpriv runs")
+        }
+    };
+    let d = data.to_str().expect("utf8").to_string();
+    let files: Vec<PathBuf> = std::fs::read_dir(&data)
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    for (mode_dir, mode_files, what) in [
+        (0o700, 0o600, "cannot list its files"),
+        (0o755, 0o600, "cannot read its files"),
+    ] {
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(mode_dir)).expect("chmod");
+        for f in &files {
+            std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode_files))
+                .expect("chmod");
+        }
+        for args in [
+            vec!["sessions", "--data-dir", &d],
+            vec!["sessions", "check", "--data-dir", &d],
+            vec!["stats", "latest", "--data-dir", &d],
+            vec!["export", "latest", "--data-dir", &d, "-o", "-"],
+        ] {
+            let out = as_nobody(args.iter().map(|s| s.to_string()).collect()).await;
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let line = error_line(&out);
+            assert!(
+                line.contains(&d) && line.contains("permission denied") && line.contains(what),
+                "{args:?} (dir {mode_dir:o}): {line}"
+            );
+            assert!(!line.contains("repair"), "{args:?}: {line}");
+        }
+    }
+}

@@ -288,9 +288,22 @@ impl Store {
         salvage: Option<rocksdb::DBRecoveryMode>,
     ) -> Result<Store, StoreError> {
         let p = path.display().to_string();
-        let damaged = |reason: String| StoreError::Damaged {
+        // A permissions problem is said as one, never as damage for `repair` to fix.
+        let denied = |what: &str| StoreError::Open {
             path: p.clone(),
-            reason,
+            reason: format!(
+                "permission denied: this user cannot {what} (check its owner and mode)"
+            ),
+        };
+        let damaged = |reason: String| {
+            if reason.contains("Permission denied") {
+                denied("read its files")
+            } else {
+                StoreError::Damaged {
+                    path: p.clone(),
+                    reason,
+                }
+            }
         };
         let fresh = if opts.read_only {
             if !path.is_dir() {
@@ -300,6 +313,13 @@ impl Store {
         } else {
             prepare_writable_dir(path, opts.allow_symlinked_dir)?
         };
+        if let Err(e) = std::fs::read_dir(path) {
+            return Err(if e.kind() == std::io::ErrorKind::PermissionDenied {
+                denied("list its files")
+            } else {
+                e.into()
+            });
+        }
         if !fresh && !path.join("CURRENT").exists() {
             return Err(if std::fs::read_dir(path)?.next().is_none() {
                 StoreError::Open {
