@@ -130,7 +130,7 @@ impl Relay {
             apply_retention(&store, &cfg);
             // The recorder thread holds the only handle (it reopens the store after I/O
             // errors), so later retention runs there too.
-            let (rec, thread) = Recorder::start(store, cfg.on_record_error);
+            let (rec, thread) = Recorder::start(store, cfg.on_record_error, cfg.record_queue);
             let status = cfg
                 .ship
                 .as_ref()

@@ -98,6 +98,11 @@ pub struct GlobalFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "unset")]
     pub wal_compression: bool,
+    /// Bytes queued for the recorder before the mod is held; also the most a crash can leave
+    /// out of a recording while the recorder lags [default: 256MiB].
+    #[arg(long, value_parser = record_queue)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_queue: Option<String>,
     /// Record into --data-dir even if it is a symlink (refused by default).
     #[arg(long)]
     #[serde(skip_serializing_if = "unset")]
@@ -179,6 +184,10 @@ fn timeout(s: &str) -> Result<String, String> {
 
 fn duration(s: &str) -> Result<String, String> {
     units::parse_duration(s).map(|_| s.to_string())
+}
+
+fn record_queue(s: &str) -> Result<String, String> {
+    units::parse_size_in(s, limits::RECORD_QUEUE_MIN, limits::RECORD_QUEUE).map(|_| s.to_string())
 }
 
 fn outbox_bytes(s: &str) -> Result<String, String> {
@@ -513,6 +522,7 @@ fn ignored_global_changes(old: &RelayConfig, new: &RelayConfig) -> Vec<&'static 
             "wal_compression",
             old.wal_compression != new.wal_compression,
         ),
+        ("record_queue", old.record_queue != new.record_queue),
         (
             "on_record_error",
             old.on_record_error != new.on_record_error,

@@ -30,6 +30,8 @@ pub struct FileConfig {
     pub compression: Option<String>,
     /// Compress the write-ahead log (default false).
     pub wal_compression: Option<bool>,
+    /// The recorder queue's byte budget, e.g. `"64MiB"`.
+    pub record_queue: Option<String>,
     /// `stall` or `continue`.
     pub on_record_error: Option<String>,
     /// Retention, e.g. `"7d,10GiB"`.
@@ -415,6 +417,11 @@ impl FileConfig {
                 units::parse_timeout(v).map_err(|m| err("shutdown_timeout", m))?;
         }
         cfg.wal_compression = self.wal_compression.unwrap_or(false);
+        if let Some(s) = &self.record_queue {
+            cfg.record_queue =
+                units::parse_size_in(s, limits::RECORD_QUEUE_MIN, limits::RECORD_QUEUE)
+                    .map_err(|m| err("record_queue", m))?;
+        }
         cfg.allow_remote = self.allow_remote.unwrap_or(false);
         cfg.allow_symlinked_data_dir = self.allow_symlinked_data_dir.unwrap_or(false);
         cfg.bridge_file = self.bridge_file.clone();
@@ -883,6 +890,39 @@ mod tests {
             .expect("resolves");
         let names: Vec<&str> = cfg.routes.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["default", "other"]);
+    }
+
+    #[test]
+    fn the_record_queue_is_a_size_within_its_bounds_and_flags_win() {
+        let route =
+            "[[route]]\nname = \"a\"\nupstream = \"127.0.0.1:1\"\nlisten = \"127.0.0.1:0\"\n";
+        let resolve = |text: &str, layer: Layer| {
+            FileConfig::layered(Some((text, "r.toml")), layer)
+                .and_then(|f| f.relay_config("r.toml"))
+        };
+        let cfg = resolve(route, Layer::default()).expect("resolves");
+        assert_eq!(cfg.record_queue, 256 << 20, "default");
+        let text = format!("record_queue = \"64MiB\"\n{route}");
+        assert_eq!(
+            resolve(&text, Layer::default())
+                .expect("resolves")
+                .record_queue,
+            64 << 20
+        );
+        let mut layer = Layer::default();
+        layer
+            .globals
+            .insert("record_queue".into(), toml::Value::String("8MiB".into()));
+        assert_eq!(
+            resolve(&text, layer).expect("resolves").record_queue,
+            8 << 20,
+            "flag wins"
+        );
+        for bad in ["512KiB", "5GiB", "lots"] {
+            let text = format!("record_queue = \"{bad}\"\n{route}");
+            let e = resolve(&text, Layer::default()).expect_err(bad);
+            assert!(e.to_string().contains("record_queue"), "{bad}: {e}");
+        }
     }
 
     #[test]

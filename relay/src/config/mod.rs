@@ -37,6 +37,10 @@ pub mod limits {
     pub const MAX_SUBSCRIPTIONS: usize = 1 << 20;
     /// The smallest `max_body` and `outbox_bytes`: 1 KiB.
     pub const MIN_SIZE: usize = 1024;
+    /// `record_queue`: 1 MiB to 4 GiB (the default is 256 MiB).
+    pub const RECORD_QUEUE_MIN: usize = 1 << 20;
+    /// See [`RECORD_QUEUE_MIN`].
+    pub const RECORD_QUEUE: usize = 4 << 30;
 }
 
 /// What happens when a bridge's outbox is full.
@@ -267,6 +271,8 @@ pub struct RelayConfig {
     pub compression: Compression,
     /// Compress the write-ahead log.
     pub wal_compression: bool,
+    /// Bytes the recorder's queue may hold before the mod is held (`--record-queue`).
+    pub record_queue: usize,
     /// Record into a data dir that is a symlink.
     pub allow_symlinked_data_dir: bool,
     /// Recorder failure policy.
@@ -297,6 +303,7 @@ impl RelayConfig {
             durability: Durability::Batch,
             compression: Compression::Lz4,
             wal_compression: false,
+            record_queue: crate::recorder::DEFAULT_BUDGET,
             allow_symlinked_data_dir: false,
             on_record_error: OnRecordError::Stall,
             retain: Retention::default(),

@@ -144,13 +144,13 @@ impl Shared {
     }
 }
 
-/// Queue capacity in batches: one per KiB of [`BUDGET_KIB`], which every batch takes at least,
+/// Bytes the queue may hold by default (`--record-queue`): the recorder's memory bound whatever
+/// frames arrive, and what a crash can leave out of a recording while the recorder lags. The
+/// queue's capacity in batches is one per KiB of the budget, which every batch takes at least,
 /// so the byte budget is always the bound that holds the mod, whatever the batches' sizes. (At
-/// 16,384, a relay that read events one or two at a time, each its own batch, was held at half
-/// the budget.) A queued batch's slot is a few dozen bytes: the budget bounds memory.
-pub const QUEUE: usize = BUDGET_KIB;
-/// Body bytes the queue may hold, in KiB: the recorder's memory bound whatever frames arrive.
-pub const BUDGET_KIB: usize = 256 * 1024;
+/// 16,384 batches, a relay that read events one or two at a time, each its own batch, was held
+/// at half the budget.) A queued batch's slot is a few dozen bytes: the budget bounds memory.
+pub const DEFAULT_BUDGET: usize = 256 << 20;
 /// Batches applied per commit at most.
 const MAX_BATCH: usize = 512;
 /// How long the recorder gathers before a commit: one WAL sync per tick instead of one per
@@ -164,10 +164,10 @@ struct RecBatch {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-/// KiB of the recorder's byte budget a batch takes: its frame bodies and its own allocation
+/// KiB of a byte budget of `all` KiB a batch takes: its frame bodies and its own allocation
 /// (a batch of one message in room for a thousand holds that room until it is committed), at
 /// least 1, at most all.
-fn budget_kib(msgs: &Vec<RecMsg>) -> u32 {
+fn budget_kib(msgs: &Vec<RecMsg>, all: usize) -> u32 {
     let bodies: usize = msgs
         .iter()
         .map(|m| match m {
@@ -176,7 +176,7 @@ fn budget_kib(msgs: &Vec<RecMsg>) -> u32 {
         })
         .sum();
     let bytes = bodies + msgs.capacity() * std::mem::size_of::<RecMsg>();
-    (bytes / 1024).clamp(1, BUDGET_KIB) as u32
+    (bytes / 1024).clamp(1, all.max(1)) as u32
 }
 
 /// Handle for sending to the recorder.
@@ -184,6 +184,8 @@ fn budget_kib(msgs: &Vec<RecMsg>) -> u32 {
 pub struct Recorder {
     tx: mpsc::Sender<RecBatch>,
     budget: Arc<Semaphore>,
+    /// The budget's size in KiB.
+    budget_kib: usize,
     shared: Arc<Shared>,
 }
 
@@ -195,10 +197,12 @@ pub struct RecorderThread {
 }
 
 impl Recorder {
-    /// Starts the recorder thread over `store`.
+    /// Starts the recorder thread over `store`, its queue bounded by `budget` bytes (at least
+    /// 1 KiB; see [`DEFAULT_BUDGET`]).
     /// `store` must be the only handle on the data dir: the thread reopens it after I/O errors.
-    pub fn start(store: Store, policy: OnRecordError) -> (Recorder, RecorderThread) {
-        let (tx, rx) = mpsc::channel(QUEUE);
+    pub fn start(store: Store, policy: OnRecordError, budget: usize) -> (Recorder, RecorderThread) {
+        let budget_kib = (budget / 1024).max(1);
+        let (tx, rx) = mpsc::channel(budget_kib);
         let shared = Arc::new(Shared {
             health: Mutex::new(Health {
                 ok: true,
@@ -221,7 +225,8 @@ impl Recorder {
         (
             Recorder {
                 tx,
-                budget: Arc::new(Semaphore::new(BUDGET_KIB)),
+                budget: Arc::new(Semaphore::new(budget_kib)),
+                budget_kib,
                 shared: shared.clone(),
             },
             RecorderThread {
@@ -261,7 +266,7 @@ impl Recorder {
         let budget = self
             .budget
             .clone()
-            .acquire_many_owned(budget_kib(&msgs))
+            .acquire_many_owned(budget_kib(&msgs, self.budget_kib))
             .await
             .ok();
         if self
@@ -290,7 +295,7 @@ impl Recorder {
         let Ok(permit) = self
             .budget
             .clone()
-            .try_acquire_many_owned(budget_kib(&msgs))
+            .try_acquire_many_owned(budget_kib(&msgs, self.budget_kib))
         else {
             return Err(msgs);
         };
@@ -309,7 +314,7 @@ impl Recorder {
     /// queue is full the message is handed to a task that waits, so it is still recorded.
     pub fn send_detached(&self, msg: RecMsg) {
         let msgs = vec![msg];
-        let kib = budget_kib(&msgs);
+        let kib = budget_kib(&msgs, self.budget_kib);
         let msg = match self.budget.clone().try_acquire_many_owned(kib) {
             Ok(permit) => match self.tx.try_send(RecBatch {
                 msgs,
@@ -345,9 +350,12 @@ impl Recorder {
     /// Bytes of the byte budget that batches not yet committed hold (bodies and allocations,
     /// KiB granularity): what a crash (`kill -9`, power loss) would leave out of the
     /// recording, though bridges may already have it (they get events before they are
-    /// committed). Near [`BUDGET_KIB`] when the recorder lags and holds the mod.
+    /// committed). Near the budget when the recorder lags and holds the mod.
     pub fn lag_bytes(&self) -> u64 {
-        (BUDGET_KIB.saturating_sub(self.budget.available_permits()) as u64) * 1024
+        (self
+            .budget_kib
+            .saturating_sub(self.budget.available_permits()) as u64)
+            * 1024
     }
 
     /// Where the shipper finds the store (empty while the recorder reopens it).
@@ -412,17 +420,20 @@ mod tests {
     /// one-event batches in room for a thousand each once held ~0.5 GiB under a 256 MiB budget.
     #[test]
     fn a_batch_takes_budget_for_its_room_as_well_as_its_bodies() {
+        const ALL: usize = super::DEFAULT_BUDGET / 1024;
         let mut roomy = Vec::with_capacity(1024);
         roomy.push(frame(300));
         let room = 1024 * std::mem::size_of::<RecMsg>() / 1024;
         assert!(
-            budget_kib(&roomy) as usize >= room,
+            budget_kib(&roomy, ALL) as usize >= room,
             "{}",
-            budget_kib(&roomy)
+            budget_kib(&roomy, ALL)
         );
         let snug = vec![frame(300)];
-        assert_eq!(budget_kib(&snug), 1);
+        assert_eq!(budget_kib(&snug, ALL), 1);
         let big = vec![frame(64 * 1024), frame(64 * 1024)];
-        assert_eq!(budget_kib(&big), 128);
+        assert_eq!(budget_kib(&big, ALL), 128);
+        // A batch larger than a small budget takes all of it, never waits for more.
+        assert_eq!(budget_kib(&big, 64), 64);
     }
 }

@@ -19,10 +19,12 @@ use rig::*;
 /// The cells run one at a time: each pushes a third of a GiB through the relay.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs one cell of the matrix: slow disk under `policy`.
-async fn slow_disk(policy: &str) {
+/// Runs one cell of the matrix: slow disk under `policy`, the recorder's queue bounded by
+/// `queue` (`--record-queue`) or by default.
+async fn slow_disk(policy: &str, queue: Option<(&str, f64)>) {
     let _one_at_a_time = SERIAL.lock().await;
-    let Some(rig) = start(policy).await else {
+    let budget = queue.map_or(QUEUE_BUDGET, |q| q.1);
+    let Some(rig) = start(policy, queue.map(|q| q.0)).await else {
         return;
     };
     let honest = reader(&rig.listen).await;
@@ -51,7 +53,7 @@ async fn slow_disk(policy: &str) {
         match plateau {
             // Held: the backlog has stopped growing (within 4 MiB) for two seconds.
             Some((at, since)) if (b - at).abs() < 4.0 * 1048576.0 => {
-                if since.elapsed() > Duration::from_secs(2) && b > 0.5 * QUEUE_BUDGET {
+                if since.elapsed() > Duration::from_secs(2) && b > 0.5 * budget {
                     break b;
                 }
             }
@@ -72,9 +74,10 @@ async fn slow_disk(policy: &str) {
     );
     // The bound that held it is the recorder's byte budget, not a smaller one nor none.
     assert!(
-        backlog > 0.8 * QUEUE_BUDGET && backlog < 1.3 * QUEUE_BUDGET,
-        "backlog when held: {:.0} MiB (queue budget 256 MiB)",
-        backlog / 1048576.0
+        backlog > 0.8 * budget && backlog < 1.3 * budget,
+        "backlog when held: {:.0} MiB (queue budget {:.0} MiB)",
+        backlog / 1048576.0,
+        budget / 1048576.0
     );
     eprintln!(
         "{policy}: held after {:?} with {:.0} MiB queued, {} of {EVENTS} events sent",
@@ -100,7 +103,7 @@ async fn slow_disk(policy: &str) {
         // What a crash now would leave unrecorded is shown: about the queue's budget.
         let lag = s["recorderLagBytes"].as_f64().unwrap_or(0.0);
         assert!(
-            lag > 0.5 * QUEUE_BUDGET && lag <= QUEUE_BUDGET,
+            lag > 0.5 * budget && lag <= budget,
             "recorderLagBytes {lag} while held at the budget"
         );
     }
@@ -129,7 +132,7 @@ async fn slow_disk(policy: &str) {
     // Still held at the bound: the mod advances only as the slow disk takes frames.
     let now_backlog = (rig.sim.emitted() as f64 - recorded().await) * frame_bytes();
     assert!(
-        rig.sim.emitted() < EVENTS && now_backlog < 1.3 * QUEUE_BUDGET,
+        rig.sim.emitted() < EVENTS && now_backlog < 1.3 * budget,
         "the mod was not held: {:.0} MiB queued",
         now_backlog / 1048576.0
     );
@@ -257,10 +260,17 @@ async fn slow_disk(policy: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_disk_under_stall_holds_the_mod_at_the_queue_bound_and_loses_nothing() {
-    slow_disk("stall").await;
+    slow_disk("stall", None).await;
+}
+
+/// `--record-queue` bounds what the relay holds for the recorder, and so what a crash could
+/// leave out of the recording: the mod is held at that bound, not at the default's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_disk_with_a_smaller_record_queue_holds_the_mod_at_that_bound() {
+    slow_disk("stall", Some(("64MiB", 64.0 * 1024.0 * 1024.0))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_disk_under_continue_holds_the_mod_too_and_any_loss_is_an_announced_gap() {
-    slow_disk("continue").await;
+    slow_disk("continue", None).await;
 }

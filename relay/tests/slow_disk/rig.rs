@@ -30,7 +30,8 @@ pub use support::{BIN, BRIDGE_TOKEN, MOD_TOKEN};
 pub const PAYLOAD: usize = 4096;
 /// Events the mod sends in all: about 1.25 times the queue's byte budget.
 pub const EVENTS: u64 = 80_000;
-/// What the relay may hold for the recorder: its byte budget (recorder::BUDGET_KIB).
+/// What the relay may hold for the recorder by default: its byte budget
+/// (recorder::DEFAULT_BUDGET, `--record-queue`).
 pub const QUEUE_BUDGET: f64 = 256.0 * 1024.0 * 1024.0;
 /// The slow disk: 2 MiB/s and 40 ms per fsync.
 pub const SLOW_BW: u64 = 2 << 20;
@@ -135,8 +136,9 @@ pub struct Rig {
     pub stderr: tokio::task::JoinHandle<String>,
 }
 
-/// Mounts the slow disk (already slow) and starts the mod and the relay recording onto it.
-pub async fn start(policy: &str) -> Option<Rig> {
+/// Mounts the slow disk (already slow) and starts the mod and the relay recording onto it,
+/// with `--record-queue` set when `queue` is.
+pub async fn start(policy: &str, queue: Option<&str>) -> Option<Rig> {
     let backing = tempfile::tempdir().expect("tempdir");
     let mnt = tempfile::tempdir().expect("tempdir");
     let disk = match slowfs::mount(backing.path(), mnt.path()) {
@@ -191,6 +193,7 @@ pub async fn start(policy: &str) -> Option<Rig> {
             "--data-dir",
         ])
         .arg(&data)
+        .args(queue.map(|q| ["--record-queue", q]).into_iter().flatten())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
