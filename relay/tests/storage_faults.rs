@@ -242,6 +242,9 @@ async fn repair_of_a_dir_that_is_no_data_dir_changes_nothing_and_fails() {
     let logs = dir.path().join("logs");
     std::fs::create_dir(&logs).expect("mkdir");
     std::fs::write(logs.join("app.log"), b"started\n").expect("write");
+    // Plain names RocksDB also uses do not make a data dir either.
+    std::fs::write(logs.join("LOG"), b"started\n").expect("write");
+    std::fs::write(logs.join("LOCK"), b"").expect("write");
     for d in [&empty, &other, &logs] {
         let before: Vec<_> = std::fs::read_dir(dir.path())
             .expect("ls")

@@ -330,10 +330,16 @@ async fn an_unreadable_data_dir_is_a_permissions_problem_not_damage() {
         .expect("ls")
         .map(|e| e.expect("entry").path())
         .collect();
-    for (mode_dir, mode_files, what) in [
-        (0o700, 0o600, "cannot list its files"),
-        (0o755, 0o600, "cannot read its files"),
+    // (dir mode, its files' mode, the parent's mode, what the line says this user cannot do)
+    for (mode_dir, mode_files, mode_parent, what) in [
+        (0o700, 0o600, 0o755, "cannot list and search it"),
+        // Listable but not searchable: its files cannot even be looked at.
+        (0o744, 0o644, 0o755, "cannot list and search it"),
+        (0o755, 0o600, 0o755, "cannot read its files"),
+        (0o755, 0o644, 0o700, "cannot reach it"),
     ] {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode_parent))
+            .expect("chmod");
         std::fs::set_permissions(&data, std::fs::Permissions::from_mode(mode_dir)).expect("chmod");
         for f in &files {
             std::fs::set_permissions(f, std::fs::Permissions::from_mode(mode_files))
@@ -344,15 +350,22 @@ async fn an_unreadable_data_dir_is_a_permissions_problem_not_damage() {
             vec!["sessions", "check", "--data-dir", &d],
             vec!["stats", "latest", "--data-dir", &d],
             vec!["export", "latest", "--data-dir", &d, "-o", "-"],
+            vec!["repair", "--data-dir", &d],
         ] {
             let out = as_nobody(args.iter().map(|s| s.to_string()).collect()).await;
             assert_eq!(out.status.code(), Some(1), "{args:?}");
             let line = error_line(&out);
+            // `repair` needs to write too, and says so.
+            let what = if args[0] == "repair" {
+                "this user cannot"
+            } else {
+                what
+            };
             assert!(
                 line.contains(&d) && line.contains("permission denied") && line.contains(what),
-                "{args:?} (dir {mode_dir:o}): {line}"
+                "{args:?} (dir {mode_dir:o}, parent {mode_parent:o}): {line}"
             );
-            assert!(!line.contains("repair"), "{args:?}: {line}");
+            assert!(!line.contains("run `gabp-relay repair"), "{args:?}: {line}");
         }
     }
 }

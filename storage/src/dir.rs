@@ -11,10 +11,9 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
     for e in std::fs::read_dir(path)? {
         let name = e?.file_name();
         let n = name.to_string_lossy();
+        // Not `LOG`, `LOCK` or `IDENTITY`: plain names another program may use too, and a dir
+        // holding only those has nothing for `repair` to rebuild a database from.
         if n == "CURRENT"
-            || n == "LOCK"
-            || n == "LOG"
-            || n.starts_with("LOG.old.")
             || n.starts_with("MANIFEST-")
             || n.starts_with("OPTIONS-")
             || numbered(&n, ".sst")
@@ -32,6 +31,46 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
 fn numbered(name: &str, ext: &str) -> bool {
     name.strip_suffix(ext)
         .is_some_and(|stem| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The refusal of a data dir this user may not use, said as a permissions problem (never as
+/// damage for `repair`): `what` it cannot do.
+pub(crate) fn permission_denied(path: &Path, what: &str) -> StoreError {
+    StoreError::Open {
+        path: path.display().to_string(),
+        reason: format!("permission denied: this user cannot {what} (check its owner and mode)"),
+    }
+}
+
+/// Refuses, as a permissions problem, a data dir this user cannot reach (a directory above it
+/// is not searchable), or, when it exists, cannot list and search (and write into, with
+/// `write`). A missing path or one that is no directory passes: callers say what that means.
+pub(crate) fn check_access(path: &Path, write: bool) -> Result<(), StoreError> {
+    use nix::unistd::{access, AccessFlags};
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(permission_denied(
+            path,
+            "reach it (a directory above it is not searchable)",
+        )),
+        Ok(m) if m.is_dir() => {
+            let mut need = AccessFlags::R_OK | AccessFlags::X_OK;
+            if write {
+                need |= AccessFlags::W_OK;
+            }
+            match access(path, need) {
+                Err(nix::errno::Errno::EACCES) => Err(permission_denied(
+                    path,
+                    if write {
+                        "list, search and write into it"
+                    } else {
+                        "list and search it"
+                    },
+                )),
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The refusal of a dir that holds files but none RocksDB wrote.
@@ -160,6 +199,10 @@ mod tests {
             ".log",
             "LOGS",
             "current",
+            "LOG",
+            "LOCK",
+            "LOG.old.1796425256960690",
+            "IDENTITY",
         ] {
             std::fs::write(dir.path().join(other), b"x").expect("write");
         }

@@ -90,6 +90,7 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
 /// as the relay would, marking sessions of a dead relay as ended by crash.
 pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
     let p = path.display().to_string();
+    crate::dir::check_access(path, true)?;
     if !path.is_dir() {
         return Err(StoreError::NoDataDir(p));
     }

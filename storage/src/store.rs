@@ -289,15 +289,9 @@ impl Store {
     ) -> Result<Store, StoreError> {
         let p = path.display().to_string();
         // A permissions problem is said as one, never as damage for `repair` to fix.
-        let denied = |what: &str| StoreError::Open {
-            path: p.clone(),
-            reason: format!(
-                "permission denied: this user cannot {what} (check its owner and mode)"
-            ),
-        };
         let damaged = |reason: String| {
             if reason.contains("Permission denied") {
-                denied("read its files")
+                crate::dir::permission_denied(path, "read its files")
             } else {
                 StoreError::Damaged {
                     path: p.clone(),
@@ -305,21 +299,20 @@ impl Store {
                 }
             }
         };
+        crate::dir::check_access(path, !opts.read_only)?;
         let fresh = if opts.read_only {
             if !path.is_dir() {
                 return Err(StoreError::NoDataDir(p.clone()));
             }
             false
         } else {
-            prepare_writable_dir(path, opts.allow_symlinked_dir)?
+            prepare_writable_dir(path, opts.allow_symlinked_dir).map_err(|e| match e {
+                StoreError::Io(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+                    crate::dir::permission_denied(path, "create it or make it private")
+                }
+                e => e,
+            })?
         };
-        if let Err(e) = std::fs::read_dir(path) {
-            return Err(if e.kind() == std::io::ErrorKind::PermissionDenied {
-                denied("list its files")
-            } else {
-                e.into()
-            });
-        }
         if !fresh && !path.join("CURRENT").exists() {
             return Err(if std::fs::read_dir(path)?.next().is_none() {
                 StoreError::Open {

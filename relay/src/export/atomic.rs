@@ -10,16 +10,17 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Prefix of a single-file output's hidden work file.
 const OUTPUT_PREFIX: &str = ".gabp-output-";
 
 /// Writes into a private temporary file beside `path`, renamed over it only once `write`
-/// succeeded: a failed export never truncates `path`, and a symlink there is replaced, never
-/// followed. A FIFO, device or socket at `path` (`/dev/stdout`, a named pipe) is written
-/// into, never replaced by a file. `-` is standard output.
+/// succeeded: a failed export never truncates `path`, and a symlink there to a file is
+/// replaced, never followed. A FIFO, device or socket at `path` (a named pipe, `/dev/null`),
+/// or a symlink to one (`/dev/stdout`), is written into, never replaced by a file. `-` is
+/// standard output.
 pub fn write_atomically<T, E: From<std::io::Error>>(
     path: &Path,
     write: impl FnOnce(&mut File) -> Result<T, E>,
@@ -32,19 +33,29 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     }
     if let Ok(md) = std::fs::symlink_metadata(path) {
         let t = md.file_type();
-        if !(t.is_file() || t.is_dir() || t.is_symlink()) {
+        if t.is_symlink() {
+            // `/dev/stdout` is a link to `/proc/self/fd/1`: this process's own stream, which
+            // may well be a file (`> out`) and must be written as `-o -` writes it.
+            if let Some(fd) = own_descriptor_behind(path) {
+                use std::os::fd::AsFd;
+                let fd = match fd {
+                    1 => std::io::stdout().as_fd().try_clone_to_owned()?,
+                    2 => std::io::stderr().as_fd().try_clone_to_owned()?,
+                    _ => std::fs::OpenOptions::new().write(true).open(path)?.into(),
+                };
+                return write(&mut File::from(fd));
+            }
+        }
+        // A stream (pipe, character device, socket) at `path` or behind a link there.
+        let streams = |t: std::fs::FileType| t.is_fifo() || t.is_char_device() || t.is_socket();
+        let through_link =
+            t.is_symlink() && std::fs::metadata(path).is_ok_and(|m| streams(m.file_type()));
+        if through_link || !(t.is_file() || t.is_dir() || t.is_symlink()) {
             let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
             return write(&mut f);
         }
     }
-    let dir = parent_of(path);
-    if !dir.is_dir() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!("the directory {} does not exist", dir.display()),
-        )
-        .into());
-    }
+    let dir = output_dir(path)?;
     match unnamed_file(dir) {
         Some(mut f) => {
             let out = write(&mut f)?;
@@ -53,7 +64,7 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
             Ok(out)
         }
         None => {
-            sweep_leftovers(dir, OUTPUT_PREFIX);
+            sweep_leftovers(dir, OUTPUT_PREFIX, false);
             let mut tmp = tempfile::Builder::new()
                 .prefix(&work_prefix(OUTPUT_PREFIX))
                 .tempfile_in(dir)?;
@@ -71,6 +82,44 @@ pub(super) fn parent_of(path: &Path) -> &Path {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     }
+}
+
+/// The directory an output at `path` goes into, or an error naming it when there is none.
+pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
+    let dir = parent_of(path);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(dir),
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("the directory {} does not exist", dir.display()),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// The descriptor of this process a symlink at `path` leads to (`/dev/stdout` →
+/// `/proc/self/fd/1`), following a few links.
+fn own_descriptor_behind(path: &Path) -> Option<i32> {
+    let mut at = path.to_path_buf();
+    for _ in 0..8 {
+        let next = std::fs::read_link(&at).ok()?;
+        let next = if next.is_absolute() {
+            next
+        } else {
+            parent_of(&at).join(next)
+        };
+        for base in ["/proc/self/fd/", "/dev/fd/"] {
+            if let Some(n) = next.to_str().and_then(|s| s.strip_prefix(base)) {
+                return n.parse().ok();
+            }
+        }
+        at = next;
+    }
+    None
 }
 
 /// A private file in `dir` with no name, or `None` where the file system makes none.
@@ -118,10 +167,11 @@ pub(super) fn work_prefix(prefix: &str) -> String {
     format!("{prefix}{}-", std::process::id())
 }
 
-/// Removes the work files and dirs named `prefix<pid>-…` in `dir` whose process is gone: what
-/// an export killed mid-write left. Best effort, silent: it never touches a live process's
-/// work, nor any name of another shape.
-pub(super) fn sweep_leftovers(dir: &Path, prefix: &str) {
+/// Removes the work files (or, with `dirs`, directories) named `prefix<pid>-XXXXXX` in `dir`
+/// whose process is gone: what an export killed mid-write left. Best effort, silent: it never
+/// touches a live process's work, a symlink, the other kind, nor any name of another shape
+/// (the suffix is exactly the six letters and digits `tempfile` makes).
+pub(super) fn sweep_leftovers(dir: &Path, prefix: &str, dirs: bool) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -131,11 +181,20 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str) {
             .to_str()
             .and_then(|n| n.strip_prefix(prefix))
             .and_then(|rest| rest.split_once('-'))
+            .filter(|(_, suffix)| {
+                suffix.len() == 6 && suffix.bytes().all(|b| b.is_ascii_alphanumeric())
+            })
             .and_then(|(pid, _)| pid.parse::<i32>().ok())
             .filter(|&pid| pid > 0)
         else {
             continue;
         };
+        let kind_matches = e
+            .file_type()
+            .is_ok_and(|t| !t.is_symlink() && if dirs { t.is_dir() } else { t.is_file() });
+        if !kind_matches {
+            continue;
+        }
         let gone = matches!(
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
             Err(nix::errno::Errno::ESRCH)
@@ -144,9 +203,10 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str) {
             continue;
         }
         let p = e.path();
-        let _ = match e.file_type() {
-            Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
-            _ => std::fs::remove_file(&p),
+        let _ = if dirs {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
         };
     }
 }
@@ -256,8 +316,9 @@ mod tests {
         assert!(!msg.contains(".gabp-"), "{msg}");
     }
 
-    /// What a killed export left (its process gone) is removed; a live process's work and
-    /// names of any other shape are not.
+    /// What a killed export left (its process gone) is removed; a live process's work, names
+    /// of any other shape (a user's own `.gabp-output-<pid>-mine`), the other kind of entry and
+    /// symlinks are not.
     #[test]
     fn leftovers_of_gone_processes_are_swept_and_nothing_else() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -265,21 +326,101 @@ mod tests {
         let dead = child.id();
         child.wait().expect("reaped");
         let p = ".gabp-output-";
-        let gone_file = format!("{p}{dead}-abc");
-        let gone_dir = format!("{p}{dead}-def");
-        let live = format!("{}xyz", work_prefix(p));
+        let gone_file = format!("{p}{dead}-aB3xY9");
+        let gone_as_dir = format!("{p}{dead}-dEf456");
+        let live = format!("{}xYz789", work_prefix(p));
+        let users = format!("{p}{dead}-mine");
         for n in [
             &gone_file,
             &live,
+            &users,
             &format!("{p}abc"),
             &"keep.txt".to_string(),
         ] {
             std::fs::write(dir.path().join(n), "x").expect("write");
         }
-        std::fs::create_dir_all(dir.path().join(&gone_dir).join("inner")).expect("mkdir");
-        sweep_leftovers(dir.path(), p);
-        let mut want = vec![format!("{p}abc"), live, "keep.txt".to_string()];
+        std::fs::create_dir_all(dir.path().join(&gone_as_dir).join("inner")).expect("mkdir");
+        let link = format!("{p}{dead}-LiNk00");
+        std::os::unix::fs::symlink("keep.txt", dir.path().join(&link)).expect("symlink");
+        sweep_leftovers(dir.path(), p, false);
+        let mut want = vec![
+            gone_as_dir.clone(),
+            format!("{p}abc"),
+            link.clone(),
+            live.clone(),
+            users.clone(),
+            "keep.txt".to_string(),
+        ];
         want.sort();
-        assert_eq!(names(dir.path()), want);
+        assert_eq!(
+            names(dir.path()),
+            want,
+            "files: only the gone process's file goes"
+        );
+        sweep_leftovers(dir.path(), p, true);
+        want.retain(|n| *n != gone_as_dir);
+        assert_eq!(
+            names(dir.path()),
+            want,
+            "dirs: only the gone process's dir goes"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("keep.txt")).expect("kept"),
+            "x"
+        );
+    }
+
+    /// `/dev/stdout`-like links (into `/proc/self/fd`) and links to pipes are written
+    /// through, never replaced; a link to a file is replaced, its target untouched.
+    #[test]
+    fn links_to_streams_are_written_through_and_links_to_files_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("pipe");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs")
+            .success());
+        let link = dir.path().join("to-pipe");
+        std::os::unix::fs::symlink(&fifo, &link).expect("symlink");
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut got = String::new();
+                std::fs::File::open(fifo)
+                    .expect("open to read")
+                    .read_to_string(&mut got)
+                    .expect("read");
+                got
+            })
+        };
+        write_atomically(&link, |f| -> Result<(), std::io::Error> {
+            f.write_all(b"via link")
+        })
+        .expect("written");
+        assert_eq!(reader.join().expect("reader"), "via link");
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("meta")
+            .file_type()
+            .is_symlink());
+
+        let stdout_like = dir.path().join("stdout");
+        std::os::unix::fs::symlink("/proc/self/fd/1", &stdout_like).expect("symlink");
+        assert_eq!(super::own_descriptor_behind(&stdout_like), Some(1));
+        let dev_stdout = std::path::Path::new("/dev/stdout");
+        if std::fs::symlink_metadata(dev_stdout).is_ok_and(|m| m.file_type().is_symlink()) {
+            assert_eq!(super::own_descriptor_behind(dev_stdout), Some(1));
+        }
+
+        let target = dir.path().join("target.txt");
+        std::fs::write(&target, "precious").expect("write");
+        let to_file = dir.path().join("to-file");
+        std::os::unix::fs::symlink(&target, &to_file).expect("symlink");
+        write_atomically(&to_file, |f| -> Result<(), std::io::Error> {
+            f.write_all(b"new")
+        })
+        .expect("written");
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "precious");
+        assert!(std::fs::symlink_metadata(&to_file).expect("meta").is_file());
     }
 }

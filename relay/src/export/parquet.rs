@@ -383,10 +383,10 @@ pub fn export_hive(
             "the directory exists and is not empty",
         )));
     }
-    let parent = super::atomic::parent_of(dir);
+    let parent = super::atomic::output_dir(dir)?;
     // The work dir is named after this process, so that what a killed export left is removed
     // by the next one here (see `super::atomic`).
-    super::atomic::sweep_leftovers(parent, EXPORT_PREFIX);
+    super::atomic::sweep_leftovers(parent, EXPORT_PREFIX, true);
     let tmp = tempfile::Builder::new()
         .prefix(&super::atomic::work_prefix(EXPORT_PREFIX))
         .tempdir_in(parent)?;
@@ -428,8 +428,10 @@ const EXPORT_PREFIX: &str = ".gabp-export-";
 /// Puts `new` where `dir` is: `dir` moves aside, `new` takes its name, the old one is removed.
 /// Should the second rename fail, the old directory is moved back.
 fn replace_dir(new: &Path, dir: &Path, parent: &Path) -> std::io::Result<()> {
+    // Named like a work dir: if this process is killed while removing it, the next export
+    // here removes the rest.
     let aside = tempfile::Builder::new()
-        .prefix(".gabp-export-old-")
+        .prefix(&super::atomic::work_prefix(EXPORT_PREFIX))
         .tempdir_in(parent)?
         .keep();
     std::fs::remove_dir(&aside)?;
