@@ -35,21 +35,35 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
         let t = md.file_type();
         if t.is_symlink() {
             // `/dev/stdout` is a link to `/proc/self/fd/1`: this process's own stream, which
-            // may well be a file (`> out`) and must be written as `-o -` writes it.
+            // may well be a file (`> out`) and must be written as `-o -` writes it. Any other
+            // descriptor of this process is the recording being read, or the runtime's own:
+            // never written.
             if let Some(fd) = own_descriptor_behind(path) {
                 use std::os::fd::AsFd;
                 let fd = match fd {
                     1 => std::io::stdout().as_fd().try_clone_to_owned()?,
                     2 => std::io::stderr().as_fd().try_clone_to_owned()?,
-                    _ => std::fs::OpenOptions::new().write(true).open(path)?.into(),
+                    n => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::PermissionDenied,
+                            format!(
+                                "{} leads to descriptor {n} of this process, which is not its standard output or error: refused",
+                                path.display()
+                            ),
+                        )
+                        .into())
+                    }
                 };
                 return write(&mut File::from(fd));
             }
         }
         // A stream (pipe, character device, socket) at `path` or behind a link there.
         let streams = |t: std::fs::FileType| t.is_fifo() || t.is_char_device() || t.is_socket();
-        let through_link =
-            t.is_symlink() && std::fs::metadata(path).is_ok_and(|m| streams(m.file_type()));
+        // Only behind a link that resolves to a real path (`/dev/null`, a named pipe): a
+        // process's anonymous pipe or socket seen through `/proc` is never written.
+        let through_link = t.is_symlink()
+            && std::fs::canonicalize(path).is_ok_and(|real| !real.starts_with("/proc"))
+            && std::fs::metadata(path).is_ok_and(|m| streams(m.file_type()));
         if through_link || !(t.is_file() || t.is_dir() || t.is_symlink()) {
             let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
             return write(&mut f);
@@ -101,23 +115,42 @@ pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
     }
 }
 
-/// The descriptor of this process a symlink at `path` leads to (`/dev/stdout` →
-/// `/proc/self/fd/1`), following a few links.
+/// The descriptor of this process `path` or a link on the way from it names (`/dev/stdout`
+/// → `/proc/self/fd/1`), following a few links.
 fn own_descriptor_behind(path: &Path) -> Option<i32> {
-    let mut at = path.to_path_buf();
+    let pid = std::process::id();
+    let bases = [
+        "/proc/self/fd/".to_string(),
+        "/proc/thread-self/fd/".to_string(),
+        format!("/proc/{pid}/fd/"),
+        "/dev/fd/".to_string(),
+    ];
+    let named = |p: &Path| {
+        let s = p.to_str()?;
+        if let Some(n) = s.strip_prefix("/dev/std") {
+            return match n {
+                "in" => Some(0),
+                "out" => Some(1),
+                "err" => Some(2),
+                _ => None,
+            };
+        }
+        bases
+            .iter()
+            .find_map(|b| s.strip_prefix(b.as_str()))
+            .and_then(|n| n.parse().ok())
+    };
+    let mut at = std::path::absolute(path).ok()?;
     for _ in 0..8 {
+        if let Some(n) = named(&at) {
+            return Some(n);
+        }
         let next = std::fs::read_link(&at).ok()?;
-        let next = if next.is_absolute() {
+        at = if next.is_absolute() {
             next
         } else {
             parent_of(&at).join(next)
         };
-        for base in ["/proc/self/fd/", "/dev/fd/"] {
-            if let Some(n) = next.to_str().and_then(|s| s.strip_prefix(base)) {
-                return n.parse().ok();
-            }
-        }
-        at = next;
     }
     None
 }
@@ -407,6 +440,33 @@ mod tests {
         let stdout_like = dir.path().join("stdout");
         std::os::unix::fs::symlink("/proc/self/fd/1", &stdout_like).expect("symlink");
         assert_eq!(super::own_descriptor_behind(&stdout_like), Some(1));
+        // Any other descriptor of this process (here a file it has open, as an export has the
+        // recording's tables open) is refused, never written.
+        let victim = dir.path().join("open.sst");
+        std::fs::write(&victim, "table").expect("write");
+        let open = std::fs::File::open(&victim).expect("open");
+        use std::os::fd::AsRawFd;
+        for link_to in [
+            format!("/proc/self/fd/{}", open.as_raw_fd()),
+            format!("/dev/fd/{}", open.as_raw_fd()),
+            format!("/proc/{}/fd/{}", std::process::id(), open.as_raw_fd()),
+        ] {
+            let link = dir.path().join("fd-link");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&link_to, &link).expect("symlink");
+            let via_link = write_atomically(&link, |f| -> Result<(), std::io::Error> {
+                f.write_all(b"x")
+            });
+            assert!(via_link.is_err(), "{link_to}: written");
+            let direct = write_atomically(std::path::Path::new(&link_to), |f| f.write_all(b"x"));
+            assert!(direct.is_err(), "{link_to} given directly: written");
+            assert_eq!(
+                std::fs::read_to_string(&victim).expect("read"),
+                "table",
+                "{link_to}"
+            );
+        }
+        drop(open);
         let dev_stdout = std::path::Path::new("/dev/stdout");
         if std::fs::symlink_metadata(dev_stdout).is_ok_and(|m| m.file_type().is_symlink()) {
             assert_eq!(super::own_descriptor_behind(dev_stdout), Some(1));
