@@ -188,6 +188,10 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
     let killed = dir.path().join(format!(".gabp-export-{dead}-AbC123"));
     std::fs::create_dir_all(killed.join("route=x")).expect("mkdir");
     std::fs::write(killed.join("route=x").join("part.parquet"), b"half").expect("write");
+    // The mark every work dir of the relay's carries (a look-alike without it is kept).
+    std::fs::write(killed.join(".gabp-work-dir"), b"").expect("mark");
+    let lookalike = dir.path().join(format!(".gabp-export-{dead}-Qwerty"));
+    std::fs::create_dir(&lookalike).expect("mkdir");
     let live = dir
         .path()
         .join(format!(".gabp-export-{}-XyZ789", std::process::id()));
@@ -211,6 +215,34 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
     );
     assert!(!killed.exists(), "a killed export's work dir was left");
     assert!(live.exists(), "a live process's work dir was removed");
+    assert!(lookalike.exists(), "an unmarked look-alike was removed");
+    assert!(
+        !pq.join(".gabp-work-dir").exists(),
+        "the placed export kept the work mark"
+    );
+    // Replacing it (`--force`) leaves only the new export beside it.
+    let out = run(&[
+        "export",
+        "--all",
+        "--format",
+        "parquet",
+        "--force",
+        "--data-dir",
+        d,
+        "-o",
+        pq.to_str().expect("utf8"),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let work = files_with(dir.path(), |n| {
+        n.starts_with(".gabp-export-") && !n.ends_with("-Qwerty") && !n.ends_with("-XyZ789")
+    });
+    assert!(work.is_empty(), "{work:?}");
+    assert!(!pq.join(".gabp-work-dir").exists());
 }
 
 /// A relay killed before any flush (everything in the write-ahead log) with its MANIFEST
@@ -351,12 +383,14 @@ async fn an_unreadable_data_dir_is_a_permissions_problem_not_damage() {
             vec!["stats", "latest", "--data-dir", &d],
             vec!["export", "latest", "--data-dir", &d, "-o", "-"],
             vec!["repair", "--data-dir", &d],
+            vec!["sessions", "rm", "latest", "--data-dir", &d],
+            vec!["sessions", "tag", "latest", "a=b", "--data-dir", &d],
         ] {
             let out = as_nobody(args.iter().map(|s| s.to_string()).collect()).await;
             assert_eq!(out.status.code(), Some(1), "{args:?}");
             let line = error_line(&out);
-            // `repair` needs to write too, and says so.
-            let what = if args[0] == "repair" {
+            // `repair`, `rm` and `tag` need to write too, and say so.
+            let what = if args[0] == "repair" || args[1] == "rm" || args[1] == "tag" {
                 "this user cannot"
             } else {
                 what

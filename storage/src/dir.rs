@@ -13,7 +13,7 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
         let n = name.to_string_lossy();
         // Not `LOG`, `LOCK` or `IDENTITY`: plain names another program may use too, and a dir
         // holding only those has nothing for `repair` to rebuild a database from.
-        if n == "CURRENT"
+        if (n == "CURRENT" && names_a_manifest(&path.join("CURRENT")))
             || n.starts_with("MANIFEST-")
             || n.starts_with("OPTIONS-")
             || numbered(&n, ".sst")
@@ -24,6 +24,19 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
         }
     }
     Ok(false)
+}
+
+/// Whether the file at `current` reads like RocksDB's `CURRENT` (`MANIFEST-000016` and a
+/// newline), not some other program's file of that name.
+fn names_a_manifest(current: &Path) -> bool {
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(current)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    head[..n]
+        .strip_prefix(b"MANIFEST-")
+        .and_then(|rest| rest.strip_suffix(b"\n"))
+        .is_some_and(|num| !num.is_empty() && num.iter().all(u8::is_ascii_digit))
 }
 
 /// Whether `name` is a file number and `ext`, as RocksDB names its tables, logs and blobs
@@ -206,6 +219,7 @@ mod tests {
         ] {
             std::fs::write(dir.path().join(other), b"x").expect("write");
         }
+        std::fs::write(dir.path().join("CURRENT"), b"stable\n").expect("write");
         assert!(!holds_rocksdb_files(dir.path()).expect("read"));
         for ours in [
             "000012.log",
@@ -215,7 +229,12 @@ mod tests {
             "CURRENT",
         ] {
             let one = tempfile::tempdir().expect("tempdir");
-            std::fs::write(one.path().join(ours), b"x").expect("write");
+            let body: &[u8] = if ours == "CURRENT" {
+                b"MANIFEST-000016\n"
+            } else {
+                b"x"
+            };
+            std::fs::write(one.path().join(ours), body).expect("write");
             assert!(holds_rocksdb_files(one.path()).expect("read"), "{ours}");
         }
     }

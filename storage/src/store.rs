@@ -396,6 +396,7 @@ impl Store {
     /// Opens for a command that deletes (`sessions rm`, retention): read-write, never
     /// creating, without crash recovery; fails with the relay's pid while one records.
     pub fn open_for_change(path: &Path) -> Result<Store, StoreError> {
+        crate::dir::check_access(path, true)?;
         if !path.is_dir() {
             return Err(StoreError::NoDataDir(path.display().to_string()));
         }

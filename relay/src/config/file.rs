@@ -30,7 +30,8 @@ pub struct FileConfig {
     pub compression: Option<String>,
     /// Compress the write-ahead log (default false).
     pub wal_compression: Option<bool>,
-    /// The recorder queue's byte budget, e.g. `"64MiB"`.
+    /// The recorder queue's byte budget (`64MiB` or a number).
+    #[serde(default, deserialize_with = "num_or_text")]
     pub record_queue: Option<String>,
     /// `stall` or `continue`.
     pub on_record_error: Option<String>,
@@ -902,6 +903,13 @@ mod tests {
         };
         let cfg = resolve(route, Layer::default()).expect("resolves");
         assert_eq!(cfg.record_queue, 256 << 20, "default");
+        let text = format!("record_queue = 67108864\n{route}");
+        assert_eq!(
+            resolve(&text, Layer::default())
+                .expect("a number")
+                .record_queue,
+            64 << 20
+        );
         let text = format!("record_queue = \"64MiB\"\n{route}");
         assert_eq!(
             resolve(&text, Layer::default())

@@ -195,6 +195,24 @@ fn give_name(f: &File, dir: &Path, path: &Path) -> std::io::Result<()> {
     ))
 }
 
+/// The file inside a work dir that says this program made it: the sweep removes no dir
+/// without it, however its name looks.
+const WORK_MARK: &str = ".gabp-work-dir";
+
+/// A hidden work dir in `parent`, named after this process and marked as ours (0700).
+pub(super) fn work_dir(parent: &Path, prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(&work_prefix(prefix))
+        .tempdir_in(parent)?;
+    File::create(dir.path().join(WORK_MARK))?;
+    Ok(dir)
+}
+
+/// Takes the mark off a work dir about to become an output.
+pub(super) fn unmark(dir: &Path) -> std::io::Result<()> {
+    std::fs::remove_file(dir.join(WORK_MARK))
+}
+
 /// `prefix` followed by this process's id: what [`sweep_leftovers`] reads back.
 pub(super) fn work_prefix(prefix: &str) -> String {
     format!("{prefix}{}-", std::process::id())
@@ -222,10 +240,24 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str, dirs: bool) {
         else {
             continue;
         };
-        let kind_matches = e
-            .file_type()
-            .is_ok_and(|t| !t.is_symlink() && if dirs { t.is_dir() } else { t.is_file() });
-        if !kind_matches {
+        // Ours, not a look-alike: a dir carries our mark; a file is private and this user's
+        // (the unnamed-file fallback makes it so).
+        let ours = e.file_type().is_ok_and(|t| {
+            use std::os::unix::fs::MetadataExt;
+            if t.is_symlink() {
+                false
+            } else if dirs {
+                t.is_dir()
+                    && std::fs::symlink_metadata(e.path().join(WORK_MARK))
+                        .is_ok_and(|m| m.is_file())
+            } else {
+                t.is_file()
+                    && e.metadata().is_ok_and(|m| {
+                        m.mode() & 0o777 == 0o600 && m.uid() == nix::unistd::geteuid().as_raw()
+                    })
+            }
+        });
+        if !ours {
             continue;
         }
         let gone = matches!(
@@ -363,6 +395,11 @@ mod tests {
         let gone_as_dir = format!("{p}{dead}-dEf456");
         let live = format!("{}xYz789", work_prefix(p));
         let users = format!("{p}{dead}-mine");
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |n: &str, mode: u32| {
+            std::fs::set_permissions(dir.path().join(n), std::fs::Permissions::from_mode(mode))
+                .expect("chmod")
+        };
         for n in [
             &gone_file,
             &live,
@@ -371,8 +408,18 @@ mod tests {
             &"keep.txt".to_string(),
         ] {
             std::fs::write(dir.path().join(n), "x").expect("write");
+            chmod(n, 0o600);
         }
+        // The same shape, but readable by others: not a work file of ours.
+        let shared = format!("{p}{dead}-sHrd01");
+        std::fs::write(dir.path().join(&shared), "x").expect("write");
+        chmod(&shared, 0o644);
         std::fs::create_dir_all(dir.path().join(&gone_as_dir).join("inner")).expect("mkdir");
+        std::fs::write(dir.path().join(&gone_as_dir).join(super::WORK_MARK), "").expect("mark");
+        // A user's dir of exactly our shape, without our mark.
+        let users_dir = format!("{p}{dead}-Qwerty");
+        std::fs::create_dir_all(dir.path().join(&users_dir)).expect("mkdir");
+        std::fs::write(dir.path().join(&users_dir).join("notes.txt"), "mine").expect("write");
         let link = format!("{p}{dead}-LiNk00");
         std::os::unix::fs::symlink("keep.txt", dir.path().join(&link)).expect("symlink");
         sweep_leftovers(dir.path(), p, false);
@@ -382,6 +429,8 @@ mod tests {
             link.clone(),
             live.clone(),
             users.clone(),
+            shared.clone(),
+            users_dir.clone(),
             "keep.txt".to_string(),
         ];
         want.sort();

@@ -387,9 +387,7 @@ pub fn export_hive(
     // The work dir is named after this process, so that what a killed export left is removed
     // by the next one here (see `super::atomic`).
     super::atomic::sweep_leftovers(parent, EXPORT_PREFIX, true);
-    let tmp = tempfile::Builder::new()
-        .prefix(&super::atomic::work_prefix(EXPORT_PREFIX))
-        .tempdir_in(parent)?;
+    let tmp = super::atomic::work_dir(parent, EXPORT_PREFIX)?;
     let mut written = Vec::with_capacity(metas.len());
     for meta in metas {
         let rel = hive_path(meta);
@@ -409,6 +407,9 @@ pub fn export_hive(
         });
     }
     let tmp = tmp.keep();
+    // What is placed carries no work mark (a mark left by a kill just here costs one stray
+    // file inside the new directory, never a sweep of it: it is no longer a work dir's name).
+    super::atomic::unmark(&tmp)?;
     let placed = match std::fs::rename(&tmp, dir) {
         Ok(()) => Ok(()),
         // Only an empty directory can be renamed over: move a full one aside first.
@@ -428,18 +429,17 @@ const EXPORT_PREFIX: &str = ".gabp-export-";
 /// Puts `new` where `dir` is: `dir` moves aside, `new` takes its name, the old one is removed.
 /// Should the second rename fail, the old directory is moved back.
 fn replace_dir(new: &Path, dir: &Path, parent: &Path) -> std::io::Result<()> {
-    // Named like a work dir: if this process is killed while removing it, the next export
-    // here removes the rest.
-    let aside = tempfile::Builder::new()
-        .prefix(&super::atomic::work_prefix(EXPORT_PREFIX))
-        .tempdir_in(parent)?
-        .keep();
-    std::fs::remove_dir(&aside)?;
-    std::fs::rename(dir, &aside)?;
+    // The old directory goes inside a marked work dir: if this process is killed while
+    // removing it, the next export here removes the rest (the mark goes last).
+    let aside = super::atomic::work_dir(parent, EXPORT_PREFIX)?.keep();
+    let old = aside.join("old");
+    std::fs::rename(dir, &old)?;
     if let Err(e) = std::fs::rename(new, dir) {
-        let _ = std::fs::rename(&aside, dir);
+        let _ = std::fs::rename(&old, dir);
+        let _ = std::fs::remove_dir_all(&aside);
         return Err(e);
     }
+    std::fs::remove_dir_all(&old)?;
     std::fs::remove_dir_all(&aside)
 }
 
