@@ -292,13 +292,11 @@ mod tests {
         v
     }
 
-    /// A named pipe at the output path is written into and stays a pipe (a root user's
-    /// `-o /dev/null` must never replace the device with a file); a file is still replaced
-    /// whole.
-    #[test]
-    fn a_fifo_is_written_into_and_a_file_replaced() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let fifo = dir.path().join("pipe");
+    /// A named pipe in `dir` and a thread reading it to the end.
+    fn pipe_with_reader(
+        dir: &std::path::Path,
+    ) -> (std::path::PathBuf, std::thread::JoinHandle<String>) {
+        let fifo = dir.join("pipe");
         let made = std::process::Command::new("mkfifo")
             .arg(&fifo)
             .status()
@@ -315,6 +313,16 @@ mod tests {
                 got
             })
         };
+        (fifo, reader)
+    }
+
+    /// A named pipe at the output path is written into and stays a pipe (a root user's
+    /// `-o /dev/null` must never replace the device with a file); a file is still replaced
+    /// whole.
+    #[test]
+    fn a_fifo_is_written_into_and_a_file_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (fifo, reader) = pipe_with_reader(dir.path());
         write_atomically(&fifo, |f| -> Result<(), std::io::Error> {
             f.write_all(b"through the pipe")
         })
@@ -457,25 +465,9 @@ mod tests {
     #[test]
     fn links_to_streams_are_written_through_and_links_to_files_replaced() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let fifo = dir.path().join("pipe");
-        assert!(std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .expect("mkfifo runs")
-            .success());
+        let (fifo, reader) = pipe_with_reader(dir.path());
         let link = dir.path().join("to-pipe");
         std::os::unix::fs::symlink(&fifo, &link).expect("symlink");
-        let reader = {
-            let fifo = fifo.clone();
-            std::thread::spawn(move || {
-                let mut got = String::new();
-                std::fs::File::open(fifo)
-                    .expect("open to read")
-                    .read_to_string(&mut got)
-                    .expect("read");
-                got
-            })
-        };
         write_atomically(&link, |f| -> Result<(), std::io::Error> {
             f.write_all(b"via link")
         })
