@@ -11,11 +11,10 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
     for e in std::fs::read_dir(path)? {
         let name = e?.file_name();
         let n = name.to_string_lossy();
-        // Not `LOG`, `LOCK` or `IDENTITY`: plain names another program may use too, and a dir
-        // holding only those has nothing for `repair` to rebuild a database from.
-        if (n == "CURRENT" && names_a_manifest(&path.join("CURRENT")))
-            || n.starts_with("MANIFEST-")
-            || n.starts_with("OPTIONS-")
+        // Only what a database can be rebuilt from: a manifest, tables, logs, blobs. Not
+        // `CURRENT` or `OPTIONS-*` alone (a user's file of that name was "repaired" into an
+        // empty database), nor `LOG`, `LOCK` or `IDENTITY`, plain names other programs use.
+        if n.starts_with("MANIFEST-")
             || numbered(&n, ".sst")
             || numbered(&n, ".log")
             || numbered(&n, ".blob")
@@ -24,19 +23,6 @@ pub(crate) fn holds_rocksdb_files(path: &Path) -> Result<bool, StoreError> {
         }
     }
     Ok(false)
-}
-
-/// Whether the file at `current` reads like RocksDB's `CURRENT` (`MANIFEST-000016` and a
-/// newline), not some other program's file of that name.
-fn names_a_manifest(current: &Path) -> bool {
-    let mut head = [0u8; 64];
-    let n = std::fs::File::open(current)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .unwrap_or(0);
-    head[..n]
-        .strip_prefix(b"MANIFEST-")
-        .and_then(|rest| rest.strip_suffix(b"\n"))
-        .is_some_and(|num| !num.is_empty() && num.iter().all(u8::is_ascii_digit))
 }
 
 /// Whether `name` is a file number and `ext`, as RocksDB names its tables, logs and blobs
@@ -90,7 +76,7 @@ pub(crate) fn check_access(path: &Path, write: bool) -> Result<(), StoreError> {
 pub(crate) fn not_a_data_dir(path: &Path) -> StoreError {
     StoreError::Open {
         path: path.display().to_string(),
-        reason: "it holds no RocksDB files (no CURRENT, MANIFEST, table or log file), so it is \
+        reason: "it holds no RocksDB files (no MANIFEST, table or log file), so it is \
                  not a gabp-relay data dir; nothing was changed"
             .into(),
     }
@@ -216,25 +202,15 @@ mod tests {
             "LOCK",
             "LOG.old.1796425256960690",
             "IDENTITY",
+            "OPTIONS-000001",
         ] {
             std::fs::write(dir.path().join(other), b"x").expect("write");
         }
-        std::fs::write(dir.path().join("CURRENT"), b"stable\n").expect("write");
+        std::fs::write(dir.path().join("CURRENT"), b"MANIFEST-000016\n").expect("write");
         assert!(!holds_rocksdb_files(dir.path()).expect("read"));
-        for ours in [
-            "000012.log",
-            "000009.sst",
-            "7.blob",
-            "MANIFEST-000016",
-            "CURRENT",
-        ] {
+        for ours in ["000012.log", "000009.sst", "7.blob", "MANIFEST-000016"] {
             let one = tempfile::tempdir().expect("tempdir");
-            let body: &[u8] = if ours == "CURRENT" {
-                b"MANIFEST-000016\n"
-            } else {
-                b"x"
-            };
-            std::fs::write(one.path().join(ours), body).expect("write");
+            std::fs::write(one.path().join(ours), b"x").expect("write");
             assert!(holds_rocksdb_files(one.path()).expect("read"), "{ours}");
         }
     }
