@@ -197,22 +197,22 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
         .join(format!(".gabp-export-{}-XyZ789", std::process::id()));
     std::fs::create_dir(&live).expect("mkdir");
     let pq = dir.path().join("pq");
-    let out = run(&[
-        "export",
-        "--all",
-        "--format",
-        "parquet",
-        "--data-dir",
-        d,
-        "-o",
-        pq.to_str().expect("utf8"),
-    ])
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let export_dir = |force: bool| {
+        let mut args = vec!["export", "--all", "--format", "parquet", "--data-dir", d];
+        if force {
+            args.push("--force");
+        }
+        args.extend(["-o", pq.to_str().expect("utf8")]);
+        async move {
+            let out = run(&args).await;
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    export_dir(false).await;
     assert!(!killed.exists(), "a killed export's work dir was left");
     assert!(live.exists(), "a live process's work dir was removed");
     assert!(lookalike.exists(), "an unmarked look-alike was removed");
@@ -221,23 +221,7 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
         "the placed export kept the work mark"
     );
     // Replacing it (`--force`) leaves only the new export beside it.
-    let out = run(&[
-        "export",
-        "--all",
-        "--format",
-        "parquet",
-        "--force",
-        "--data-dir",
-        d,
-        "-o",
-        pq.to_str().expect("utf8"),
-    ])
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    export_dir(true).await;
     let work = files_with(dir.path(), |n| {
         n.starts_with(".gabp-export-") && !n.ends_with("-Qwerty") && !n.ends_with("-XyZ789")
     });
