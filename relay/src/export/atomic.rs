@@ -31,32 +31,19 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
         let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
         return write(&mut File::from(fd));
     }
+    // Through `/proc` (`/dev/stdout`, `/dev/fd/N`, a link or a linked dir leading there) only
+    // this process's own standard output or error is written, found by what it is, not by how
+    // the path spells it: any other descriptor is the recording being read, the runtime's own,
+    // or a caller's, and nothing else in `/proc` takes an output.
+    match through_proc(path) {
+        Proc::No => {}
+        Proc::Stream(fd) => return write(&mut File::from(fd)),
+        Proc::Refused(why) => {
+            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why).into())
+        }
+    }
     if let Ok(md) = std::fs::symlink_metadata(path) {
         let t = md.file_type();
-        if t.is_symlink() {
-            // `/dev/stdout` is a link to `/proc/self/fd/1`: this process's own stream, which
-            // may well be a file (`> out`) and must be written as `-o -` writes it. Any other
-            // descriptor of this process is the recording being read, or the runtime's own:
-            // never written.
-            if let Some(fd) = own_descriptor_behind(path) {
-                use std::os::fd::AsFd;
-                let fd = match fd {
-                    1 => std::io::stdout().as_fd().try_clone_to_owned()?,
-                    2 => std::io::stderr().as_fd().try_clone_to_owned()?,
-                    n => {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::PermissionDenied,
-                            format!(
-                                "{} leads to descriptor {n} of this process, which is not its standard output or error: refused",
-                                path.display()
-                            ),
-                        )
-                        .into())
-                    }
-                };
-                return write(&mut File::from(fd));
-            }
-        }
         // A stream (pipe, character device, socket) at `path` or behind a link there.
         let streams = |t: std::fs::FileType| t.is_fifo() || t.is_char_device() || t.is_socket();
         // Only behind a link that resolves to a real path (`/dev/null`, a named pipe): a
@@ -115,44 +102,55 @@ pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
     }
 }
 
-/// The descriptor of this process `path` or a link on the way from it names (`/dev/stdout`
-/// → `/proc/self/fd/1`), following a few links.
-fn own_descriptor_behind(path: &Path) -> Option<i32> {
-    let pid = std::process::id();
-    let bases = [
-        "/proc/self/fd/".to_string(),
-        "/proc/thread-self/fd/".to_string(),
-        format!("/proc/{pid}/fd/"),
-        "/dev/fd/".to_string(),
-    ];
-    let named = |p: &Path| {
-        let s = p.to_str()?;
-        if let Some(n) = s.strip_prefix("/dev/std") {
-            return match n {
-                "in" => Some(0),
-                "out" => Some(1),
-                "err" => Some(2),
-                _ => None,
+/// Where an output path leads when it passes through `/proc`.
+enum Proc {
+    /// Nowhere in `/proc`: an ordinary path.
+    No,
+    /// This process's standard output or error (a second descriptor of it).
+    Stream(std::os::fd::OwnedFd),
+    /// Somewhere in `/proc` that takes no output; why, said with the path.
+    Refused(String),
+}
+
+/// Whether `path`, or a link on the way from it, lies in `/proc` (by where its directory
+/// really is, so relative links and linked dirs count), and if so whether what it leads to is
+/// this process's standard output or error (by device and inode).
+fn through_proc(path: &Path) -> Proc {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let in_proc =
+        |p: &Path| std::fs::canonicalize(parent_of(p)).is_ok_and(|d| d.starts_with("/proc"));
+    let mut at = path.to_path_buf();
+    // As many links as the kernel follows (`ELOOP` past that: the open says so later).
+    for _ in 0..=40 {
+        if in_proc(&at) {
+            let refused = |what: &str| Proc::Refused(format!("{} {what}: refused", path.display()));
+            let Ok(to) = std::fs::metadata(path) else {
+                return refused("lies in /proc, which takes no output");
+            };
+            let same = |fd: std::os::fd::BorrowedFd<'_>| {
+                File::from(fd.try_clone_to_owned().ok()?)
+                    .metadata()
+                    .ok()
+                    .filter(|m| (m.dev(), m.ino()) == (to.dev(), to.ino()))
+                    .and_then(|_| fd.try_clone_to_owned().ok())
+            };
+            let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
+            return match same(stdout.as_fd()).or_else(|| same(stderr.as_fd())) {
+                Some(fd) => Proc::Stream(fd),
+                None => refused(
+                    "leads to a descriptor that is not this process's standard output or error",
+                ),
             };
         }
-        bases
-            .iter()
-            .find_map(|b| s.strip_prefix(b.as_str()))
-            .and_then(|n| n.parse().ok())
-    };
-    let mut at = std::path::absolute(path).ok()?;
-    for _ in 0..8 {
-        if let Some(n) = named(&at) {
-            return Some(n);
+        match std::fs::read_link(&at) {
+            Ok(next) if next.is_absolute() => at = next,
+            Ok(next) => at = parent_of(&at).join(next),
+            Err(_) => return Proc::No,
         }
-        let next = std::fs::read_link(&at).ok()?;
-        at = if next.is_absolute() {
-            next
-        } else {
-            parent_of(&at).join(next)
-        };
     }
-    None
+    Proc::No
 }
 
 /// A private file in `dir` with no name, or `None` where the file system makes none.
@@ -460,6 +458,11 @@ mod tests {
         );
     }
 
+    /// Whether `path` leads to this process's standard output or error.
+    fn is_stream(path: &std::path::Path) -> bool {
+        matches!(super::through_proc(path), super::Proc::Stream(_))
+    }
+
     /// `/dev/stdout`-like links (into `/proc/self/fd`) and links to pipes are written
     /// through, never replaced; a link to a file is replaced, its target untouched.
     #[test]
@@ -480,17 +483,34 @@ mod tests {
 
         let stdout_like = dir.path().join("stdout");
         std::os::unix::fs::symlink("/proc/self/fd/1", &stdout_like).expect("symlink");
-        assert_eq!(super::own_descriptor_behind(&stdout_like), Some(1));
+        assert!(is_stream(&stdout_like), "a link to /proc/self/fd/1");
+        // However the path spells it: a relative link, a linked directory.
+        let depth = dir.path().components().count();
+        let relative = dir.path().join("relative-stdout");
+        std::os::unix::fs::symlink(format!("{}proc/self/fd/1", "../".repeat(depth)), &relative)
+            .expect("symlink");
+        assert!(is_stream(&relative), "a relative link to /proc/self/fd/1");
+        let fd_dir = dir.path().join("fds");
+        std::os::unix::fs::symlink("/proc/self/fd", &fd_dir).expect("symlink");
+        assert!(is_stream(&fd_dir.join("1")), "fds/1 through a linked dir");
+        assert!(is_stream(&fd_dir.join("2")), "fds/2 through a linked dir");
         // Any other descriptor of this process (here a file it has open, as an export has the
         // recording's tables open) is refused, never written.
         let victim = dir.path().join("open.sst");
         std::fs::write(&victim, "table").expect("write");
         let open = std::fs::File::open(&victim).expect("open");
         use std::os::fd::AsRawFd;
+        // An inherited pipe is a descriptor too: a caller's, not an output's.
+        let (pipe_read, pipe_write) = std::io::pipe().expect("pipe");
+        let n = open.as_raw_fd();
         for link_to in [
-            format!("/proc/self/fd/{}", open.as_raw_fd()),
-            format!("/dev/fd/{}", open.as_raw_fd()),
-            format!("/proc/{}/fd/{}", std::process::id(), open.as_raw_fd()),
+            format!("/proc/self/fd/{n}"),
+            format!("/dev/fd/{n}"),
+            format!("/proc/{}/fd/{n}", std::process::id()),
+            format!("{}proc/self/fd/{n}", "../".repeat(depth)),
+            format!("{}/{n}", fd_dir.display()),
+            format!("{}/{}", fd_dir.display(), pipe_write.as_raw_fd()),
+            format!("{}/nothing-here", fd_dir.display()),
         ] {
             let link = dir.path().join("fd-link");
             let _ = std::fs::remove_file(&link);
@@ -508,10 +528,12 @@ mod tests {
             );
         }
         drop(open);
-        let dev_stdout = std::path::Path::new("/dev/stdout");
-        if std::fs::symlink_metadata(dev_stdout).is_ok_and(|m| m.file_type().is_symlink()) {
-            assert_eq!(super::own_descriptor_behind(dev_stdout), Some(1));
-        }
+        drop(pipe_write);
+        let mut nothing = String::new();
+        std::io::Read::read_to_string(&mut &pipe_read, &mut nothing).expect("read");
+        assert_eq!(nothing, "", "the inherited pipe was written");
+        assert!(is_stream(std::path::Path::new("/dev/stdout")));
+        assert!(is_stream(std::path::Path::new("/dev/stderr")));
 
         let target = dir.path().join("target.txt");
         std::fs::write(&target, "precious").expect("write");
