@@ -340,7 +340,7 @@ impl Route {
             .lock()
             .values()
             .map(|b| {
-                let (events, bytes, control) = b.outbox.depth();
+                let depth = b.outbox.depth();
                 let info = b.info.lock().clone().unwrap_or_default();
                 let (denied, limited, lease_refused) = b.access.counts();
                 json!({
@@ -355,11 +355,11 @@ impl Route {
                     "platform": info.platform,
                     "launchId": info.launch_id,
                     "subscriptions": b.subs.lock().iter().cloned().collect::<Vec<_>>(),
-                    "queueEvents": events,
-                    "queueBytes": bytes,
-                    "queueControl": control,
+                    "queueEvents": depth.events,
+                    "queueBytes": depth.event_bytes,
+                    "queueControl": depth.controls,
                     // Taken by its writer, not yet accepted by its socket.
-                    "unwrittenBytes": b.outbox.unwritten(),
+                    "unwrittenBytes": depth.unwritten,
                     "dropped": b.outbox.dropped(),
                     "delivered": b.outbox.delivered(),
                     "pending": b.in_flight.load(Ordering::Relaxed),

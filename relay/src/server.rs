@@ -336,7 +336,7 @@ async fn sweeper(route: Arc<Route>) {
             .bridges
             .lock()
             .values()
-            .map(|b| b.outbox.depth().0)
+            .map(|b| b.outbox.depth().events)
             .max()
             .unwrap_or(0);
         route.metrics.outbox_events.set(deepest as f64);

@@ -241,7 +241,7 @@ fn check_bounds(h: &Harness) -> usize {
     let route = &h.relay().routes[0];
     let mut largest = 0;
     for b in route.bridges.lock().values() {
-        let (_, event_bytes, _) = b.outbox.depth();
+        let event_bytes = b.outbox.depth().event_bytes;
         let control = b.outbox.control_bytes();
         assert!(
             event_bytes <= OUTBOX_BYTES + 8192,

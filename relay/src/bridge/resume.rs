@@ -258,10 +258,10 @@ impl CatchUp<'_> {
             }
             // What the writer took and the socket has not accepted counts too: a bridge that
             // does not read holds no more history than its outbox's bound.
-            let (frames, bytes, _) = self.outbox.depth();
-            let bytes = bytes + self.outbox.unwritten();
+            let depth = self.outbox.depth();
+            let bytes = depth.event_bytes + depth.unwritten;
             let room = (
-                max_frames.saturating_sub(frames).max(1),
+                max_frames.saturating_sub(depth.events).max(1),
                 max_bytes.saturating_sub(bytes).max(1),
             );
             let tail = (room.0.min(JOIN_TAIL), room.1);

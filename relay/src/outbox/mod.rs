@@ -105,6 +105,19 @@ impl CutReason {
 }
 
 /// A bounded queue of frames for one bridge.
+/// An outbox's fill, read at one moment (see [`Outbox::depth`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Depth {
+    /// Events queued.
+    pub events: usize,
+    /// Their bytes.
+    pub event_bytes: usize,
+    /// Control frames queued (replies, notices).
+    pub controls: usize,
+    /// Bytes taken by the writer and not yet accepted by the socket.
+    pub unwritten: usize,
+}
+
 #[derive(Debug)]
 pub struct Outbox {
     policy: OnSlow,
@@ -544,10 +557,17 @@ impl Outbox {
         self.state.lock().closed
     }
 
-    /// (queued events, queued event bytes, queued control frames).
-    pub fn depth(&self) -> (usize, usize, usize) {
+    /// What is queued, and what was taken and not yet written, as of one moment: a take
+    /// moves bytes from the one to the other under the same lock, so a reader never counts
+    /// them in both (or in neither).
+    pub fn depth(&self) -> Depth {
         let st = self.state.lock();
-        (st.events, st.event_bytes, st.controls)
+        Depth {
+            events: st.events,
+            event_bytes: st.event_bytes,
+            controls: st.controls,
+            unwritten: self.unwritten.load(Ordering::Acquire),
+        }
     }
 
     /// Notes the bytes the socket has yet to accept (the writer's view after staging or

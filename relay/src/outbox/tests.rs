@@ -110,7 +110,7 @@ fn byte_bound_applies() {
     for s in 0..4 {
         o.offer(&ev("a", s));
     }
-    assert_eq!(o.depth().0, 2);
+    assert_eq!(o.depth().events, 2);
 }
 
 #[test]
@@ -124,7 +124,11 @@ fn control_frames_past_their_bound_cut_the_bridge() {
     assert!(!o.push_control(Bytes::from(vec![b'r'; 10])));
     assert!(o.cut_signal().is_cancelled());
     assert_eq!(o.cut_reason(), Some(CutReason::ControlBacklog));
-    assert_eq!(o.depth(), (0, 0, 0), "what was queued is freed at once");
+    assert_eq!(
+        o.depth(),
+        Depth::default(),
+        "what was queued is freed at once"
+    );
 }
 
 #[test]
@@ -177,7 +181,7 @@ async fn taken_bytes_count_as_unwritten_until_the_taker_says_otherwise() {
     o.note_unwritten(0);
     let mut b = Batch::default();
     o.take(&mut b).expect("open");
-    assert_eq!(o.depth().1, 0);
+    assert_eq!(o.depth().event_bytes, 0);
     assert_eq!(
         o.unwritten(),
         30,
@@ -356,7 +360,11 @@ fn a_run_is_one_entry_and_loses_its_oldest_events_one_by_one() {
     let done = o.offer_run(&run, 0);
     assert_eq!((done.queued, done.dropped), (8, 3));
     assert_eq!(done.outcome, Offer::QueuedAfterDrop(3));
-    assert_eq!(o.depth(), (5, 6 + 7 + 8 + 9 + 10, 0));
+    let d = o.depth();
+    assert_eq!(
+        (d.events, d.event_bytes, d.controls),
+        (5, 6 + 7 + 8 + 9 + 10, 0)
+    );
     let mut b = Batch::default();
     o.take(&mut b).expect("open");
     assert_eq!(b.frames.len(), 1, "one entry for the run's events");
@@ -472,4 +480,59 @@ fn runs_split_by_subscribers_and_by_room_and_copy_out_what_they_barely_use() {
                 .all(|&x| x == e.seq as u8));
         }
     }
+}
+
+/// A reader of the fill (the status a test polls, a resume sizing its next batch) sees what
+/// a take moves either still queued or already unwritten, never in both: read as two figures
+/// one after the other, a take between them showed a bridge that reads nothing holding twice
+/// its bound (`resume::a_bridge_that_does_not_read…` failed with "held 2092920 bytes", twice
+/// the room it had filled).
+#[test]
+fn the_fill_is_read_at_one_moment_across_a_take() {
+    const ROOM: usize = 1000;
+    let o = Arc::new(Outbox::new(OnSlow::DropOldest, 1 << 20, 1 << 20));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Fills to the room whenever there is some, as a resume's catch-up does.
+    let filler = {
+        let (o, stop) = (o.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seq = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let d = o.depth();
+                if d.event_bytes + d.unwritten + 10 <= ROOM {
+                    o.offer(&ev("a", seq));
+                    seq += 1;
+                }
+            }
+        })
+    };
+    // Takes and has it written at once, as a writer on a socket with room does.
+    let taker = {
+        let (o, stop) = (o.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut b = Batch::default();
+            let mut takes = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                o.take(&mut b).expect("open");
+                // A while in the socket, as a writer's flush takes.
+                for _ in 0..100 {
+                    std::hint::spin_loop();
+                }
+                b.frames.clear();
+                o.note_unwritten(0);
+                takes += 1;
+            }
+            takes
+        })
+    };
+    let mut most = 0;
+    for _ in 0..1_000_000 {
+        let d = o.depth();
+        most = most.max(d.event_bytes + d.unwritten);
+    }
+    stop.store(true, Ordering::Relaxed);
+    filler.join().expect("filler");
+    let takes = taker.join().expect("taker");
+    assert!(takes > 0, "the taker never ran");
+    assert!(most <= ROOM, "read {most} bytes held for a room of {ROOM}");
 }
