@@ -110,6 +110,11 @@ impl<'a> Field<'a> {
             .get(m.value.clone())
             .ok_or(EnvelopeError::InvalidJson)?;
         let val = match raw[0] {
+            // The scan said whether it has escapes: most strings are their bytes.
+            b'"' if !m.escaped => Val::Str(Cow::Borrowed(
+                text.get(m.value.start + 1..m.value.end - 1)
+                    .ok_or(EnvelopeError::InvalidJson)?,
+            )),
             b'"' => Val::Str(decode_str(text, &m.value)?),
             b'{' => Val::Object,
             b'n' => Val::Null,

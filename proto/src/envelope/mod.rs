@@ -190,7 +190,7 @@ impl Parser {
                     }
                     *slot = Some(Field::from_raw(text, m)?);
                 }
-                build_view(body, &known, mode)
+                build_view(body, &mut known, mode)
             }
             Mode::Strict => {
                 self.scratch.clear();
@@ -276,6 +276,16 @@ mod tests {
     fn escaped_strings_are_decoded() {
         let s = r#"{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440020","type":"event","channel":"a\/b","seq":0,"payload":1}"#;
         assert_eq!(strict(s).expect("valid").channel.as_deref(), Some("a/b"));
+        let t = tolerant(s).expect("valid");
+        assert_eq!(t.channel.as_deref(), Some("a/b"));
+        assert!(
+            matches!(t.channel, Some(std::borrow::Cow::Owned(_))),
+            "decoded"
+        );
+        assert!(
+            matches!(t.id, Some(std::borrow::Cow::Borrowed(_))),
+            "no escape: borrowed"
+        );
     }
 
     #[test]

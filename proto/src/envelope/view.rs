@@ -55,7 +55,7 @@ pub(super) fn strict_view<'a>(
     if count != members.len() {
         return Err(EnvelopeError::InvalidJson);
     }
-    let view = build_view(body, &known, Mode::Strict)?;
+    let view = build_view(body, &mut known, Mode::Strict)?;
     // Schema checks of the enforced methods and of attention events, on the tape.
     let node_of = |f: &Option<Field<'_>>| f.as_ref().and_then(|f| f.node);
     match view.kind {
@@ -83,7 +83,7 @@ pub(super) fn strict_view<'a>(
 /// Builds the view from typed fields; shared by both modes.
 pub(super) fn build_view<'a>(
     body: &'a [u8],
-    k: &Known<'a>,
+    k: &mut Known<'a>,
     mode: Mode,
 ) -> Result<EnvelopeView<'a>, EnvelopeError> {
     match &k.v.as_ref().ok_or(EnvelopeError::MissingField("v"))?.val {
@@ -146,7 +146,8 @@ pub(super) fn build_view<'a>(
         error_code: None,
         absent_null: None,
     };
-    match &k.id {
+    // The strings move into the view (the caller reads only spans and tape nodes after).
+    match &mut k.id {
         Some(Field {
             val: Val::Str(s),
             span,
@@ -155,7 +156,7 @@ pub(super) fn build_view<'a>(
             if mode == Mode::Strict && !is_uuid(s) {
                 return Err(EnvelopeError::InvalidField("id"));
             }
-            view.id = Some(s.clone());
+            view.id = Some(std::mem::take(s));
             view.id_span = Some(span.clone());
         }
         Some(_) => return Err(EnvelopeError::InvalidField("id")),
@@ -166,13 +167,13 @@ pub(super) fn build_view<'a>(
     }
     match kind {
         MsgType::Request => {
-            match &k
+            match &mut k
                 .method
-                .as_ref()
+                .as_mut()
                 .ok_or(EnvelopeError::MissingField("method"))?
                 .val
             {
-                Val::Str(m) if is_method_name(m) => view.method = Some(m.clone()),
+                Val::Str(m) if is_method_name(m) => view.method = Some(std::mem::take(m)),
                 _ => return Err(EnvelopeError::InvalidField("method")),
             }
             if let Some(p) = &k.params {
@@ -215,13 +216,13 @@ pub(super) fn build_view<'a>(
             }
         }
         MsgType::Event => {
-            match &k
+            match &mut k
                 .channel
-                .as_ref()
+                .as_mut()
                 .ok_or(EnvelopeError::MissingField("channel"))?
                 .val
             {
-                Val::Str(c) if !c.is_empty() => view.channel = Some(c.clone()),
+                Val::Str(c) if !c.is_empty() => view.channel = Some(std::mem::take(c)),
                 _ => return Err(EnvelopeError::InvalidField("channel")),
             }
             match &k.seq {

@@ -55,6 +55,17 @@ pub fn skip_string(b: &[u8], i: usize) -> Option<usize> {
 /// [`skip_string`]; with `PAIRS` false, lone surrogate escapes are let through (diagnosis only).
 #[inline]
 pub(super) fn skip_str<const PAIRS: bool>(b: &[u8], i: usize) -> Option<usize> {
+    skip_str_noting_escapes::<PAIRS>(b, i).map(|(end, _)| end)
+}
+
+/// [`skip_str`], also saying whether the string holds a backslash escape (one without needs
+/// no decoding: its bytes are its text).
+#[inline]
+pub(super) fn skip_str_noting_escapes<const PAIRS: bool>(
+    b: &[u8],
+    i: usize,
+) -> Option<(usize, bool)> {
+    let mut escaped = false;
     let mut j = i + 1;
     loop {
         // Short strings (keys, ids, channel names) are done byte by byte; long ones (payload
@@ -83,10 +94,14 @@ pub(super) fn skip_str<const PAIRS: bool>(b: &[u8], i: usize) -> Option<usize> {
             k = stop;
         }
         match *b.get(k)? {
-            b'"' => return Some(k + 1),
+            b'"' => return Some((k + 1, escaped)),
             b'\\' => match *b.get(k + 1)? {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j = k + 2,
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                    escaped = true;
+                    j = k + 2;
+                }
                 b'u' => {
+                    escaped = true;
                     let unit = hex4(b, k + 2)?;
                     j = k + 6;
                     if PAIRS {

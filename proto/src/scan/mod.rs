@@ -23,7 +23,7 @@ use std::ops::Range;
 mod lexeme;
 mod loose;
 
-use lexeme::{skip_str, skip_val, skip_ws};
+use lexeme::{skip_str, skip_str_noting_escapes, skip_val, skip_ws};
 pub use lexeme::{skip_string, skip_value};
 pub use loose::{LooseScan, LOOSE_MAX};
 
@@ -38,6 +38,8 @@ pub struct Member {
     pub key: Range<usize>,
     /// Bytes of the value; for strings this includes the quotes.
     pub value: Range<usize>,
+    /// Whether the value is a string holding a backslash escape (one without is its bytes).
+    pub escaped: bool,
 }
 
 impl Member {
@@ -94,10 +96,15 @@ fn members_with<const FINITE: bool, const PAIRS: bool>(
         }
         i = skip_ws(b, i + 1);
         // The object these members are in is the first level.
-        let value_end = skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH - 1)?;
+        let (value_end, escaped) = if b.get(i) == Some(&b'"') {
+            skip_str_noting_escapes::<PAIRS>(b, i)?
+        } else {
+            (skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH - 1)?, false)
+        };
         out.push(Member {
             key,
             value: i..value_end,
+            escaped,
         });
         i = skip_ws(b, value_end);
         match b.get(i)? {
@@ -195,6 +202,20 @@ mod tests {
         assert_eq!(&b[m[1].value.clone()], br#"{"x":[1,{"y":"}"}]}"#);
         assert_eq!(&b[m[2].value.clone()], b"42");
         assert_eq!(&b[m[3].value.clone()], b"null");
+        let escaped: Vec<bool> = m.iter().map(|x| x.escaped).collect();
+        assert_eq!(
+            escaped,
+            vec![true, false, false, false],
+            "only the id has an escape"
+        );
+        let mut m = Vec::new();
+        members(
+            br#"{"a":"plain","b":"\u00e9","c":"x\/y","d":"\"\\"}"#,
+            &mut m,
+        )
+        .expect("object");
+        let escaped: Vec<bool> = m.iter().map(|x| x.escaped).collect();
+        assert_eq!(escaped, vec![false, true, true, true]);
     }
 
     #[test]
