@@ -220,6 +220,8 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
         !pq.join(".gabp-work-dir").exists(),
         "the placed export kept the work mark"
     );
+    // As private as a single file's export: dirs 0700, files 0600, whatever the umask.
+    all_private(&pq);
     // Replacing it (`--force`) leaves only the new export beside it.
     export_dir(true).await;
     let work = files_with(dir.path(), |n| {
@@ -227,6 +229,7 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
     });
     assert!(work.is_empty(), "{work:?}");
     assert!(!pq.join(".gabp-work-dir").exists());
+    all_private(&pq);
 }
 
 /// A relay killed before any flush (everything in the write-ahead log) with its MANIFEST

@@ -199,8 +199,10 @@ const WORK_MARK: &str = ".gabp-work-dir";
 
 /// A hidden work dir in `parent`, named after this process and marked as ours (0700).
 pub(super) fn work_dir(parent: &Path, prefix: &str) -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::Builder::new()
         .prefix(&work_prefix(prefix))
+        .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(parent)?;
     File::create(dir.path().join(WORK_MARK))?;
     Ok(dir)

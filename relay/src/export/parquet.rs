@@ -10,6 +10,7 @@
 //! The columns ([`schema`]) are a contract, listed in the README and pinned by a test.
 
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -392,10 +393,19 @@ pub fn export_hive(
     for meta in metas {
         let rel = hive_path(meta);
         let path = tmp.path().join(&rel);
+        // Private like a single file's export (the work dir itself is 0700): a directory
+        // placed as it was written must not open up to others once moved or copied.
         if let Some(p) = path.parent() {
-            std::fs::create_dir_all(p)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(p)?;
         }
-        let file = std::fs::File::create(&path)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
         let mut out = std::io::BufWriter::new(&file);
         let rows = write_session(store, meta, filter, false, &mut out)?;
         drop(out);
