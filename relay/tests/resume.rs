@@ -35,7 +35,11 @@ fn ev(channel: &str, n: u64) -> String {
 
 /// A bridge that said hello (with `params` merged in) and got `(client, welcome or error)`.
 async fn hello(addr: &Addr, extra: Value) -> (Client, Value) {
-    let mut c = Client::connect(addr).await.expect("connect");
+    hello_on(Client::connect(addr).await.expect("connect"), extra).await
+}
+
+/// [`hello`] on a connection already made.
+async fn hello_on(mut c: Client, extra: Value) -> (Client, Value) {
     let mut params = json!({"token": TOKEN_T, "bridgeVersion": "resume-test", "platform": "linux", "launchId": "resume-test"});
     if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
         p.extend(e.clone());
@@ -342,6 +346,70 @@ async fn a_bridge_that_does_not_read_is_sent_no_more_history_than_its_outbox_hol
             want += 1;
         }
     }
+}
+
+/// A live bridge that reads nothing holds at most its outbox bound queued and at most one
+/// take of it in its socket's queue (the README's promise), never a take on top of what the
+/// mod reader's direct write left there: measured from outside at 1.09-1.23 outbox-fulls
+/// unwritten before the writer flushed that leftover first.
+#[tokio::test]
+async fn a_live_bridge_that_does_not_read_holds_at_most_one_take_beside_its_outbox() {
+    const BOUND: u64 = 1 << 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (relay, mut m, mut o) = relay_with_observer(
+        dir.path(),
+        "record = false\noutbox_bytes = \"1MiB\"\nwrite_deadline = \"1h\"",
+        &["c"],
+    )
+    .await;
+    // A small receive buffer, so the relay's side fills within a few takes.
+    let Addr::Tcp(at) = &relay.addr else {
+        panic!("the relay listens on TCP")
+    };
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+    let stream = socket.connect(*at).await.expect("connect");
+    let conn = Client::from_conn(gabp_sim::Conn::tcp(stream));
+    let (mut stuck, w) = hello_on(conn, json!({})).await;
+    assert!(w["result"].is_object(), "{w}");
+    stuck.subscribe(&["c"]).await.expect("subscribe");
+    let (mut st, _) = hello(&relay.addr, json!({})).await;
+    let big = "x".repeat(2000);
+    let body = |n: u64| event("c", Some(n), &format!(r#"{{"n":{n},"pad":"{big}"}}"#));
+    let (mut queued, mut unwritten, mut samples) = (0u64, 0u64, 0u32);
+    let sending = async {
+        for chunk in 0..40u64 {
+            m.send_all((chunk * 500..(chunk + 1) * 500).map(body)).await;
+        }
+        wait_published(&mut o, 19_999).await;
+    };
+    tokio::pin!(sending);
+    let mut sent = false;
+    // While the mod publishes, and a while after.
+    while samples < 100 {
+        tokio::select! {
+            _ = &mut sending, if !sent => sent = true,
+            s = st.request("relay/status", json!({})) => {
+                let s = s.expect("status");
+                let bridges = s["result"]["bridges"].as_array().expect("bridges").clone();
+                for b in &bridges {
+                    queued = queued.max(b["queueBytes"].as_u64().expect("queueBytes"));
+                    unwritten = unwritten.max(b["unwrittenBytes"].as_u64().expect("unwrittenBytes"));
+                }
+                if sent {
+                    samples += 1;
+                }
+            }
+        }
+    }
+    eprintln!("held at most {queued} bytes queued and {unwritten} unwritten");
+    assert!(unwritten > 0, "the bridge's socket never filled");
+    // One event past the bound at most, and for the take the drop notices staged with it.
+    assert!(queued <= BOUND + 2100, "queued {queued} bytes");
+    assert!(
+        unwritten <= BOUND + 2100 + 4096,
+        "{unwritten} bytes taken and unwritten"
+    );
 }
 
 #[tokio::test]

@@ -26,7 +26,10 @@ pub(super) async fn write_loop(route: Arc<Route>, bridge: Arc<BridgeState>) {
             outbox.ready().await;
             continue;
         };
-        let open = outbox.take(&mut sink.batch).is_some();
+        // What the mod reader's direct write left in the socket goes out before more is
+        // taken: a bridge that reads nothing then holds at most one take beside its outbox,
+        // never a take on top of a leftover (2.2x its bound was seen from outside).
+        let open = !sink.is_idle() || outbox.take(&mut sink.batch).is_some();
         let staged = sink.stage();
         outbox.note_unwritten(sink.queued_bytes());
         let written = sink.flush(deadline).await;

@@ -42,19 +42,8 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
             return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why).into())
         }
     }
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        let t = md.file_type();
-        // A stream (pipe, character device, socket) at `path` or behind a link there.
-        let streams = |t: std::fs::FileType| t.is_fifo() || t.is_char_device() || t.is_socket();
-        // Only behind a link that resolves to a real path (`/dev/null`, a named pipe): a
-        // process's anonymous pipe or socket seen through `/proc` is never written.
-        let through_link = t.is_symlink()
-            && std::fs::canonicalize(path).is_ok_and(|real| !real.starts_with("/proc"))
-            && std::fs::metadata(path).is_ok_and(|m| streams(m.file_type()));
-        if through_link || !(t.is_file() || t.is_dir() || t.is_symlink()) {
-            let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
-            return write(&mut f);
-        }
+    if let Some(mut stream) = open_stream(path)? {
+        return write(&mut stream);
     }
     let dir = output_dir(path)?;
     match unnamed_file(dir) {
@@ -100,6 +89,57 @@ pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
         )),
         Err(e) => Err(e),
     }
+}
+
+/// The stream (a named pipe, a device such as `/dev/null`) at `path` or behind links there,
+/// opened for writing; `None` when `path` is anything else (a file or link to be replaced, a
+/// new name). Decided on the object the path opens, not on what it named a moment before: the
+/// path is opened once without access (`O_PATH`, which opens no device), that very object is
+/// checked, and it is then reopened through its descriptor, so a link swapped meanwhile
+/// changes nothing. A pipe or socket with no name of its own (another process's descriptor,
+/// seen through `/proc`) is refused unless it is this process's standard output or error.
+fn open_stream(path: &Path) -> std::io::Result<Option<File>> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(pinned) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+    else {
+        return Ok(None);
+    };
+    let md = pinned.metadata()?;
+    let t = md.file_type();
+    if !(t.is_fifo() || t.is_char_device() || t.is_socket()) {
+        return Ok(None);
+    }
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    for own in [stdout.as_fd(), stderr.as_fd()] {
+        let own = File::from(own.try_clone_to_owned()?);
+        if own
+            .metadata()
+            .is_ok_and(|m| (m.dev(), m.ino()) == (md.dev(), md.ino()))
+        {
+            return Ok(Some(own));
+        }
+    }
+    let pinned_at = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd()));
+    let named = std::fs::read_link(&pinned_at)
+        .is_ok_and(|real| real.is_absolute() && !real.starts_with("/proc"));
+    if !named {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} leads to a pipe or socket with no name of its own, not this process's standard output or error: refused",
+                path.display()
+            ),
+        ));
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pinned_at)
+        .map(Some)
 }
 
 /// Where an output path leads when it passes through `/proc`.
@@ -279,7 +319,7 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str, dirs: bool) {
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
-    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 
     use super::{sweep_leftovers, work_prefix, write_atomically};
 
@@ -547,5 +587,73 @@ mod tests {
         .expect("written");
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "precious");
         assert!(std::fs::symlink_metadata(&to_file).expect("meta").is_file());
+    }
+
+    /// A link swapped between a named pipe and another descriptor of this process while
+    /// outputs are written through it (the check and the open are not one step for a path):
+    /// the other descriptor's file is never written, however the swaps fall.
+    #[test]
+    fn a_link_swapped_while_it_is_checked_never_leads_to_another_descriptor() {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("pipe");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let victim = dir.path().join("open.sst");
+        std::fs::write(&victim, "table").expect("write");
+        let open = std::fs::File::open(&victim).expect("open");
+        let link = dir.path().join("out");
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (fifo, stop) = (fifo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let mut sink = Vec::new();
+                    if let Ok(mut f) = std::fs::File::open(&fifo) {
+                        let _ = f.read_to_end(&mut sink);
+                    }
+                }
+            })
+        };
+        let swapper = {
+            let targets = [
+                fifo.clone(),
+                std::path::PathBuf::from(format!("/proc/self/fd/{}", open.as_raw_fd())),
+            ];
+            let (dir, link, stop) = (dir.path().to_path_buf(), link.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let tmp = dir.join("next");
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = std::fs::remove_file(&tmp);
+                    std::os::unix::fs::symlink(&targets[(swaps % 2) as usize], &tmp)
+                        .expect("symlink");
+                    std::fs::rename(&tmp, &link).expect("rename");
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        for _ in 0..2000 {
+            let _ = write_atomically(&link, |f| -> Result<(), std::io::Error> {
+                f.write_all(b"overwritten")
+            });
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().expect("swapper");
+        // The reader may be waiting for a writer: one more opening lets it see the stop (not
+        // waiting itself, in case the reader has already gone).
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo);
+        reader.join().expect("reader");
+        assert!(swaps > 100, "the link hardly moved ({swaps} swaps)");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "table");
     }
 }
