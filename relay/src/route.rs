@@ -358,6 +358,7 @@ impl Route {
                     "queueEvents": depth.events,
                     "queueBytes": depth.event_bytes,
                     "queueControl": depth.controls,
+                    "queueControlBytes": depth.control_bytes,
                     // Taken by its writer, not yet accepted by its socket.
                     "unwrittenBytes": depth.unwritten,
                     "dropped": b.outbox.dropped(),

@@ -42,25 +42,51 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
             return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why).into())
         }
     }
-    if let Some(mut stream) = open_stream(path)? {
+    // Everything below happens in one directory, opened once and then named through its
+    // descriptor: a link on the way to it swapped meanwhile (`dirl/out`, `dirl` moving between
+    // two dirs) cannot make the check land in one directory and the write in another.
+    let dir = output_dir(path)?;
+    let pinned = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+    let base = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd()));
+    if std::fs::read_link(&base).is_ok_and(|real| real.starts_with("/proc")) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} lies in /proc, which takes no output: refused",
+                path.display()
+            ),
+        )
+        .into());
+    }
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} names no file", path.display()),
+        )
+    })?;
+    let target = base.join(name);
+    if let Some(mut stream) = open_stream(&target, path)? {
         return write(&mut stream);
     }
-    let dir = output_dir(path)?;
-    match unnamed_file(dir) {
+    match unnamed_file(&base) {
         Some(mut f) => {
             let out = write(&mut f)?;
             f.sync_all()?;
-            give_name(&f, dir, path)?;
+            give_name(&f, &base, &target)?;
             Ok(out)
         }
         None => {
-            sweep_leftovers(dir, OUTPUT_PREFIX, false);
+            sweep_leftovers(&base, OUTPUT_PREFIX, false);
             let mut tmp = tempfile::Builder::new()
                 .prefix(&work_prefix(OUTPUT_PREFIX))
-                .tempfile_in(dir)?;
+                .tempfile_in(&base)?;
             let out = write(tmp.as_file_mut())?;
             tmp.as_file().sync_all()?;
-            tmp.persist(path).map_err(|e| e.error)?;
+            tmp.persist(&target).map_err(|e| e.error)?;
             Ok(out)
         }
     }
@@ -98,7 +124,8 @@ pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
 /// checked, and it is then reopened through its descriptor, so a link swapped meanwhile
 /// changes nothing. A pipe or socket with no name of its own (another process's descriptor,
 /// seen through `/proc`) is refused unless it is this process's standard output or error.
-fn open_stream(path: &Path) -> std::io::Result<Option<File>> {
+/// `shown` is the path as the user gave it, for the error.
+fn open_stream(path: &Path, shown: &Path) -> std::io::Result<Option<File>> {
     use std::os::fd::AsFd;
     use std::os::unix::fs::MetadataExt;
     let Ok(pinned) = std::fs::OpenOptions::new()
@@ -132,7 +159,7 @@ fn open_stream(path: &Path) -> std::io::Result<Option<File>> {
             std::io::ErrorKind::PermissionDenied,
             format!(
                 "{} leads to a pipe or socket with no name of its own, not this process's standard output or error: refused",
-                path.display()
+                shown.display()
             ),
         ));
     }
@@ -655,5 +682,87 @@ mod tests {
         reader.join().expect("reader");
         assert!(swaps > 100, "the link hardly moved ({swaps} swaps)");
         assert_eq!(std::fs::read_to_string(&victim).expect("read"), "table");
+    }
+
+    /// A linked parent dir swapped while outputs are written through it (`dirl/9`, `dirl`
+    /// moving between a dir holding a named pipe and one holding a link to a file): the pipe is
+    /// never replaced by a file and no work file is left in either dir.
+    #[test]
+    fn a_parent_swapped_while_writing_never_replaces_a_pipe_or_leaves_work_files() {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (real, other) = (dir.path().join("real"), dir.path().join("other"));
+        std::fs::create_dir(&real).expect("mkdir");
+        std::fs::create_dir(&other).expect("mkdir");
+        let fifo = real.join("9");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        std::fs::write(dir.path().join("target"), "T").expect("write");
+        std::os::unix::fs::symlink("../target", other.join("9")).expect("symlink");
+        let dirl = dir.path().join("dirl");
+        let stop = Arc::new(AtomicBool::new(false));
+        // Drains the pipe without ever waiting for a writer, so it stops when told.
+        let reader = {
+            let (fifo, stop) = (fifo.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&fifo)
+                    .expect("open to read");
+                let mut buf = vec![0u8; 1 << 16];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Err(e) = (&f).read(&mut buf) {
+                        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
+                        std::thread::yield_now();
+                    }
+                }
+                f.as_raw_fd()
+            })
+        };
+        let swapper = {
+            let (dir, dirl, stop) = (dir.path().to_path_buf(), dirl.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let tmp = dir.join("next");
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = std::fs::remove_file(&tmp);
+                    let to = if swaps.is_multiple_of(2) { "real" } else { "other" };
+                    std::os::unix::fs::symlink(to, &tmp).expect("symlink");
+                    std::fs::rename(&tmp, &dirl).expect("rename");
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let out = dirl.join("9");
+        for _ in 0..2000 {
+            let _ = write_atomically(&out, |f| -> Result<(), std::io::Error> {
+                f.write_all(b"export")
+            });
+            if !std::fs::symlink_metadata(&fifo).is_ok_and(|m| m.file_type().is_fifo()) {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().expect("swapper");
+        reader.join().expect("reader");
+        assert!(swaps > 100, "the link hardly moved ({swaps} swaps)");
+        assert!(
+            std::fs::symlink_metadata(&fifo).is_ok_and(|m| m.file_type().is_fifo()),
+            "the pipe was replaced by a file"
+        );
+        for d in [&real, &other] {
+            let work: Vec<String> = names(d)
+                .into_iter()
+                .filter(|n| n.starts_with(".gabp-"))
+                .collect();
+            assert!(work.is_empty(), "{}: {work:?}", d.display());
+        }
     }
 }

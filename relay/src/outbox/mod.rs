@@ -114,6 +114,8 @@ pub struct Depth {
     pub event_bytes: usize,
     /// Control frames queued (replies, notices).
     pub controls: usize,
+    /// Their bytes.
+    pub control_bytes: usize,
     /// Bytes taken by the writer and not yet accepted by the socket.
     pub unwritten: usize,
 }
@@ -566,6 +568,7 @@ impl Outbox {
             events: st.events,
             event_bytes: st.event_bytes,
             controls: st.controls,
+            control_bytes: st.control_bytes,
             unwritten: self.unwritten.load(Ordering::Acquire),
         }
     }
