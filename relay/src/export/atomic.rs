@@ -732,7 +732,11 @@ mod tests {
                 let mut swaps = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     let _ = std::fs::remove_file(&tmp);
-                    let to = if swaps.is_multiple_of(2) { "real" } else { "other" };
+                    let to = if swaps.is_multiple_of(2) {
+                        "real"
+                    } else {
+                        "other"
+                    };
                     std::os::unix::fs::symlink(to, &tmp).expect("symlink");
                     std::fs::rename(&tmp, &dirl).expect("rename");
                     swaps += 1;
