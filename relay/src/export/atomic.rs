@@ -616,6 +616,27 @@ mod tests {
         assert!(std::fs::symlink_metadata(&to_file).expect("meta").is_file());
     }
 
+    /// A thread that points `link` at each of `targets` in turn (a new link renamed over it,
+    /// so the name always exists) until `stop`; joining it gives the number of swaps.
+    fn swapping(
+        link: &std::path::Path,
+        targets: [std::path::PathBuf; 2],
+        stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<u64> {
+        let (link, stop) = (link.to_path_buf(), stop.clone());
+        std::thread::spawn(move || {
+            let tmp = link.with_extension("next");
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&targets[(swaps % 2) as usize], &tmp).expect("symlink");
+                std::fs::rename(&tmp, &link).expect("rename");
+                swaps += 1;
+            }
+            swaps
+        })
+    }
+
     /// A link swapped between a named pipe and another descriptor of this process while
     /// outputs are written through it (the check and the open are not one step for a path):
     /// the other descriptor's file is never written, however the swaps fall.
@@ -647,25 +668,14 @@ mod tests {
                 }
             })
         };
-        let swapper = {
-            let targets = [
+        let swapper = swapping(
+            &link,
+            [
                 fifo.clone(),
                 std::path::PathBuf::from(format!("/proc/self/fd/{}", open.as_raw_fd())),
-            ];
-            let (dir, link, stop) = (dir.path().to_path_buf(), link.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let tmp = dir.join("next");
-                let mut swaps = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = std::fs::remove_file(&tmp);
-                    std::os::unix::fs::symlink(&targets[(swaps % 2) as usize], &tmp)
-                        .expect("symlink");
-                    std::fs::rename(&tmp, &link).expect("rename");
-                    swaps += 1;
-                }
-                swaps
-            })
-        };
+            ],
+            &stop,
+        );
         for _ in 0..2000 {
             let _ = write_atomically(&link, |f| -> Result<(), std::io::Error> {
                 f.write_all(b"overwritten")
@@ -725,25 +735,7 @@ mod tests {
                 f.as_raw_fd()
             })
         };
-        let swapper = {
-            let (dir, dirl, stop) = (dir.path().to_path_buf(), dirl.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let tmp = dir.join("next");
-                let mut swaps = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = std::fs::remove_file(&tmp);
-                    let to = if swaps.is_multiple_of(2) {
-                        "real"
-                    } else {
-                        "other"
-                    };
-                    std::os::unix::fs::symlink(to, &tmp).expect("symlink");
-                    std::fs::rename(&tmp, &dirl).expect("rename");
-                    swaps += 1;
-                }
-                swaps
-            })
-        };
+        let swapper = swapping(&dirl, [real.clone(), other.clone()], &stop);
         let out = dirl.join("9");
         for _ in 0..2000 {
             let _ = write_atomically(&out, |f| -> Result<(), std::io::Error> {
