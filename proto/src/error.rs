@@ -57,7 +57,7 @@ pub enum EnvelopeError {
     #[error("message must be a JSON object")]
     NotAnObject,
     /// A number is not finite (it overflows a double).
-    #[error("non-finite number: beyond a double's range (about 1.8e308; an integer of more than 309 digits)")]
+    #[error("non-finite number: beyond a double's range (magnitude above about 1.8e308, as is any integer of 310 digits or more)")]
     NonFiniteNumber,
     /// Valid JSON, but a number the strict reader cannot hold: a negative integer just past
     /// the 128-bit range (below -2^127, above -2^128). Larger magnitudes are read as doubles.
