@@ -37,7 +37,7 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     // or a caller's, and nothing else in `/proc` takes an output.
     match through_proc(path) {
         Proc::No => {}
-        Proc::Stream(fd) => return write(&mut File::from(fd)),
+        Proc::Stream(mut own) => return write(&mut own),
         Proc::Refused(why) => {
             return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, why).into())
         }
@@ -126,8 +126,6 @@ pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
 /// seen through `/proc`) is refused unless it is this process's standard output or error.
 /// `shown` is the path as the user gave it, for the error.
 fn open_stream(path: &Path, shown: &Path) -> std::io::Result<Option<File>> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::MetadataExt;
     let Ok(pinned) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH)
@@ -140,16 +138,8 @@ fn open_stream(path: &Path, shown: &Path) -> std::io::Result<Option<File>> {
     if !(t.is_fifo() || t.is_char_device() || t.is_socket()) {
         return Ok(None);
     }
-    let stdout = std::io::stdout();
-    let stderr = std::io::stderr();
-    for own in [stdout.as_fd(), stderr.as_fd()] {
-        let own = File::from(own.try_clone_to_owned()?);
-        if own
-            .metadata()
-            .is_ok_and(|m| (m.dev(), m.ino()) == (md.dev(), md.ino()))
-        {
-            return Ok(Some(own));
-        }
+    if let Some(own) = own_stream(&md) {
+        return Ok(Some(own));
     }
     let pinned_at = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd()));
     let named = std::fs::read_link(&pinned_at)
@@ -169,12 +159,26 @@ fn open_stream(path: &Path, shown: &Path) -> std::io::Result<Option<File>> {
         .map(Some)
 }
 
+/// A second descriptor of this process's standard output or error, if `to` is the same
+/// object (device and inode): what it is, whatever path led there.
+fn own_stream(to: &std::fs::Metadata) -> Option<File> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let (stdout, stderr) = (std::io::stdout(), std::io::stderr());
+    let found = [stdout.as_fd(), stderr.as_fd()].into_iter().find_map(|fd| {
+        let own = File::from(fd.try_clone_to_owned().ok()?);
+        let m = own.metadata().ok()?;
+        ((m.dev(), m.ino()) == (to.dev(), to.ino())).then_some(own)
+    });
+    found
+}
+
 /// Where an output path leads when it passes through `/proc`.
 enum Proc {
     /// Nowhere in `/proc`: an ordinary path.
     No,
     /// This process's standard output or error (a second descriptor of it).
-    Stream(std::os::fd::OwnedFd),
+    Stream(File),
     /// Somewhere in `/proc` that takes no output; why, said with the path.
     Refused(String),
 }
@@ -183,8 +187,6 @@ enum Proc {
 /// really is, so relative links and linked dirs count), and if so whether what it leads to is
 /// this process's standard output or error (by device and inode).
 fn through_proc(path: &Path) -> Proc {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::MetadataExt;
     let in_proc =
         |p: &Path| std::fs::canonicalize(parent_of(p)).is_ok_and(|d| d.starts_with("/proc"));
     let mut at = path.to_path_buf();
@@ -195,17 +197,8 @@ fn through_proc(path: &Path) -> Proc {
             let Ok(to) = std::fs::metadata(path) else {
                 return refused("lies in /proc, which takes no output");
             };
-            let same = |fd: std::os::fd::BorrowedFd<'_>| {
-                File::from(fd.try_clone_to_owned().ok()?)
-                    .metadata()
-                    .ok()
-                    .filter(|m| (m.dev(), m.ino()) == (to.dev(), to.ino()))
-                    .and_then(|_| fd.try_clone_to_owned().ok())
-            };
-            let stdout = std::io::stdout();
-            let stderr = std::io::stderr();
-            return match same(stdout.as_fd()).or_else(|| same(stderr.as_fd())) {
-                Some(fd) => Proc::Stream(fd),
+            return match own_stream(&to) {
+                Some(own) => Proc::Stream(own),
                 None => refused(
                     "leads to a descriptor that is not this process's standard output or error",
                 ),
