@@ -347,7 +347,8 @@ async fn shipping_mistakes_exit_2_and_defaults_show_once() {
 
 /// A replay cut that leaves nothing to play (a channel the session does not have, a start
 /// past its end) fails in one line naming what it has, instead of serving an empty replay;
-/// an existing directory given as one file's `-o` is a usage error before anything is read.
+/// an existing directory (or a link to one) given as one file's `-o`, or a link to a directory
+/// as a directory export's, is a usage error before anything is read.
 #[tokio::test]
 async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
     let dir = record_a_session().await;
@@ -394,6 +395,33 @@ async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
         let out = output_in(dir.path(), args).await;
         let line = usage_error(&out, &format!("{args:?}"));
         assert!(line.contains("is a directory"), "{args:?}: {line}");
+    }
+    // A link to that directory is neither replaced by the output nor written through.
+    let link = dir.path().join("latest-out");
+    std::os::unix::fs::symlink(&out_dir, &link).expect("symlink");
+    let l = link.to_str().expect("utf8");
+    for args in [
+        &["export", "latest", "--data-dir", d, "-o", l][..],
+        &["report", "latest", "--data-dir", d, "-o", l],
+        &[
+            "export",
+            "--all",
+            "--data-dir",
+            d,
+            "--format",
+            "parquet",
+            "--force",
+            "-o",
+            l,
+        ],
+    ] {
+        let out = output_in(dir.path(), args).await;
+        let line = usage_error(&out, &format!("{args:?}"));
+        assert!(
+            line.contains("is a symbolic link to a directory"),
+            "{args:?}: {line}"
+        );
+        assert!(std::fs::symlink_metadata(&link).expect("meta").is_symlink());
     }
     assert_eq!(
         std::fs::read_dir(&out_dir).expect("ls").count(),

@@ -103,6 +103,13 @@ pub fn run(a: ExportArgs) -> Result<()> {
         ));
     }
     if let (Format::Parquet, false, Some(dir)) = (a.format, single, &a.output) {
+        if is_link_to_a_directory(dir) {
+            // `--force` would replace the link, not the directory it leads to.
+            return Err(usage(format!(
+                "-o {} is a symbolic link to a directory: give the directory itself",
+                dir.display()
+            )));
+        }
         // Checked before any reading, so a forgotten --force costs nothing.
         if !a.force && parquet::non_empty_dir(dir).unwrap_or(false) {
             return Err(usage(format!(
@@ -245,14 +252,25 @@ pub(super) fn refuse_a_directory(
     what: &str,
     example: &str,
 ) -> Result<()> {
-    if std::fs::symlink_metadata(output).is_ok_and(|m| m.is_dir()) {
+    // Followed through links: a link to a directory would be replaced by the file.
+    if std::fs::metadata(output).is_ok_and(|m| m.is_dir()) {
+        let kind = match is_link_to_a_directory(output) {
+            true => "a symbolic link to a directory",
+            false => "a directory",
+        };
         return Err(usage(format!(
-            "-o {} is a directory and {what}: give a file path (such as {})",
+            "-o {} is {kind} and {what}: give a file path (such as {})",
             output.display(),
             output.join(example).display()
         )));
     }
     Ok(())
+}
+
+/// Whether `path` is a symbolic link that leads to a directory.
+fn is_link_to_a_directory(path: &std::path::Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink())
+        && std::fs::metadata(path).is_ok_and(|m| m.is_dir())
 }
 
 /// Refuses an output that is, holds or lies in the data dir: an export or report never

@@ -45,45 +45,24 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     // Everything below happens in one directory, opened once and then named through its
     // descriptor: a link on the way to it swapped meanwhile (`dirl/out`, `dirl` moving between
     // two dirs) cannot make the check land in one directory and the write in another.
-    let dir = output_dir(path)?;
-    let pinned = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-        .open(dir)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
-    let base = PathBuf::from(format!("/proc/self/fd/{}", pinned.as_raw_fd()));
-    if std::fs::read_link(&base).is_ok_and(|real| real.starts_with("/proc")) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!(
-                "{} lies in /proc, which takes no output: refused",
-                path.display()
-            ),
-        )
-        .into());
-    }
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{} names no file", path.display()),
-        )
-    })?;
-    let target = base.join(name);
+    let dir = PinnedDir::of_output(path)?;
+    let base = dir.base();
+    let target = dir.target(path, "file")?;
     if let Some(mut stream) = open_stream(&target, path)? {
         return write(&mut stream);
     }
-    match unnamed_file(&base) {
+    match unnamed_file(base) {
         Some(mut f) => {
             let out = write(&mut f)?;
             f.sync_all()?;
-            give_name(&f, &base, &target)?;
+            give_name(&f, base, &target)?;
             Ok(out)
         }
         None => {
-            sweep_leftovers(&base, OUTPUT_PREFIX, false);
+            sweep_leftovers(base, OUTPUT_PREFIX, false);
             let mut tmp = tempfile::Builder::new()
                 .prefix(&work_prefix(OUTPUT_PREFIX))
-                .tempfile_in(&base)?;
+                .tempfile_in(base)?;
             let out = write(tmp.as_file_mut())?;
             tmp.as_file().sync_all()?;
             tmp.persist(&target).map_err(|e| e.error)?;
@@ -92,8 +71,58 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     }
 }
 
+/// The directory an output goes into, opened once (`O_PATH`) and from then on named through its
+/// descriptor (`/proc/self/fd/N`), so that every step of an output (the checks, the work file
+/// or dir, the final rename) happens in the one directory it was opened as, whatever links on
+/// the way to it are swapped meanwhile.
+pub(super) struct PinnedDir {
+    _fd: File,
+    base: PathBuf,
+}
+
+impl PinnedDir {
+    /// Pins the directory the output at `path` goes into; refuses one that really is in
+    /// `/proc` (nothing there takes an output) and names a missing one.
+    pub(super) fn of_output(path: &Path) -> std::io::Result<Self> {
+        let dir = output_dir(path)?;
+        let fd = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+            .open(dir)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
+        let base = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        if std::fs::read_link(&base).is_ok_and(|real| real.starts_with("/proc")) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} lies in /proc, which takes no output: refused",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(Self { _fd: fd, base })
+    }
+
+    /// The pinned directory, as a path that stays valid while `self` lives.
+    pub(super) fn base(&self) -> &Path {
+        &self.base
+    }
+
+    /// The output's own name inside the pinned directory; `what` (file, directory) is for the
+    /// error when `path` names none (`.`, `..`).
+    pub(super) fn target(&self, path: &Path, what: &str) -> std::io::Result<PathBuf> {
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} names no {what}", path.display()),
+            )
+        })?;
+        Ok(self.base.join(name))
+    }
+}
+
 /// The directory `path` is in (`.` for a bare name).
-pub(super) fn parent_of(path: &Path) -> &Path {
+fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -101,7 +130,7 @@ pub(super) fn parent_of(path: &Path) -> &Path {
 }
 
 /// The directory an output at `path` goes into, or an error naming it when there is none.
-pub(super) fn output_dir(path: &Path) -> std::io::Result<&Path> {
+fn output_dir(path: &Path) -> std::io::Result<&Path> {
     let dir = parent_of(path);
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(dir),
@@ -300,14 +329,18 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str, dirs: bool) {
         else {
             continue;
         };
-        // Ours, not a look-alike: a dir carries our mark; a file is private and this user's
-        // (the unnamed-file fallback makes it so).
+        // Ours, not a look-alike: a dir is private, this user's and carries our mark; a file
+        // is private and this user's (the unnamed-file fallback makes it so). Another user's
+        // look-alike in a shared dir (`/tmp`) is never removed.
         let ours = e.file_type().is_ok_and(|t| {
             use std::os::unix::fs::MetadataExt;
             if t.is_symlink() {
                 false
             } else if dirs {
                 t.is_dir()
+                    && e.metadata().is_ok_and(|m| {
+                        m.mode() & 0o777 == 0o700 && m.uid() == nix::unistd::geteuid().as_raw()
+                    })
                     && std::fs::symlink_metadata(e.path().join(WORK_MARK))
                         .is_ok_and(|m| m.is_file())
             } else {
@@ -337,7 +370,7 @@ pub(super) fn sweep_leftovers(dir: &Path, prefix: &str, dirs: bool) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::io::{Read, Write};
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 
@@ -484,6 +517,12 @@ mod tests {
         chmod(&shared, 0o644);
         std::fs::create_dir_all(dir.path().join(&gone_as_dir).join("inner")).expect("mkdir");
         std::fs::write(dir.path().join(&gone_as_dir).join(super::WORK_MARK), "").expect("mark");
+        chmod(&gone_as_dir, 0o700);
+        // Marked and of our shape, but open to others (not how this program makes one).
+        let open_dir = format!("{p}{dead}-OpEnD1");
+        std::fs::create_dir_all(dir.path().join(&open_dir)).expect("mkdir");
+        std::fs::write(dir.path().join(&open_dir).join(super::WORK_MARK), "").expect("mark");
+        chmod(&open_dir, 0o755);
         // A user's dir of exactly our shape, without our mark.
         let users_dir = format!("{p}{dead}-Qwerty");
         std::fs::create_dir_all(dir.path().join(&users_dir)).expect("mkdir");
@@ -499,6 +538,7 @@ mod tests {
             users.clone(),
             shared.clone(),
             users_dir.clone(),
+            open_dir.clone(),
             "keep.txt".to_string(),
         ];
         want.sort();
@@ -610,13 +650,17 @@ mod tests {
     }
 
     /// A thread that points `link` at each of `targets` in turn (a new link renamed over it,
-    /// so the name always exists) until `stop`; joining it gives the number of swaps.
-    fn swapping(
+    /// so the name always exists, from before this returns) until `stop`; joining it gives the
+    /// number of swaps.
+    pub(crate) fn swapping(
         link: &std::path::Path,
         targets: [std::path::PathBuf; 2],
         stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
     ) -> std::thread::JoinHandle<u64> {
         let (link, stop) = (link.to_path_buf(), stop.clone());
+        // The link exists before this returns: outputs through it work from the first one.
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&targets[1], &link).expect("symlink");
         std::thread::spawn(move || {
             let tmp = link.with_extension("next");
             let mut swaps = 0u64;

@@ -377,14 +377,29 @@ pub fn export_hive(
     dir: &Path,
     existing: Existing,
 ) -> Result<Vec<Written>, ExportError> {
-    let had = non_empty_dir(dir)?;
+    // Every step below happens in the one directory pinned here (see `PinnedDir`): a link on
+    // the way to it swapped meanwhile cannot put the work dir in one place and the result in
+    // another.
+    let pinned = super::atomic::PinnedDir::of_output(dir)?;
+    let parent = pinned.base();
+    let target = pinned.target(dir, "directory")?;
+    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_symlink())
+        && std::fs::metadata(&target).is_ok_and(|m| m.is_dir())
+    {
+        // Replacing would replace the link, not the directory it leads to: neither is what
+        // `-o LINK` plainly asks for.
+        return Err(ExportError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "it is a symbolic link to a directory: give the directory itself",
+        )));
+    }
+    let had = non_empty_dir(&target)?;
     if had && existing == Existing::Refuse {
         return Err(ExportError::Io(std::io::Error::new(
             std::io::ErrorKind::AlreadyExists,
             "the directory exists and is not empty",
         )));
     }
-    let parent = super::atomic::output_dir(dir)?;
     // The work dir is named after this process, so that what a killed export left is removed
     // by the next one here (see `super::atomic`).
     super::atomic::sweep_leftovers(parent, EXPORT_PREFIX, true);
@@ -420,10 +435,10 @@ pub fn export_hive(
     // What is placed carries no work mark (a mark left by a kill just here costs one stray
     // file inside the new directory, never a sweep of it: it is no longer a work dir's name).
     super::atomic::unmark(&tmp)?;
-    let placed = match std::fs::rename(&tmp, dir) {
+    let placed = match std::fs::rename(&tmp, &target) {
         Ok(()) => Ok(()),
         // Only an empty directory can be renamed over: move a full one aside first.
-        Err(_) if had || dir.is_dir() => replace_dir(&tmp, dir, parent),
+        Err(_) if had || target.is_dir() => replace_dir(&tmp, &target, parent),
         Err(e) => Err(e),
     };
     if let Err(e) = placed {
@@ -472,6 +487,87 @@ mod tests {
         assert_eq!(
             p.to_str().expect("utf-8"),
             format!("route=x%2Fy/date=2026-11-30/session={}.parquet", meta.id)
+        );
+    }
+
+    /// A linked parent dir swapped between two dirs while directory exports are placed
+    /// through it (`dirl/out`): each export's work dir and result are in one dir, so none is
+    /// ever left behind in either.
+    #[test]
+    fn a_parent_swapped_while_exporting_leaves_no_work_dir() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(
+            &dir.path().join("data"),
+            gabp_storage::StoreOptions::default(),
+        )
+        .expect("store");
+        let (real, other) = (dir.path().join("real"), dir.path().join("other"));
+        std::fs::create_dir(&real).expect("mkdir");
+        std::fs::create_dir(&other).expect("mkdir");
+        let dirl = dir.path().join("dirl");
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper =
+            super::super::atomic::tests::swapping(&dirl, [real.clone(), other.clone()], &stop);
+        let out = dirl.join("out");
+        let mut placed = 0;
+        for _ in 0..500 {
+            let r = export_hive(
+                &store,
+                &[],
+                &ExportFilter::default(),
+                &out,
+                Existing::Replace,
+            );
+            placed += usize::from(r.is_ok());
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().expect("swapper");
+        assert!(swaps > 50, "the link hardly moved ({swaps} swaps)");
+        assert!(placed > 0, "no export was placed");
+        for d in [&real, &other] {
+            let names: Vec<String> = std::fs::read_dir(d)
+                .expect("read_dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            assert!(
+                names.iter().all(|n| n == "out"),
+                "{}: {names:?}",
+                d.display()
+            );
+        }
+    }
+
+    /// `-o LINK` to a directory is refused, leaving the link and its directory as they were.
+    #[test]
+    fn a_link_to_a_directory_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(
+            &dir.path().join("data"),
+            gabp_storage::StoreOptions::default(),
+        )
+        .expect("store");
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).expect("mkdir");
+        std::fs::write(real.join("keep"), "k").expect("write");
+        let link = dir.path().join("latest");
+        std::os::unix::fs::symlink(&real, &link).expect("symlink");
+        let r = export_hive(
+            &store,
+            &[],
+            &ExportFilter::default(),
+            &link,
+            Existing::Replace,
+        );
+        let e = r.expect_err("exported through a link");
+        assert!(
+            e.to_string().contains("symbolic link to a directory"),
+            "{e}"
+        );
+        assert!(std::fs::symlink_metadata(&link).expect("meta").is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(real.join("keep")).expect("read"),
+            "k"
         );
     }
 }

@@ -98,6 +98,7 @@ pub struct Mounted {
 
 /// Mounts a slow passthrough of `backing` on `mountpoint`.
 pub fn mount(backing: &Path, mountpoint: &Path) -> std::io::Result<Mounted> {
+    detach_dead_mounts();
     let dev = Arc::new(Device::default());
     let root_ino = std::fs::metadata(backing)?.ino();
     let fs = SlowFs {
@@ -118,6 +119,35 @@ pub fn mount(backing: &Path, mountpoint: &Path) -> std::io::Result<Mounted> {
         dev,
         _session: session,
     })
+}
+
+/// Detaches the slow disks whose serving process is gone (a test run killed before its
+/// mounts were dropped leaves them, and each answers only "not connected" from then on). A
+/// live one, another test's in this run, answers and is left alone.
+fn detach_dead_mounts() {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    for line in table.lines() {
+        // `ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS] - TYPE SOURCE SUPER-OPTIONS`
+        let Some((head, tail)) = line.split_once(" - ") else {
+            continue;
+        };
+        if tail.split(' ').nth(1) != Some("gabp-slowfs") {
+            continue;
+        }
+        let Some(point) = head.split(' ').nth(4) else {
+            continue;
+        };
+        let dead =
+            std::fs::metadata(point).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+        if dead {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", point])
+                .status();
+            let _ = std::fs::remove_dir(point);
+        }
+    }
 }
 
 fn ts(secs: i64, nsecs: i64) -> SystemTime {
