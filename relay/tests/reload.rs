@@ -150,3 +150,48 @@ async fn reload_revokes_changed_identities_and_keeps_the_rest() {
     let (code, _) = relay.stop().await;
     assert_eq!(code, Some(0));
 }
+
+/// A relay started without `--config` has nothing to re-read: `reload` says so (exit 1)
+/// instead of reporting a reload, and the relay goes on as it was.
+#[tokio::test]
+async fn reload_without_a_config_file_says_there_is_nothing_to_reload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let file = dir.path().join("bridge.json");
+    let f = file.to_str().expect("utf8");
+    let data = dir.path().join("data");
+    let relay = serve(&[
+        "--upstream",
+        &md.addr().to_string(),
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        BRIDGE_TOKEN,
+        "--bridge-file",
+        f,
+        "--data-dir",
+        data.to_str().expect("utf8"),
+    ])
+    .await;
+    let out = output(&["reload", "--bridge-file", f]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = one_line(&out);
+    assert!(
+        line.contains("reload failed, nothing changed") && line.contains("without --config"),
+        "{line}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    bridge(&relay.addr, BRIDGE_TOKEN).await;
+    relay.stop_cleanly().await;
+}

@@ -188,8 +188,10 @@ async fn export_to_a_file_is_atomic_private_and_does_not_follow_symlinks() {
     let killed = dir.path().join(format!(".gabp-export-{dead}-AbC123"));
     std::fs::create_dir_all(killed.join("route=x")).expect("mkdir");
     std::fs::write(killed.join("route=x").join("part.parquet"), b"half").expect("write");
-    // The mark every work dir of the relay's carries (a look-alike without it is kept).
+    // The mark every work dir of the relay's carries (a look-alike without it is kept), and
+    // its mode (one open to others is not the relay's and is kept too).
     std::fs::write(killed.join(".gabp-work-dir"), b"").expect("mark");
+    std::fs::set_permissions(&killed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     let lookalike = dir.path().join(format!(".gabp-export-{dead}-Qwerty"));
     std::fs::create_dir(&lookalike).expect("mkdir");
     let live = dir

@@ -427,12 +427,25 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// Why a relay started without `--config` reloads nothing.
+const NO_CONFIG_TO_RELOAD: &str = "the relay was started without --config, so there is no file to re-read; its token and settings came from flags and change only by a restart";
+
 /// SIGHUP: re-reads the config (file and flags) and swaps every running route's identities
 /// and leased tools (`bridge::reload`: unchanged identities stay connected, revoked or
 /// changed ones are disconnected with a notice). Everything else needs a restart, and the log
 /// says which changed settings are so ignored. A config that no longer loads changes nothing.
 async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
     tracing::info!("SIGHUP received: reloading bridge identities and tokens");
+    if a.config.is_none() {
+        // Identities and tokens come from flags, which a running process cannot re-read: a
+        // reload that said "reloaded" here would tell the operator a change took effect.
+        let why = NO_CONFIG_TO_RELOAD.to_string();
+        tracing::warn!("reload: {why}");
+        for r in &relay.routes {
+            r.access.note_reload(0, 0, Some(why.clone()));
+        }
+        return;
+    }
     let new = match a.relay_config() {
         Ok(c) => c,
         Err(e) => {
