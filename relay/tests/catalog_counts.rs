@@ -40,19 +40,7 @@ async fn the_catalog_counts_exactly_the_events_the_index_holds() {
     let sim = start_mod(Some(3000.0));
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let s = serve(&[
-        "--upstream",
-        &sim.addr().to_string(),
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ])
-    .await;
+    let s = serve_recording(sim.addr(), &data, &[]).await;
     // Two bridges on different channels, tool calls and a status request between events.
     let (mut a, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await

@@ -160,21 +160,7 @@ async fn reload_without_a_config_file_says_there_is_nothing_to_reload() {
     let file = dir.path().join("bridge.json");
     let f = file.to_str().expect("utf8");
     let data = dir.path().join("data");
-    let relay = serve(&[
-        "--upstream",
-        &md.addr().to_string(),
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--bridge-file",
-        f,
-        "--data-dir",
-        data.to_str().expect("utf8"),
-    ])
-    .await;
+    let relay = serve_recording(md.addr(), &data, &["--bridge-file", f]).await;
     let out = output(&["reload", "--bridge-file", f]).await;
     assert_eq!(
         out.status.code(),

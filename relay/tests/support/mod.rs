@@ -223,14 +223,13 @@ pub fn free_addr() -> std::net::SocketAddr {
     l.local_addr().expect("addr")
 }
 
-/// Records a short session through `serve` with a bridge attached; returns the data dir.
-pub async fn record_a_session() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sim = start_mod(Some(2000.0));
-    let data = dir.path().join("data");
-    let s = serve(&[
+/// `serve` in front of the mod at `upstream` (the test tokens, any free port), recording to
+/// `data`, with `extra` flags.
+pub async fn serve_recording(upstream: &Addr, data: &std::path::Path, extra: &[&str]) -> Serve {
+    let upstream = upstream.to_string();
+    let mut args = vec![
         "--upstream",
-        &sim.addr().to_string(),
+        &upstream,
         "--upstream-token",
         MOD_TOKEN,
         "--listen",
@@ -239,8 +238,17 @@ pub async fn record_a_session() -> tempfile::TempDir {
         BRIDGE_TOKEN,
         "--data-dir",
         data.to_str().expect("utf-8"),
-    ])
-    .await;
+    ];
+    args.extend_from_slice(extra);
+    serve(&args).await
+}
+
+/// Records a short session through `serve` with a bridge attached; returns the data dir.
+pub async fn record_a_session() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = start_mod(Some(2000.0));
+    let data = dir.path().join("data");
+    let s = serve_recording(sim.addr(), &data, &[]).await;
     let (mut c, _) = gabp_sim::Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
