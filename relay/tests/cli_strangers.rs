@@ -400,6 +400,7 @@ async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
     let link = dir.path().join("latest-out");
     std::os::unix::fs::symlink(&out_dir, &link).expect("symlink");
     let l = link.to_str().expect("utf8");
+    let l_slash = format!("{l}/");
     for args in [
         &["export", "latest", "--data-dir", d, "-o", l][..],
         &["report", "latest", "--data-dir", d, "-o", l],
@@ -413,6 +414,28 @@ async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
             "--force",
             "-o",
             l,
+        ],
+        // Written as a directory (`link/`): still the link, still refused before anything.
+        &[
+            "export",
+            "--all",
+            "--data-dir",
+            d,
+            "--format",
+            "parquet",
+            "-o",
+            &l_slash,
+        ],
+        &[
+            "export",
+            "--all",
+            "--data-dir",
+            d,
+            "--format",
+            "parquet",
+            "--force",
+            "-o",
+            &l_slash,
         ],
     ] {
         let out = output_in(dir.path(), args).await;

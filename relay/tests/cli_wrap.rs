@@ -88,6 +88,35 @@ async fn wrap_without_a_launcher_environment_is_a_usage_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("GABP_SERVER_PORT"));
 }
 
+/// A game that exits passes its code through; one killed by a signal gives 128 + the signal,
+/// as a shell would, and stderr names the signal (not a silent exit 1).
+#[tokio::test]
+async fn wrap_reports_a_game_killed_by_a_signal_as_a_shell_does() {
+    for (script, code, says) in [
+        ("exit 7", 7, None),
+        ("kill -9 $$", 137, Some("killed by SIGKILL")),
+        ("kill -TERM $$", 143, Some("killed by SIGTERM")),
+    ] {
+        let port = free_addr().port().to_string();
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            relay()
+                .args(["wrap", "--no-record", "--", "sh", "-c", script])
+                .env("GABP_SERVER_PORT", &port)
+                .env("GABP_TOKEN", "launcher-token-0123456789")
+                .output(),
+        )
+        .await
+        .expect("done")
+        .expect("ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{script}: {err}");
+        if let Some(says) = says {
+            assert!(err.contains(says), "{script}: {err}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn wrap_refuses_an_empty_launcher_token() {
     for token in [None, Some(""), Some("  ")] {

@@ -267,10 +267,12 @@ pub(super) fn refuse_a_directory(
     Ok(())
 }
 
-/// Whether `path` is a symbolic link that leads to a directory.
+/// Whether `path` is a symbolic link that leads to a directory, also when written with a
+/// trailing slash (`link/`, which the system would follow to the directory itself).
 fn is_link_to_a_directory(path: &std::path::Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink())
-        && std::fs::metadata(path).is_ok_and(|m| m.is_dir())
+    let named: std::path::PathBuf = path.components().collect();
+    std::fs::symlink_metadata(&named).is_ok_and(|m| m.is_symlink())
+        && std::fs::metadata(&named).is_ok_and(|m| m.is_dir())
 }
 
 /// Refuses an output that is, holds or lies in the data dir: an export or report never

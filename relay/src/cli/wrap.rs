@@ -69,5 +69,25 @@ pub async fn run(a: WrapArgs) -> Result<i32> {
         }
     };
     relay.shutdown().await;
-    Ok(status.code().unwrap_or(1))
+    Ok(exit_code_of(status))
+}
+
+/// The code a shell would report for the game: its own exit code, or 128 + the signal that
+/// killed it (137 for SIGKILL), which is said on stderr too, so a launcher can tell a crash
+/// from an exit 1.
+fn exit_code_of(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return code;
+    }
+    match status.signal() {
+        Some(sig) => {
+            let name = nix::sys::signal::Signal::try_from(sig)
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_else(|_| format!("signal {sig}"));
+            tracing::error!("the game was killed by {name}; exiting with {}", 128 + sig);
+            128 + sig
+        }
+        None => 1,
+    }
 }
