@@ -402,10 +402,15 @@ pub(crate) struct PipeArgs {
 pub(crate) struct ForwarderArgs {
     #[arg(long)]
     pub(crate) upstream: String,
-    #[arg(long, default_value = "")]
+    #[arg(
+        long,
+        default_value = "",
+        env = "GABP_UPSTREAM_TOKEN",
+        hide_env_values = true
+    )]
     pub(crate) upstream_token: String,
     #[arg(long)]
     pub(crate) listen: String,
-    #[arg(long)]
+    #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub(crate) token: String,
 }

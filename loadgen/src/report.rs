@@ -8,8 +8,9 @@ use crate::actors::caller::CallResult;
 use crate::actors::latency_histogram;
 use crate::actors::tally::ReaderResult;
 
-/// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Default, Serialize)]
+/// Latency percentiles in microseconds. With no samples every figure is `null` in JSON (not
+/// measured, which `compare` then leaves out), never a measured-looking 0.
+#[derive(Debug, Clone, Default)]
 pub struct Percentiles {
     /// Samples.
     pub count: u64,
@@ -23,6 +24,21 @@ pub struct Percentiles {
     pub p999: f64,
     /// Maximum.
     pub max: f64,
+}
+
+impl Serialize for Percentiles {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let measured = |v: f64| (self.count > 0).then_some(v);
+        let mut st = s.serialize_struct("Percentiles", 6)?;
+        st.serialize_field("count", &self.count)?;
+        st.serialize_field("p50", &measured(self.p50))?;
+        st.serialize_field("p90", &measured(self.p90))?;
+        st.serialize_field("p99", &measured(self.p99))?;
+        st.serialize_field("p999", &measured(self.p999))?;
+        st.serialize_field("max", &measured(self.max))?;
+        st.end()
+    }
 }
 
 impl Percentiles {
@@ -336,5 +352,23 @@ mod tests {
         m.cpu_percent = 12.0;
         let t = table(Some(&m), None, &[]);
         assert!(t.lines().nth(1).expect("row").contains(" 12 "), "{t}");
+    }
+
+    /// In JSON too: percentiles with no samples (no tool calls made) are null, so `compare`
+    /// leaves them out instead of comparing two zeros; measured ones are numbers.
+    #[test]
+    fn unmeasured_percentiles_are_null_in_json() {
+        let none = serde_json::to_value(Percentiles::default()).expect("json");
+        assert_eq!(none["count"], 0);
+        for k in ["p50", "p90", "p99", "p999", "max"] {
+            assert!(none[k].is_null(), "{k}: {none}");
+        }
+        let mut h = latency_histogram();
+        h.record(1_500).expect("record");
+        let some = serde_json::to_value(Percentiles::of(&h)).expect("json");
+        assert_eq!(some["count"], 1);
+        assert!(some["p50"].as_f64().is_some_and(|v| v > 1.0), "{some}");
+        let figures = crate::compare::compare(&json!({"c": none.clone()}), &json!({"c": none}));
+        assert_eq!(figures.len(), 1, "only the count is a figure: {figures:?}");
     }
 }

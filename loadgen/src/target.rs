@@ -82,17 +82,17 @@ impl Target {
         let (name, mut command) = match cmd {
             RelayCommand::Builtin(bin) => {
                 let mut c = Command::new(bin);
+                // Tokens go in the environment, not the arguments every local user can read
+                // in `ps`.
                 c.args([
                     "serve",
                     "--upstream",
                     &upstream.to_string(),
-                    "--upstream-token",
-                    upstream_token,
                     "--listen",
                     &listen,
-                    "--token",
-                    &token,
-                ]);
+                ])
+                .env("GABP_UPSTREAM_TOKEN", upstream_token)
+                .env("GABP_RELAY_TOKEN", &token);
                 c.args([
                     "--data-dir",
                     &data_dir.display().to_string(),
@@ -149,13 +149,11 @@ impl Target {
             "forwarder",
             "--upstream",
             &upstream.to_string(),
-            "--upstream-token",
-            upstream_token,
             "--listen",
             &listen,
-            "--token",
-            &token,
-        ]);
+        ])
+        .env("GABP_UPSTREAM_TOKEN", upstream_token)
+        .env("GABP_RELAY_TOKEN", &token);
         Target::spawn(
             "baseline".into(),
             c,
