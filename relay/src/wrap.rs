@@ -41,9 +41,17 @@ impl LaunchEnv {
                 "GABP_SERVER_PORT is not set: wrap runs under a launcher that sets it".into(),
             )
         })?;
-        let port = port.parse::<u16>().map_err(|_| {
-            WrapError::Env(format!("GABP_SERVER_PORT={port:?} is not a port number"))
-        })?;
+        // Port 0 would listen where the launcher, which connects to the port it gave, never
+        // looks.
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| {
+                WrapError::Env(format!(
+                    "GABP_SERVER_PORT={port:?} is not a port number from 1 to 65535"
+                ))
+            })?;
         // An empty token would let anyone in: refused, as `serve --token ''` is.
         let token = std::env::var("GABP_TOKEN")
             .ok()

@@ -86,6 +86,22 @@ async fn wrap_without_a_launcher_environment_is_a_usage_error() {
     .expect("ran");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("GABP_SERVER_PORT"));
+    // Nor is a port the launcher cannot connect to.
+    for port in ["0", "65536", "x"] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(20),
+            relay()
+                .args(["wrap", "--no-record", "--", "true"])
+                .env("GABP_SERVER_PORT", port)
+                .env("GABP_TOKEN", "launcher-token-0123456789")
+                .output(),
+        )
+        .await
+        .expect("done")
+        .expect("ran");
+        assert_eq!(out.status.code(), Some(2), "GABP_SERVER_PORT={port}");
+        assert!(one_line(&out).contains("from 1 to 65535"), "{port}");
+    }
 }
 
 /// A game that exits passes its code through; one killed by a signal gives 128 + the signal,

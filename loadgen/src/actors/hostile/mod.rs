@@ -350,14 +350,16 @@ async fn one_run(
                     }
                     let chunk = vec![b' '; 64 * 1024];
                     let mut left = declared.min(t.max_body as u64 + 1 + (4 << 20));
-                    while left > 0 {
+                    let mut wrote = Wrote::Sent;
+                    while left > 0 && wrote == Wrote::Sent {
                         let n = left.min(chunk.len() as u64) as usize;
-                        if write(&mut c.write, &chunk[..n], counts).await != Wrote::Sent {
-                            break;
-                        }
+                        wrote = write(&mut c.write, &chunk[..n], counts).await;
                         left -= n as u64;
                     }
-                    drain(&mut c.read, Duration::from_secs(2), counts).await;
+                    // A close the write already counted is not counted again by the read.
+                    if wrote != Wrote::Closed {
+                        drain(&mut c.read, Duration::from_secs(2), counts).await;
+                    }
                 }
             }
         }
