@@ -5,7 +5,8 @@
 //! values for itself (it listens there, for that token), starts the real game with a fresh free
 //! port and a fresh token in the same variables (everything else passed through), connects to it
 //! as the upstream (the usual reconnect loop covers the game's start-up), records under
-//! `GABS_GAME_ID`, forwards SIGINT/SIGTERM to the game, and exits with the game's exit code.
+//! `GABS_GAME_ID`, forwards SIGINT/SIGTERM to the game, and exits with the game's exit code
+//! (128 + N when signal N killed it, as a shell reports it).
 
 use std::process::Stdio;
 
