@@ -401,43 +401,21 @@ async fn empty_replay_cuts_and_a_directory_for_one_file_are_one_line() {
     std::os::unix::fs::symlink(&out_dir, &link).expect("symlink");
     let l = link.to_str().expect("utf8");
     let l_slash = format!("{l}/");
+    fn parquet_to<'a>(d: &'a str, o: &'a str, force: bool) -> Vec<&'a str> {
+        let mut v = vec!["export", "--all", "--data-dir", d, "--format", "parquet"];
+        v.extend(force.then_some("--force"));
+        v.extend(["-o", o]);
+        v
+    }
     for args in [
-        &["export", "latest", "--data-dir", d, "-o", l][..],
-        &["report", "latest", "--data-dir", d, "-o", l],
-        &[
-            "export",
-            "--all",
-            "--data-dir",
-            d,
-            "--format",
-            "parquet",
-            "--force",
-            "-o",
-            l,
-        ],
+        vec!["export", "latest", "--data-dir", d, "-o", l],
+        vec!["report", "latest", "--data-dir", d, "-o", l],
+        parquet_to(d, l, true),
         // Written as a directory (`link/`): still the link, still refused before anything.
-        &[
-            "export",
-            "--all",
-            "--data-dir",
-            d,
-            "--format",
-            "parquet",
-            "-o",
-            &l_slash,
-        ],
-        &[
-            "export",
-            "--all",
-            "--data-dir",
-            d,
-            "--format",
-            "parquet",
-            "--force",
-            "-o",
-            &l_slash,
-        ],
+        parquet_to(d, &l_slash, false),
+        parquet_to(d, &l_slash, true),
     ] {
+        let args = &args[..];
         let out = output_in(dir.path(), args).await;
         let line = usage_error(&out, &format!("{args:?}"));
         assert!(
