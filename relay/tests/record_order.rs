@@ -13,22 +13,43 @@ async fn recording_relay(rate: f64) -> (ModSim, tempfile::TempDir, String, Serve
     let sim = start_mod(Some(rate));
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
+    let s = serve_recording(sim.addr(), &data, &[]).await;
     let data = data.to_str().expect("utf-8").to_string();
-    let up = sim.addr().to_string();
-    let s = serve(&[
-        "--upstream",
-        &up,
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--data-dir",
-        &data,
-    ])
-    .await;
     (sim, dir, data, s)
+}
+
+/// An integer beyond a double's precision is kept digit for digit end to end: as the bridge
+/// sent it, as the simulated mod echoes it, and as the recording exports both.
+#[tokio::test]
+async fn an_integer_beyond_a_double_survives_the_mod_and_the_recording_digit_for_digit() {
+    let (_sim, _dir, data, s) = recording_relay(100.0).await;
+    let big = format!("1{}", "7".repeat(299));
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    let id = "6f1c2e3a-0000-4000-8000-000000000042";
+    let body = format!(
+        r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"sim/echo","arguments":{{"x":{big},"s":"é"}}}}}}"#
+    );
+    c.send_body(body.as_bytes()).await.expect("send");
+    let answer = loop {
+        let m = c.next_message().await.expect("read").expect("an answer");
+        if m["id"] == id {
+            break m;
+        }
+    };
+    assert_eq!(answer["result"]["echo"]["s"], "é", "{answer}");
+    s.stop_cleanly().await;
+    let out = output(&["export", "latest", "--data-dir", &data]).await;
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for dir in ["bridge->relay", "relay->mod", "mod->relay"] {
+        let exact = text
+            .lines()
+            .filter(|l| l.contains(&format!(r#""dir":"{dir}""#)))
+            .any(|l| l.contains(&format!(r#""x":{big}"#)));
+        assert!(exact, "{dir}: the integer is not exact in the export");
+    }
 }
 
 /// The latest session of `data`, exported: one JSON value per recorded frame, in order.

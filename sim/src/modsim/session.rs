@@ -110,17 +110,22 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
                 continue;
             }
             let answer = handle(&shared, &session, &seqs, &out, &method, &params);
+            let tool = params["name"].as_str().unwrap_or_default();
+            // The echo tools answer with the request's own argument text.
+            let echoed = (method == "tools/call"
+                && matches!(tool, "sim/echo" | "sim/twice" | "sim/stray"))
+            .then(|| raw_arguments(&frame.body, view.params.clone()))
+            .flatten();
             if method == "tools/call" && !shared.cfg.tool_latency.is_zero() {
                 // Answer later without blocking the reader, as a game's main thread would.
                 let (out, cfg, delay) = (out.clone(), shared.cfg.clone(), shared.cfg.tool_latency);
                 thread::spawn(move || {
                     thread::sleep(delay);
-                    reply(&out, &cfg, Some(&id), answer);
+                    reply_answer(&out, &cfg, &id, answer, echoed.as_deref());
                 });
             } else {
                 // Misbehaviour on request, for fault tests: a response to an id nobody sent,
                 // and a second answer to the same request.
-                let tool = params["name"].as_str().unwrap_or_default();
                 if method == "tools/call" && tool == "sim/stray" {
                     reply(
                         &out,
@@ -130,9 +135,9 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
                     );
                 }
                 let twice = (method == "tools/call" && tool == "sim/twice").then(|| answer.clone());
-                reply(&out, &shared.cfg, Some(&id), answer);
+                reply_answer(&out, &shared.cfg, &id, answer, echoed.as_deref());
                 if let Some(again) = twice {
-                    reply(&out, &shared.cfg, Some(&id), again);
+                    reply_answer(&out, &shared.cfg, &id, again, echoed.as_deref());
                 }
             }
             if method == "events/subscribe"
@@ -163,6 +168,50 @@ pub(super) fn welcome(cfg: &ModSimConfig) -> Value {
         "schemaVersion": "1.0",
         "x-unknown-field": true
     })
+}
+
+/// The text of a `tools/call`'s `arguments` (or legacy `parameters`, as [`handle`] reads them)
+/// in `body`, non-ASCII escaped as GABP peers expect: what an echo gives back, exactly as sent
+/// (a parsed `Value` would round an integer beyond a double's precision).
+fn raw_arguments(body: &[u8], params: Option<std::ops::Range<usize>>) -> Option<String> {
+    let obj = body.get(params?)?;
+    let span = gabp_proto::scan::member_value(obj, "arguments")
+        .or_else(|| gabp_proto::scan::member_value(obj, "parameters"))?;
+    let text = std::str::from_utf8(&obj[span]).ok()?;
+    // Outside strings valid JSON is ASCII, so escaping every other character keeps it valid.
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    Some(out)
+}
+
+/// [`reply`], except that an echo's result is written around the request's own argument text.
+fn reply_answer(
+    out: &SharedWriter,
+    cfg: &ModSimConfig,
+    id: &str,
+    answer: Result<Value, (i64, String)>,
+    echoed: Option<&str>,
+) {
+    let (Ok(_), Some(args)) = (&answer, echoed) else {
+        return reply(out, cfg, Some(id), answer);
+    };
+    let id = String::from_utf8(message::to_ascii_json(&Value::from(id))).expect("ASCII");
+    let quirk = if cfg.quirks { r#","error":null"# } else { "" };
+    let body = format!(
+        r#"{{"v":"gabp/1","id":{id},"type":"response","result":{{"echo":{args}}}{quirk}}}"#
+    );
+    let mut wire = BytesMut::new();
+    encode_frame(body.as_bytes(), &mut wire);
+    write_frames(out, &wire);
 }
 
 pub(super) fn reply(
