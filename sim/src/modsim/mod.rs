@@ -6,8 +6,9 @@
 //! nanoseconds, so latency is measured without coordinated omission.
 //!
 //! Methods: `session/hello` (token checked, -31000 on mismatch, -31001 for anything before it),
-//! `tools/list`, `tools/call` (`sim/echo` returns its arguments or legacy `parameters` as their exact text,
-//! `sim/fail` errors, `sim/emit` emits `count` events on `channel` as fast as possible;
+//! `tools/list`, `tools/call` (`sim/echo` returns its arguments or legacy `parameters`, as
+//! their exact text; `sim/fail` errors, `sim/emit` emits `count` events on `channel` as fast
+//! as possible;
 //! `sim/twice` answers twice and `sim/stray` also answers an id nobody sent, for fault tests),
 //! `events/subscribe`, `events/unsubscribe`, `state/get`. Emission starts with the first
 //! subscription when `autostart` is set; otherwise only `sim/emit` produces events.
