@@ -13,11 +13,17 @@ use crate::PROTOCOL_VERSION;
 /// Serializes `value` as compact JSON with every non-ASCII character escaped.
 pub fn to_ascii_json(value: &Value) -> Vec<u8> {
     let s = serde_json::to_string(value).expect("serializing a Value cannot fail");
-    if s.is_ascii() {
-        return s.into_bytes();
+    ascii_escaped(s).into_bytes()
+}
+
+/// JSON text `json` with every non-ASCII character escaped as `\uXXXX` (UTF-16 units). Valid
+/// JSON stays valid: outside strings it is ASCII already.
+pub fn ascii_escaped(json: String) -> String {
+    if json.is_ascii() {
+        return json;
     }
-    let mut out = String::with_capacity(s.len() + 16);
-    for c in s.chars() {
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
         if c.is_ascii() {
             out.push(c);
         } else {
@@ -27,7 +33,7 @@ pub fn to_ascii_json(value: &Value) -> Vec<u8> {
             }
         }
     }
-    out.into_bytes()
+    out
 }
 
 /// The id used in an error reply when the offending frame's own id could not be read: GABP

@@ -178,19 +178,7 @@ fn raw_arguments(body: &[u8], params: Option<std::ops::Range<usize>>) -> Option<
     let span = gabp_proto::scan::member_value(obj, "arguments")
         .or_else(|| gabp_proto::scan::member_value(obj, "parameters"))?;
     let text = std::str::from_utf8(&obj[span]).ok()?;
-    // Outside strings valid JSON is ASCII, so escaping every other character keeps it valid.
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c.is_ascii() {
-            out.push(c);
-        } else {
-            let mut units = [0u16; 2];
-            for u in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{u:04x}"));
-            }
-        }
-    }
-    Some(out)
+    Some(message::ascii_escaped(text.to_string()))
 }
 
 /// [`reply`], except that an echo's result is written around the request's own argument text.
