@@ -103,7 +103,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
         ));
     }
     if let (Format::Parquet, false, Some(dir)) = (a.format, single, &a.output) {
-        if is_link_to_a_directory(dir) {
+        if export::is_link_to_a_directory(dir) {
             // `--force` would replace the link, not the directory it leads to.
             return Err(usage(format!(
                 "-o {} is a symbolic link to a directory: give the directory itself",
@@ -254,7 +254,7 @@ pub(super) fn refuse_a_directory(
 ) -> Result<()> {
     // Followed through links: a link to a directory would be replaced by the file.
     if std::fs::metadata(output).is_ok_and(|m| m.is_dir()) {
-        let kind = match is_link_to_a_directory(output) {
+        let kind = match export::is_link_to_a_directory(output) {
             true => "a symbolic link to a directory",
             false => "a directory",
         };
@@ -265,14 +265,6 @@ pub(super) fn refuse_a_directory(
         )));
     }
     Ok(())
-}
-
-/// Whether `path` is a symbolic link that leads to a directory, also when written with a
-/// trailing slash (`link/`, which the system would follow to the directory itself).
-fn is_link_to_a_directory(path: &std::path::Path) -> bool {
-    let named: std::path::PathBuf = path.components().collect();
-    std::fs::symlink_metadata(&named).is_ok_and(|m| m.is_symlink())
-        && std::fs::metadata(&named).is_ok_and(|m| m.is_dir())
 }
 
 /// Refuses an output that is, holds or lies in the data dir: an export or report never

@@ -51,6 +51,14 @@ pub fn write_atomically<T, E: From<std::io::Error>>(
     if let Some(mut stream) = open_stream(&target, path)? {
         return write(&mut stream);
     }
+    if is_link_to_a_directory(&target) {
+        // The rename below would replace the link, not the directory it leads to.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            format!("{} is a symbolic link to a directory", path.display()),
+        )
+        .into());
+    }
     match unnamed_file(base) {
         Some(mut f) => {
             let out = write(&mut f)?;
@@ -119,6 +127,15 @@ impl PinnedDir {
         })?;
         Ok(self.base.join(name))
     }
+}
+
+/// Whether `path` is a symbolic link that leads to a directory, also when written with a
+/// trailing slash (`link/`, which the system would follow to the directory itself): an output
+/// there would replace the link, not the directory it names.
+pub fn is_link_to_a_directory(path: &Path) -> bool {
+    let named: PathBuf = path.components().collect();
+    std::fs::symlink_metadata(&named).is_ok_and(|m| m.is_symlink())
+        && std::fs::metadata(&named).is_ok_and(|m| m.is_dir())
 }
 
 /// The directory `path` is in (`.` for a bare name).
@@ -647,6 +664,23 @@ pub(super) mod tests {
         .expect("written");
         assert_eq!(std::fs::read_to_string(&target).expect("read"), "precious");
         assert!(std::fs::symlink_metadata(&to_file).expect("meta").is_file());
+
+        // A link to a directory is neither replaced nor written through, with or without a
+        // trailing slash.
+        let to_dir = dir.path().join("to-dir");
+        std::os::unix::fs::symlink(dir.path(), &to_dir).expect("symlink");
+        let before = names(dir.path());
+        for given in [to_dir.clone(), to_dir.join("")] {
+            let e = write_atomically(&given, |f| -> Result<(), std::io::Error> {
+                f.write_all(b"new")
+            })
+            .expect_err("written through a link to a directory");
+            assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory, "{e}");
+            assert!(std::fs::symlink_metadata(&to_dir)
+                .expect("meta")
+                .is_symlink());
+            assert_eq!(names(dir.path()), before);
+        }
     }
 
     /// A thread that points `link` at each of `targets` in turn (a new link renamed over it,

@@ -20,7 +20,7 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, FrameRecord, SessionMeta, Store, StoreError};
 use serde_json::Value;
 
-pub use atomic::write_atomically;
+pub use atomic::{is_link_to_a_directory, write_atomically};
 pub use jsonl::{export, export_sessions, export_to_file};
 
 /// Which frames to export.

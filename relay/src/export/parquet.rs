@@ -383,9 +383,7 @@ pub fn export_hive(
     let pinned = super::atomic::PinnedDir::of_output(dir)?;
     let parent = pinned.base();
     let target = pinned.target(dir, "directory")?;
-    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_symlink())
-        && std::fs::metadata(&target).is_ok_and(|m| m.is_dir())
-    {
+    if super::is_link_to_a_directory(&target) {
         // Replacing would replace the link, not the directory it leads to: neither is what
         // `-o LINK` plainly asks for.
         return Err(ExportError::Io(std::io::Error::new(
@@ -490,6 +488,11 @@ mod tests {
         );
     }
 
+    /// A store with no sessions in `dir/data`: exporting none still places a directory.
+    fn empty_store(dir: &Path) -> Store {
+        Store::open(&dir.join("data"), gabp_storage::StoreOptions::default()).expect("store")
+    }
+
     /// A linked parent dir swapped between two dirs while directory exports are placed
     /// through it (`dirl/out`): each export's work dir and result are in one dir, so none is
     /// ever left behind in either.
@@ -497,11 +500,7 @@ mod tests {
     fn a_parent_swapped_while_exporting_leaves_no_work_dir() {
         use std::sync::atomic::{AtomicBool, Ordering};
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(
-            &dir.path().join("data"),
-            gabp_storage::StoreOptions::default(),
-        )
-        .expect("store");
+        let store = empty_store(dir.path());
         let (real, other) = (dir.path().join("real"), dir.path().join("other"));
         std::fs::create_dir(&real).expect("mkdir");
         std::fs::create_dir(&other).expect("mkdir");
@@ -542,11 +541,7 @@ mod tests {
     #[test]
     fn a_link_to_a_directory_is_refused_and_left_alone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(
-            &dir.path().join("data"),
-            gabp_storage::StoreOptions::default(),
-        )
-        .expect("store");
+        let store = empty_store(dir.path());
         let real = dir.path().join("real");
         std::fs::create_dir(&real).expect("mkdir");
         std::fs::write(real.join("keep"), "k").expect("write");

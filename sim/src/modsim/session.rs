@@ -112,10 +112,9 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
             let answer = handle(&shared, &session, &seqs, &out, &method, &params);
             let tool = params["name"].as_str().unwrap_or_default();
             // The echo tools answer with the request's own argument text.
-            let echoed = (method == "tools/call"
-                && matches!(tool, "sim/echo" | "sim/twice" | "sim/stray"))
-            .then(|| raw_arguments(&frame.body, view.params.clone()))
-            .flatten();
+            let echoed = (method == "tools/call" && ECHO_TOOLS.contains(&tool))
+                .then(|| raw_arguments(&frame.body, view.params.clone()))
+                .flatten();
             if method == "tools/call" && !shared.cfg.tool_latency.is_zero() {
                 // Answer later without blocking the reader, as a game's main thread would.
                 let (out, cfg, delay) = (out.clone(), shared.cfg.clone(), shared.cfg.tool_latency);
@@ -169,6 +168,9 @@ pub(super) fn welcome(cfg: &ModSimConfig) -> Value {
         "x-unknown-field": true
     })
 }
+
+/// The tools that answer `{"echo": <their arguments>}`.
+const ECHO_TOOLS: &[&str] = &["sim/echo", "sim/twice", "sim/stray"];
 
 /// The text of a `tools/call`'s `arguments` (or legacy `parameters`, as [`handle`] reads them)
 /// in `body`, non-ASCII escaped as GABP peers expect: what an echo gives back, exactly as sent
@@ -249,7 +251,7 @@ pub(super) fn handle(
                 &params["parameters"]
             };
             match params["name"].as_str() {
-                Some("sim/echo" | "sim/twice" | "sim/stray") => Ok(json!({"echo": args})),
+                Some(t) if ECHO_TOOLS.contains(&t) => Ok(json!({"echo": args})),
                 Some("sim/fail") => Err((-32000, "tool failed on purpose".into())),
                 Some("sim/emit") => {
                     let count = args["count"].as_u64().unwrap_or(1);
