@@ -36,11 +36,17 @@ pub async fn serve(args: &[&str]) -> Relay {
 }
 
 pub async fn serve_args(args: &[&str]) -> Relay {
+    start_logged(&["serve", "--no-bridge-file"], args).await
+}
+
+/// The relay binary run with `head` and then `args` (no token or data dir from this process's
+/// environment), its log collected, returned once it has printed its `recording` line.
+pub async fn start_logged(head: &[&str], args: &[&str]) -> Relay {
     let mut child = Command::new(BIN)
         .env_remove("GABP_RELAY_TOKEN")
         .env_remove("GABP_RELAY_DATA_DIR")
         .env("GABP_LOG", "info")
-        .args(["serve", "--no-bridge-file"])
+        .args(head)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -67,7 +73,7 @@ pub async fn serve_args(args: &[&str]) -> Relay {
             }
         }
     };
-    if tokio::time::timeout(Duration::from_secs(20), read)
+    if tokio::time::timeout(Duration::from_secs(30), read)
         .await
         .is_err()
     {

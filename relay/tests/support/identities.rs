@@ -21,48 +21,8 @@ pub const SLOW: &str = "slowpoke-token-0123456789abcdef";
 
 /// `serve --config CONFIG --bridge-file FILE` plus `args`, with its log kept.
 pub async fn serve_config(config: &str, bridge_file: &str, args: &[&str]) -> Relay {
-    let mut child = Command::new(BIN)
-        .env_remove("GABP_RELAY_TOKEN")
-        .env_remove("GABP_RELAY_DATA_DIR")
-        .env("GABP_LOG", "info")
-        .args(["serve", "--config", config, "--bridge-file", bridge_file])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn gabp-relay");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let mut err_lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let sink = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(l)) = err_lines.next_line().await {
-            sink.lock().push(l);
-        }
-    });
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut addr = None;
-    let read = async {
-        while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(rest) = line.split(" listening on ").nth(1) {
-                addr = rest.split(' ').next().and_then(|a| a.parse::<Addr>().ok());
-            }
-            if line.starts_with("recording") {
-                break;
-            }
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(30), read)
-        .await
-        .is_err()
-    {
-        panic!("relay did not start: {:?}", log.lock());
-    }
-    Relay {
-        child,
-        addr: addr.expect("listening line"),
-        log,
-    }
+    let head = ["serve", "--config", config, "--bridge-file", bridge_file];
+    super::hostile::start_logged(&head, args).await
 }
 
 /// A route `r` to the mod at `upstream` with `extra` route keys and then `bridges` (the
