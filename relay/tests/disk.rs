@@ -268,6 +268,130 @@ async fn full_disk_under_stall_holds_the_mod_and_loses_nothing() {
     }
 }
 
+/// Whether RocksDB's own lock (fcntl, "POSIX" in /proc/locks) is held on the data dir's `LOCK`.
+fn rocksdb_lock_held(data: &Path) -> bool {
+    gabp_storage::dir::locks_on(data)
+        .iter()
+        .any(|(kind, _)| kind == "POSIX")
+}
+
+/// A relay stalled on a full disk has let go of RocksDB's lock (it reopens the database to
+/// recover, and cannot while the disk is full), yet it still holds its data dir: `sessions`
+/// shows its session as recording, not ended by a crash, and `sessions tag` refuses with the
+/// relay's pid. Before, the tag went into the catalog under the relay, said it was saved, and
+/// was lost when the relay next wrote that session's record.
+#[tokio::test]
+async fn a_relay_stalled_on_a_full_disk_still_holds_its_data_dir() {
+    let Some(s) = start("stall", 6000.0, &[]).await else {
+        return;
+    };
+    s.fill_disk().await;
+    until_async(
+        30,
+        "the recorder closed the database to reopen it",
+        || async { !rocksdb_lock_held(&s.data) },
+    )
+    .await;
+    let dir = s.data.to_str().expect("utf8");
+    let out = run(&["sessions", "--json", "--data-dir", dir]).await;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["sessions"][0]["end"], "recording", "{v}");
+    let pid = s.child.id().expect("running");
+    let out = run(&["sessions", "tag", "latest", "exp=1", "--data-dir", dir]).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("in use by another process (pid {pid}")),
+        "{err}"
+    );
+    s.free_disk();
+    until_async(30, "the recorder is healthy again", || async {
+        metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
+    })
+    .await;
+    let (status, stderr, _, _, _s) = s.stop().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// The data dir's files by name and size (what a refused command must leave as it was).
+fn listing(data: &Path) -> Vec<(String, u64)> {
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(data)
+        .expect("list")
+        .map(|e| {
+            let e = e.expect("entry");
+            let len = e.metadata().expect("metadata").len();
+            (e.file_name().to_string_lossy().into_owned(), len)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Commands that change a data dir, on a disk with no room for RocksDB's open and on a
+/// read-only file system: one clear line, exit 1, and not a file touched. Before, the full
+/// disk got RocksDB's "No space left … MANIFEST" after its info log was rotated and an empty
+/// write-ahead log created, and the read-only one a RocksDB rename error.
+#[tokio::test]
+async fn changing_commands_refuse_a_full_or_read_only_disk_untouched() {
+    let Some(s) = start("stall", 6000.0, &[]).await else {
+        return;
+    };
+    until_async(30, "frames recorded", || async {
+        s.recorded().await > 2000.0
+    })
+    .await;
+    let (status, stderr, _, data, s) = s.stop().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    let dir = data.to_str().expect("utf8");
+    let refused = |out: std::process::Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(why) && err.contains("nothing was changed"),
+            "{err}"
+        );
+    };
+    fill(&s.mnt.join("ballast"));
+    let before = listing(&data);
+    refused(
+        run(&["sessions", "tag", "latest", "exp=1", "--data-dir", dir]).await,
+        "no room to change it",
+    );
+    refused(
+        run(&["sessions", "rm", "latest", "--data-dir", dir]).await,
+        "no room to change it",
+    );
+    assert_eq!(listing(&data), before);
+    s.free_disk();
+    let remount = |how: &str| {
+        let ok = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{how}")])
+            .arg(&s.mnt)
+            .status()
+            .expect("mount");
+        assert!(ok.success(), "remount {how}");
+    };
+    remount("ro");
+    let before = listing(&data);
+    refused(
+        run(&["sessions", "tag", "latest", "exp=1", "--data-dir", dir]).await,
+        "read-only file system",
+    );
+    refused(
+        run(&["sessions", "rm", "latest", "--data-dir", dir]).await,
+        "read-only file system",
+    );
+    assert_eq!(listing(&data), before);
+    remount("rw");
+    let out = run(&["sessions", "tag", "latest", "exp=1", "--data-dir", dir]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test]
 async fn full_disk_under_continue_keeps_relaying_and_records_a_gap() {
     let Some(s) = start("continue", 6000.0, &[]).await else {

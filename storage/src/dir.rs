@@ -43,7 +43,8 @@ pub(crate) fn permission_denied(path: &Path, what: &str) -> StoreError {
 
 /// Refuses, as a permissions problem, a data dir this user cannot reach (a directory above it
 /// is not searchable), or, when it exists, cannot list and search (and write into, with
-/// `write`). A missing path or one that is no directory passes: callers say what that means.
+/// `write`, which also refuses a read-only file system). A missing path or one that is no
+/// directory passes: callers say what that means.
 pub(crate) fn check_access(path: &Path, write: bool) -> Result<(), StoreError> {
     use nix::unistd::{access, AccessFlags};
     match std::fs::metadata(path) {
@@ -65,6 +66,10 @@ pub(crate) fn check_access(path: &Path, write: bool) -> Result<(), StoreError> {
                         "list and search it"
                     },
                 )),
+                Err(nix::errno::Errno::EROFS) => Err(StoreError::Open {
+                    path: path.display().to_string(),
+                    reason: "it is on a read-only file system; nothing was changed".into(),
+                }),
                 _ => Ok(()),
             }
         }
@@ -82,18 +87,64 @@ pub(crate) fn not_a_data_dir(path: &Path) -> StoreError {
     }
 }
 
-/// The pid holding RocksDB's `LOCK` file, from /proc/locks (RocksDB locks it with fcntl).
+/// An exclusive `flock` on a data dir's `LOCK` file, held for as long as a relay (or collector)
+/// records into the dir. RocksDB's own lock on that file (an fcntl lock, independent of this
+/// one) is let go whenever the recorder reopens the database after an I/O error, and a full
+/// disk can keep it closed for minutes; this one is not, so [`lock_holder`] finds the relay all
+/// along: commands that change a data dir keep refusing it, and read commands keep showing its
+/// sessions as recording, not as ended by a crash.
+#[derive(Debug)]
+pub(crate) struct DirHold {
+    _file: std::fs::File,
+}
+
+impl DirHold {
+    /// Takes the hold on the `LOCK` file of a data dir this process has just opened
+    /// read-write; refused (as [`StoreError::Locked`]) while another process holds it.
+    pub(crate) fn take(dir: &Path) -> Result<DirHold, StoreError> {
+        let file = std::fs::File::open(dir.join("LOCK"))?;
+        match file.try_lock() {
+            Ok(()) => Ok(DirHold { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+                path: dir.display().to_string(),
+                pid: lock_holder(dir),
+            }),
+            Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+        }
+    }
+}
+
+/// The pid holding the data dir's `LOCK` file, from /proc/locks: RocksDB's fcntl lock, or a
+/// recording relay's [`DirHold`], which it keeps while RocksDB's lock is let go.
 pub fn lock_holder(dir: &Path) -> Option<u32> {
+    locks_on(dir).first().map(|&(_, pid)| pid)
+}
+
+/// The locks held on the data dir's `LOCK` file, as /proc/locks lists them: the kind
+/// (`POSIX` for RocksDB's fcntl lock, `FLOCK` for a relay's hold) and the pid that took it.
+/// A file is named there by device and inode: inode numbers alone repeat across file systems.
+pub fn locks_on(dir: &Path) -> Vec<(String, u32)> {
+    use nix::sys::stat::{major, minor};
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir.join("LOCK")).ok()?;
-    let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    let ino = m.ino().to_string();
-    locks.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
-        let dev_ino = f.get(5)?;
-        (dev_ino.rsplit(':').next()? == ino).then(|| f.get(4)?.parse().ok())?
-    })
+    let (Ok(m), Ok(locks)) = (
+        std::fs::metadata(dir.join("LOCK")),
+        std::fs::read_to_string("/proc/locks"),
+    ) else {
+        return Vec::new();
+    };
+    // "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (major and minor in hex); a waiter's
+    // line has "->" after the number, so no holder's fields line up with it.
+    let id = format!("{:02x}:{:02x}:{}", major(m.dev()), minor(m.dev()), m.ino());
+    locks
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(5) != Some(&id.as_str()) {
+                return None;
+            }
+            Some((f.get(1)?.to_string(), f.get(4)?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The effective uid of this process (the owner of /proc/self), if /proc is mounted.

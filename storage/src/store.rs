@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, Options, DB};
 
 pub use crate::dir::lock_holder;
-use crate::dir::{make_private, prepare_writable_dir};
+use crate::dir::{make_private, prepare_writable_dir, DirHold};
 use crate::error::StoreError;
 use crate::keys::{self, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
 use crate::retention::Reclaimer;
@@ -95,6 +95,9 @@ pub struct Store {
     /// Read-only, with no relay holding the data dir: sessions still marked `recording` were
     /// left by a dead relay and are shown as ended by crash (the next relay writes that).
     pub(crate) orphaned: bool,
+    /// Opened for recording: the data dir's hold, which a [`crate::SessionWriter`] keeps
+    /// across its reopens (RocksDB's own lock is let go during each).
+    pub(crate) hold: Option<Arc<DirHold>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -181,7 +184,7 @@ fn cf_descriptors(opts: &StoreOptions, details: bool) -> Vec<ColumnFamilyDescrip
 /// RocksDB's old info logs kept beside the current one.
 const KEPT_INFO_LOGS: usize = 3;
 
-/// Room a reopen needs besides its write-ahead logs: a manifest, options, an info log.
+/// Room a read-write open needs besides its write-ahead logs: a manifest, options, an info log.
 const REOPEN_ROOM: u64 = 1 << 20;
 
 /// The bytes of the write-ahead logs in `path`.
@@ -196,6 +199,28 @@ fn wal_bytes(path: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// Refuses a read-write open the disk has no room for: an open writes the write-ahead logs out
+/// as a table before anything else, and without room for that it fails halfway (a rotated info
+/// log, an empty log file left behind). `doing` and `after` frame the reason.
+fn room_to_open(path: &Path, doing: &str, after: &str) -> Result<(), StoreError> {
+    let logs = wal_bytes(path);
+    let Ok(fs) = nix::sys::statvfs::statvfs(path) else {
+        return Ok(());
+    };
+    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+    if free >= logs + REOPEN_ROOM {
+        return Ok(());
+    }
+    Err(StoreError::Open {
+        path: path.display().to_string(),
+        reason: format!(
+            "{doing} writes the write-ahead log ({} MB) out as a table, and {} MB is free{after}",
+            mb(logs + REOPEN_ROOM),
+            mb(free)
+        ),
+    })
 }
 
 fn mb(bytes: u64) -> String {
@@ -238,9 +263,10 @@ impl Store {
         if !opts.read_only {
             Store::probe_committed(path, &committed)?;
         }
-        let store = Store::open_db(path, opts, None)?;
+        let mut store = Store::open_db(path, opts, None)?;
         store.verify_committed(committed)?;
         if !store.opts.read_only {
+            store.hold = Some(Arc::new(DirHold::take(path)?));
             // Files an older relay, a manual copy or a repair left readable by others.
             if let Err(e) = make_private(path) {
                 tracing::warn!(error = %e, "could not make every file in the data dir private");
@@ -254,22 +280,7 @@ impl Store {
     /// sessions are still `recording`.
     pub fn reopen(path: &Path, opts: StoreOptions) -> Result<Store, StoreError> {
         prune_info_logs(path, KEPT_INFO_LOGS);
-        // An open writes the write-ahead logs out as a table before anything else: without
-        // room for that it fails (and leaves an info log behind). Say what room it waits for.
-        let logs = wal_bytes(path);
-        if let Ok(fs) = nix::sys::statvfs::statvfs(path) {
-            let free = fs.blocks_available().saturating_mul(fs.fragment_size());
-            if free < logs + REOPEN_ROOM {
-                return Err(StoreError::Open {
-                    path: path.display().to_string(),
-                    reason: format!(
-                        "waiting for room: reopening writes the write-ahead log ({} MB) out as a table, and {} MB is free",
-                        mb(logs + REOPEN_ROOM),
-                        mb(free)
-                    ),
-                });
-            }
-        }
+        room_to_open(path, "waiting for room: reopening", "")?;
         Store::open_db(path, opts, None)
     }
 
@@ -371,6 +382,7 @@ impl Store {
             path: path.to_path_buf(),
             details,
             orphaned,
+            hold: None,
         })
     }
 
@@ -411,6 +423,11 @@ impl Store {
         }
         let committed = crate::mark::read(path);
         Store::probe_committed(path, &committed)?;
+        room_to_open(
+            path,
+            "no room to change it: opening it",
+            "; nothing was changed",
+        )?;
         let mut store = Store::open_db(path, StoreOptions::default(), None)?;
         store.verify_committed(committed)?;
         // A command waits for the space of what it deletes to be given back.

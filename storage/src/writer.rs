@@ -77,6 +77,8 @@ pub struct SessionWriter {
     staged: usize,
     /// Why the last reopen failed, said by every commit until one succeeds.
     reopen_failed: Option<String>,
+    /// The data dir's hold, kept while the store is closed between reopens.
+    hold: Option<std::sync::Arc<crate::dir::DirHold>>,
 }
 
 impl std::fmt::Debug for SessionWriter {
@@ -92,6 +94,7 @@ impl SessionWriter {
     /// A writer over an open (read-write) store.
     pub fn new(store: Store) -> SessionWriter {
         SessionWriter {
+            hold: store.hold.clone(),
             path: store.path().to_path_buf(),
             opts: store.opts.clone(),
             store: Some(store),
@@ -123,7 +126,8 @@ impl SessionWriter {
     pub fn reopen(&mut self) -> Result<(), E> {
         drop(self.store.take());
         match Store::reopen(&self.path, self.opts.clone()) {
-            Ok(store) => {
+            Ok(mut store) => {
+                store.hold = self.hold.clone();
                 self.store = Some(store);
                 self.reopen_failed = None;
                 Ok(())
