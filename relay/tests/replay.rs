@@ -306,6 +306,37 @@ async fn the_end_and_every_loop_are_announced_and_from_and_channel_hold() {
     }
 }
 
+/// Replay records nothing, so a mark is answered `"marked": false` with the reason, not
+/// confirmed as if an export would show it (it was `"marked": true`).
+#[tokio::test]
+async fn a_mark_in_a_replay_is_answered_as_kept_nowhere() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    synth(&data, 30);
+    let r = replay(&data, &["--speed", "max"]).await;
+    let mut c = Client::connect_hello(&r.addr, TOKEN)
+        .await
+        .expect("hello")
+        .0;
+    let answer = c
+        .call("relay/mark", json!({"label": "episode-start"}))
+        .await
+        .expect("answered");
+    assert_eq!(answer["marked"], false, "{answer}");
+    assert_eq!(answer["label"], "episode-start", "{answer}");
+    assert!(
+        answer["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("record nothing")),
+        "{answer}"
+    );
+    let bad = c
+        .request("relay/mark", json!({"label": ""}))
+        .await
+        .expect("answered");
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+}
+
 /// An in-process replay of `meta`'s session with the front's limits adjusted.
 async fn in_process(
     data: &Path,

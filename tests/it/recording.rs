@@ -172,6 +172,28 @@ async fn replay_serves_the_same_events_and_answers() {
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
 }
 
+/// A route that records nothing answers a mark `"marked": false` with the reason: a mark no
+/// export or report will ever show is not confirmed (it was `"marked": true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_on_a_route_that_records_nothing_is_answered_as_kept_nowhere() {
+    let h = Harness::start_with(quiet_mod(), |c| c.routes[0].record = false).await;
+    let mut c = h.bridge().await;
+    let answer = c
+        .call("relay/mark", json!({"label": "episode-start"}))
+        .await
+        .expect("mark answered");
+    assert_eq!(answer["marked"], false, "{answer}");
+    assert_eq!(answer["label"], "episode-start", "{answer}");
+    assert!(
+        answer["why"]
+            .as_str()
+            .is_some_and(|w| w.contains("--no-record")),
+        "{answer}"
+    );
+    drop(c);
+    h.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_is_answered_by_the_relay_recorded_and_never_forwarded() {
     let h = Harness::start(quiet_mod()).await;

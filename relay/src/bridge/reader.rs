@@ -412,6 +412,15 @@ impl BridgeReader {
                 .await;
         }
         match crate::export::mark_label(params) {
+            // Replay and `--no-record` keep nothing: the answer says so instead of confirming
+            // a mark no export or report will ever show (not an error: a harness driving a
+            // replay as it drives the live game goes on).
+            Some(label) if self.route.recorder.is_none() => {
+                let why = "nothing is recorded here (replay and --no-record record nothing), \
+                           so the mark is kept nowhere";
+                let answer = json!({"marked": false, "label": label, "tNs": now_ns(), "why": why});
+                self.reply(message::result_response(id, answer)).await;
+            }
             Some(label) => {
                 let answer = json!({"marked": true, "label": label, "tNs": now_ns()});
                 self.reply(message::result_response(id, answer)).await;
