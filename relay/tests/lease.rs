@@ -171,3 +171,81 @@ async fn one_controller_at_a_time_calls_leased_tools() {
     assert!(!files_containing(&data, "holder-left").is_empty());
     assert!(files_containing(&data, ALPHA).is_empty());
 }
+
+/// An MCP client (`gabp-relay mcp` on stdio) takes the lease with its `relay_lease` tool and
+/// then calls a leased tool; a plain bridge of the same identity is refused meanwhile. Before,
+/// the MCP front had no way to take the lease, so every leased tool failed for it.
+#[tokio::test]
+async fn an_mcp_client_takes_the_lease_with_its_relay_lease_tool() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "leased = [\"sim/echo\"]", ""),
+    );
+    let file = dir.path().join("bridge.json");
+    let relay = serve_config(&cfg, file.to_str().expect("utf8"), &["--no-record"]).await;
+    let mut mcp = tokio::process::Command::new(BIN)
+        .args(["mcp", "--name", "assistant", "--connect"])
+        .arg(relay.addr.to_string())
+        .args(["--token", BRIDGE_TOKEN])
+        .env_remove("GABP_RELAY_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn gabp-relay mcp");
+    let mut stdin = mcp.stdin.take().expect("stdin");
+    let mut out = tokio::io::BufReader::new(mcp.stdout.take().expect("stdout")).lines();
+    let mut id = 0u64;
+    let mut send = async |method: &str, params: Value| -> Value {
+        id += 1;
+        let req = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        stdin
+            .write_all(format!("{req}\n").as_bytes())
+            .await
+            .expect("write");
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(30), out.next_line())
+                .await
+                .expect("an answer in time")
+                .expect("read")
+                .expect("a line");
+            let a: Value = serde_json::from_str(&line).expect("JSON");
+            if a["id"] == id {
+                return a;
+            }
+        }
+    };
+    let init = json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "assistant", "version": "1"}});
+    assert!(send("initialize", init).await["result"].is_object());
+    let tools = send("tools/list", json!({})).await;
+    assert!(tools.to_string().contains("\"relay_lease\""), "{tools}");
+    let mut tool = async |name: &str, arguments: Value| -> (bool, String) {
+        let a = send("tools/call", json!({"name": name, "arguments": arguments})).await;
+        let r = &a["result"];
+        let text = r["content"][0]["text"].as_str().unwrap_or_default();
+        (r["isError"] == true, text.to_string())
+    };
+    let (failed, text) = tool("sim_echo", json!({"x": 1})).await;
+    assert!(failed && text.contains("-32008"), "{text}");
+    let (failed, text) = tool("relay_lease", json!({"action": "acquire"})).await;
+    assert!(!failed, "{text}");
+    let lease: Value = serde_json::from_str(&text).expect("the lease as JSON");
+    assert_eq!(lease["held"], true, "{lease}");
+    let (failed, text) = tool("sim_echo", json!({"x": 1})).await;
+    assert!(!failed, "the holder calls the leased tool: {text}");
+    let (mut other, _) = bridge(&relay.addr, BRIDGE_TOKEN).await;
+    let (code, _, _) = refused(&mut other, "tools/call", call("sim/echo")).await;
+    assert_eq!(code, LEASE_HELD);
+    let (failed, text) = tool("relay_lease", json!({"action": "release"})).await;
+    assert!(!failed, "{text}");
+    let lease = other
+        .call("relay/lease", json!({"action": "acquire"}))
+        .await
+        .expect("free once the MCP client released it");
+    assert_eq!(lease["held"], true, "{lease}");
+}

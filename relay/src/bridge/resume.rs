@@ -183,10 +183,10 @@ pub(super) async fn run(route: &Arc<Route>, bridge: &Arc<BridgeState>, plan: Pla
             let payload = match route.current() {
                 Some(s) => {
                     json!({"state": "started", "sessionId": s.id.to_string(), "resumed": false, "previousSessionId": named,
-                    "note": "the session named in relay.resume is over: its events are not replayed, and relay seq restarts at 0 on every channel"})
+                    "note": "relay.resume named a session other than the current one (it has ended, or never was this route's): its events are not replayed; this session's relay seqs are its own, counted from 0 at its start, and its live events follow from where it is now"})
                 }
                 None => json!({"state": "ended", "sessionId": named, "resumed": false,
-                    "note": "the session named in relay.resume is over and no mod is connected"}),
+                    "note": "relay.resume named a session other than the current one, and no mod is connected"}),
             };
             bridge.outbox.push_ordered(route.session_notice(payload));
             if let Some(earlier_unlogged) = RESUMED.admit() {

@@ -22,12 +22,13 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
 /// The relay's own tools (a mod tool mapping to one of these gets a suffix).
-pub const OWN_TOOLS: [&str; 6] = [
+pub const OWN_TOOLS: [&str; 7] = [
     "events_poll",
     "attention_get",
     "attention_ack",
     "relay_status",
     "sessions_list",
+    "relay_lease",
     "mark",
 ];
 
@@ -301,7 +302,8 @@ impl ServerHandler for Front {
             .with_instructions(
                 "A game reached through gabp-relay. The game's own tools are listed with `/` \
                  replaced by `_`. Poll `events_poll` with the cursor it returns to follow the \
-                 game's events; `relay_status` shows the route.",
+                 game's events; `relay_status` shows the route; tools the route leases need \
+                 the lease, taken with `relay_lease`.",
             )
     }
 
@@ -371,6 +373,10 @@ impl ServerHandler for Front {
             },
             "sessions_list" => self.sessions(&link).await,
             // The relay answers and records `relay/mark`; it never reaches the mod.
+            "relay_lease" => match link.request("relay/lease", args.clone()).await {
+                Ok(v) => json_result(v),
+                Err(e) => error_result(&e),
+            },
             "mark" => match link.request("relay/mark", args.clone()).await {
                 Ok(v) => json_result(v),
                 Err(e) => error_result(&e),

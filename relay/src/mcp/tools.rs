@@ -52,6 +52,19 @@ pub(super) fn own_tools() -> Vec<Value> {
             "inputSchema": { "type": "object", "properties": {} }
         }),
         json!({
+            "name": "relay_lease",
+            "title": "Controller lease",
+            "description": "Takes, renews or gives back the route's controller lease (the relay's relay/lease): while this client holds it, only it may call the tools the route marks as leased. It ends on release, at expiry (ttlMs after the last acquire or renew), or when this client's connection to the relay ends. Answers {held, holder, conn, untilNs, ttlMs}.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "action": { "type": "string", "enum": ["acquire", "renew", "release"] },
+                    "ttlMs": { "type": "integer", "minimum": 1, "maximum": 3600000, "default": 30000 }
+                },
+                "required": ["action"]
+            }
+        }),
+        json!({
             "name": "mark",
             "title": "Mark the timeline",
             "description": "Marks the recorded session's timeline (an episode's start or end, a reward, a test step) through the relay's relay/mark; the mark is recorded with this client's name and time and never reaches the game.",

@@ -88,7 +88,7 @@ async def scenario(session, notices, name):
     out["protocol"] = init.protocol_version
     tools = {t.name: t for t in (await session.list_tools()).tools}
     out["tools"] = sorted(tools)
-    for want in ["sim_echo", "sim_fail", "sim_emit", "events_poll", "attention_get", "attention_ack", "relay_status", "sessions_list", "mark"]:
+    for want in ["sim_echo", "sim_fail", "sim_emit", "events_poll", "attention_get", "attention_ack", "relay_status", "sessions_list", "relay_lease", "mark"]:
         check(want in tools, f"tool {want} missing from {sorted(tools)}")
     check(tools["sim_echo"].input_schema.get("type") == "object", "input schema not passed through")
 
