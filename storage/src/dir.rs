@@ -115,7 +115,7 @@ impl DirHold {
 }
 
 /// The pid holding the data dir's `LOCK` file, from /proc/locks: RocksDB's fcntl lock, or a
-/// recording relay's [`DirHold`], which it keeps while RocksDB's lock is let go.
+/// recording relay's `DirHold`, which it keeps while RocksDB's lock is let go.
 pub fn lock_holder(dir: &Path) -> Option<u32> {
     locks_on(dir).first().map(|&(_, pid)| pid)
 }
