@@ -27,6 +27,7 @@ pub const NAMES: &[&str] = &[
     "gabp_upstream_connected",
     "gabp_anomalies_total",
     "gabp_bad_frames_total",
+    "gabp_stall_refusals_total",
     "gabp_unauthenticated_frames_total",
     "gabp_auth_failures_total",
     "gabp_bridge_refusals_total",
@@ -65,6 +66,8 @@ pub struct RouteMetrics {
     pub anomalies: Counter,
     /// Rejected bridge frames.
     pub bad_frames: Counter,
+    /// Bridge requests and hellos refused because a failing recorder holds the mod (`stall`).
+    pub stall_refusals: Counter,
     /// Failed hellos.
     pub auth_failures: Counter,
     /// Frames received before a successful hello (counted, never recorded).
@@ -139,6 +142,7 @@ impl RouteMetrics {
             upstream_connected: metrics::gauge!("gabp_upstream_connected", "route" => r.clone()),
             anomalies: metrics::counter!("gabp_anomalies_total", "route" => r.clone()),
             bad_frames: metrics::counter!("gabp_bad_frames_total", "route" => r.clone()),
+            stall_refusals: metrics::counter!("gabp_stall_refusals_total", "route" => r.clone()),
             auth_failures: metrics::counter!("gabp_auth_failures_total", "route" => r.clone()),
             unauthenticated: metrics::counter!("gabp_unauthenticated_frames_total", "route" => r.clone()),
             recorder_lag: metrics::gauge!("gabp_recorder_lag", "route" => r.clone()),

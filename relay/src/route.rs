@@ -208,12 +208,25 @@ impl Route {
         }
     }
 
-    /// Records a frame in the current session, if any.
-    pub async fn record_current(&self, dir: Direction, conn: u32, body: Bytes, json_ok: bool) {
+    /// Records a frame in the current session, if any; returns whether a failing recorder
+    /// (policy `stall`) held it first.
+    pub async fn record_current(
+        &self,
+        dir: Direction,
+        conn: u32,
+        body: Bytes,
+        json_ok: bool,
+    ) -> bool {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
             let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), json_ok, body);
-            r.send(RecMsg::Frame { session: s.id, rec }).await;
+            return r.send(RecMsg::Frame { session: s.id, rec }).await;
         }
+        false
+    }
+
+    /// Why this route's recorder holds the mod now (a failing disk under `stall`), if it does.
+    pub fn recording_held(&self) -> Option<String> {
+        self.recorder.as_ref().and_then(|r| r.holding())
     }
 
     /// Records a frame in the current session without ever waiting (see

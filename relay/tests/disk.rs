@@ -68,6 +68,8 @@ struct Setup {
     data: PathBuf,
     sim: ModSim,
     child: Child,
+    /// The bridges' address.
+    listen: gabp_sim::Addr,
     metrics: String,
     stderr: tokio::task::JoinHandle<String>,
     /// The policy is `stall`.
@@ -115,7 +117,8 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn");
-    let metrics = start_up(&mut child, false).await.metrics;
+    let up = start_up(&mut child, false).await;
+    let (listen, metrics) = (up.listen, up.metrics);
     let stderr = stderr_text(&mut child);
     Some(Setup {
         _dir: dir,
@@ -124,6 +127,7 @@ async fn start(policy: &str, rate: f64, extra: &[&str]) -> Option<Setup> {
         data,
         sim,
         child,
+        listen: listen.expect("listening line").parse().expect("address"),
         metrics: metrics.expect("metrics line"),
         stderr,
         stall: policy == "stall",
@@ -309,6 +313,62 @@ async fn a_relay_stalled_on_a_full_disk_still_holds_its_data_dir() {
         metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
     })
     .await;
+    let (status, stderr, _, _, _s) = s.stop().await;
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
+/// While a failing disk holds the mod (`stall`), bridges are answered at once: a request to the
+/// mod is refused -32000 and not forwarded, `relay/status` is answered, and a new bridge's hello
+/// is refused -32000. Before, every such frame waited unanswered for as long as the disk stayed
+/// full, and a `tools/call` then reached the game a minute after its caller had given up. Once
+/// the disk is back, calls go through again.
+#[tokio::test]
+async fn bridges_are_answered_at_once_while_the_disk_holds_the_mod() {
+    let Some(s) = start("stall", 6000.0, &[]).await else {
+        return;
+    };
+    let (mut c, _) = gabp_sim::Client::connect_hello(&s.listen, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    s.fill_disk().await;
+    s.assert_mod_held().await;
+    let at_once = Duration::from_secs(5);
+    let echo = serde_json::json!({"name": "sim/echo", "arguments": {"x": 1}});
+    let r = tokio::time::timeout(at_once, c.request("tools/call", echo.clone()))
+        .await
+        .expect("answered at once")
+        .expect("answer");
+    assert_eq!(r["error"]["code"], -32000, "{r}");
+    let msg = r["error"]["message"].as_str().expect("message");
+    assert!(
+        msg.contains("recording is stalled") && msg.contains("not forwarded"),
+        "{msg}"
+    );
+    let status = tokio::time::timeout(at_once, c.call("relay/status", serde_json::json!({})))
+        .await
+        .expect("answered at once")
+        .expect("status");
+    assert!(status.is_object(), "{status}");
+    let mut late = gabp_sim::Client::connect(&s.listen).await.expect("connect");
+    let refused = tokio::time::timeout(at_once, late.hello(BRIDGE_TOKEN))
+        .await
+        .expect("answered at once")
+        .expect_err("no bridge joins while recording is stalled");
+    assert!(
+        format!("{refused:#}").contains("recording is stalled"),
+        "{refused:#}"
+    );
+    assert!(metric(&s.metrics, "gabp_stall_refusals_total").await >= 2.0);
+    s.free_disk();
+    until_async(60, "the recorder is healthy again", || async {
+        metric(&s.metrics, "gabp_recorder_healthy").await == 1.0
+    })
+    .await;
+    let r = tokio::time::timeout(Duration::from_secs(30), c.request("tools/call", echo))
+        .await
+        .expect("answered")
+        .expect("answer");
+    assert!(r["error"].is_null(), "{r}");
     let (status, stderr, _, _, _s) = s.stop().await;
     assert_eq!(status.code(), Some(0), "{stderr}");
 }

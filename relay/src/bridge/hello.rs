@@ -113,6 +113,16 @@ impl BridgeReader {
                 session
             }
         };
+        if let Some(why) = route.recording_held().filter(|_| !relay_only) {
+            // Its hello and attach could not be recorded: it joins once recording works.
+            route.metrics.stall_refusals.increment(1);
+            let msg = format!(
+                "recording is stalled ({why}): bridges join once it works again; hello again then"
+            );
+            return self
+                .error_reply(Some(id), ErrorCode::ModUnavailable, &msg, false)
+                .await;
+        }
         let cap = identity
             .max_subscriptions
             .map_or(route.cfg.max_subscriptions, |n| {

@@ -200,15 +200,48 @@ impl BridgeReader {
     }
 
     /// Records a frame of this bridge's conversation, redacted; nothing is recorded before a
-    /// successful hello (that traffic is only counted), nor for a relay-only bridge.
-    pub(super) async fn record(&self, dir: Direction, body: Bytes, json_ok: bool) {
+    /// successful hello (that traffic is only counted), nor for a relay-only bridge. Returns
+    /// whether a failing recorder (policy `stall`) held it first.
+    pub(super) async fn record(&self, dir: Direction, body: Bytes, json_ok: bool) -> bool {
         if !self.authed || self.relay_only() || self.route.recorder.is_none() {
-            return;
+            return false;
         }
         let body = auth::redact(&body, &self.secrets().list());
         self.route
             .record_current(dir, self.bridge.conn, body, json_ok)
-            .await;
+            .await
+    }
+
+    /// A welcomed bridge's frame while a failing recorder holds the mod (policy `stall`, a
+    /// full disk): answered at once and not recorded, since recording is what is stalled.
+    /// Waiting here would leave the bridge unanswered for as long as the disk stays full and
+    /// then forward its request to the game long after it gave up. `relay/status` is
+    /// answered as ever; anything else is refused -32000, not forwarded.
+    fn refuse_while_held(&mut self, id: &str, method: &str, why: &str) {
+        self.route.metrics.stall_refusals.increment(1);
+        let answer = if method == "relay/status" {
+            self.status_answer(id)
+        } else {
+            let msg = format!(
+                "recording is stalled ({why}): the mod is held until it works again, and nothing reaches it unrecorded; {method} was not forwarded, send it again then"
+            );
+            message::error_response(Some(id), ErrorCode::ModUnavailable, &msg, None)
+        };
+        self.bridge.outbox.push_control(frame_bytes(&answer));
+    }
+
+    /// The answer to `relay/status` (or the error saying it does not fit `--max-body`).
+    fn status_answer(&self, id: &str) -> Bytes {
+        super::status::answer(id, self.route.status(), self.route.cfg.max_body).unwrap_or_else(
+            || {
+                message::error_response(
+                    Some(id),
+                    ErrorCode::TooLarge,
+                    "the status does not fit in this relay's --max-body even with its lists left out; raise --max-body",
+                    None,
+                )
+            },
+        )
     }
 
     /// Queues a reply the relay wrote itself, and records it.
@@ -236,7 +269,15 @@ impl BridgeReader {
             .await;
     }
 
-    async fn error_reply(&mut self, id: Option<&str>, code: ErrorCode, msg: &str, record: bool) {
+    /// An error reply, recorded or not; before a successful hello it counts toward the
+    /// strikes that close the connection.
+    pub(super) async fn error_reply(
+        &mut self,
+        id: Option<&str>,
+        code: ErrorCode,
+        msg: &str,
+        record: bool,
+    ) {
         if !self.authed {
             self.prehello_errors += 1;
             if self.prehello_errors >= MAX_PREHELLO_ERRORS {
@@ -332,19 +373,14 @@ impl BridgeReader {
                 )
                 .await;
         }
+        if let Some(why) = route.recording_held().filter(|_| !self.relay_only()) {
+            return self.refuse_while_held(&id, &method, &why);
+        }
         if method == "relay/status" {
-            // Queued before anything is recorded, so the status stays visible even while a
-            // failing disk holds the recorder (policy `stall`); recorded request first, then
-            // its answer, in the order they happened.
-            let answer = super::status::answer(&id, route.status(), route.cfg.max_body)
-                .unwrap_or_else(|| {
-                    message::error_response(
-                        Some(&id),
-                        ErrorCode::TooLarge,
-                        "the status does not fit in this relay's --max-body even with its lists left out; raise --max-body",
-                        None,
-                    )
-                });
+            // Queued before anything is recorded, so the status stays visible even if a
+            // failing disk holds the recorder meanwhile; recorded request first, then its
+            // answer, in the order they happened.
+            let answer = self.status_answer(&id);
             let queued = self.bridge.outbox.push_control(frame_bytes(&answer));
             self.record(Direction::BridgeToRelay, body, true).await;
             if queued {
@@ -361,7 +397,9 @@ impl BridgeReader {
                 )
                 .await;
         }
-        self.record(Direction::BridgeToRelay, body.clone(), true)
+        let waited = Instant::now();
+        let held = self
+            .record(Direction::BridgeToRelay, body.clone(), true)
             .await;
         let params_value = || -> Value {
             params
@@ -377,6 +415,17 @@ impl BridgeReader {
             m if m.starts_with("relay/") => {
                 self.reply_error(Some(&id), ErrorCode::MethodNotFound, "unknown relay method")
                     .await
+            }
+            _ if held => {
+                // The recorder began failing as this request was read: it waited for the
+                // disk, and the game may have moved on meanwhile. It is recorded; not sent.
+                let msg = format!(
+                    "{method} waited {:.1} s for a stalled recording and was not forwarded; send it again",
+                    waited.elapsed().as_secs_f64()
+                );
+                route.metrics.stall_refusals.increment(1);
+                self.reply_error(Some(&id), ErrorCode::ModUnavailable, &msg)
+                    .await;
             }
             _ => {
                 if self.refuse(&id, &method, params_value).await {

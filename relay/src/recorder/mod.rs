@@ -248,18 +248,31 @@ impl Recorder {
         self.shared.health.lock().clone()
     }
 
-    /// Sends a message, waiting while the queue is full (this is the lossless backpressure).
-    pub async fn send(&self, msg: RecMsg) {
-        self.send_batch(vec![msg]).await;
+    /// Why a failing recorder holds its senders now (policy `stall`), if it does: its last
+    /// error, one line.
+    pub fn holding(&self) -> Option<String> {
+        if *self.shared.gate.borrow() {
+            return None;
+        }
+        let why = self.health().last_error;
+        Some(why.unwrap_or_else(|| "the last commit failed".into()))
     }
 
-    /// Sends messages as one batch, waiting for queue room and byte budget.
-    pub async fn send_batch(&self, msgs: Vec<RecMsg>) {
+    /// Sends a message, waiting while the queue is full (this is the lossless backpressure).
+    /// Returns whether it was held by a failing recorder (policy `stall`) first.
+    pub async fn send(&self, msg: RecMsg) -> bool {
+        self.send_batch(vec![msg]).await
+    }
+
+    /// Sends messages as one batch, waiting for queue room and byte budget. Returns whether
+    /// it was held by a failing recorder (policy `stall`) first.
+    pub async fn send_batch(&self, msgs: Vec<RecMsg>) -> bool {
         if msgs.is_empty() {
-            return;
+            return false;
         }
         // Under `stall`, a failing recorder holds the mod now, not after the queue is full.
-        if !*self.shared.gate.borrow() {
+        let held = !*self.shared.gate.borrow();
+        if held {
             let mut gate = self.shared.gate.subscribe();
             let _ = gate.wait_for(|open| *open).await;
         }
@@ -281,6 +294,7 @@ impl Recorder {
             tracing::error!("recorder thread is gone; frames not recorded");
             metrics::counter!("gabp_record_errors_total").increment(1);
         }
+        held
     }
 
     /// Sends `msgs` as one batch if the recorder takes them now (its gate open, budget and queue
