@@ -67,6 +67,11 @@ fn sim_with(cfg: ModSimConfig) -> ModSim {
 }
 
 async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
+    serve_with(sim, dir, env, &["--no-record"]).await
+}
+
+/// `serve` with the MCP endpoint, `env` set and `args` added (recording or not).
+async fn serve_with(sim: &ModSim, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Serve {
     let token = uuid::Uuid::new_v4().simple().to_string();
     let bridge_file = dir.join("bridge.json");
     let stderr = dir.join("serve.stderr");
@@ -78,7 +83,8 @@ async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
             "--upstream-token",
             MOD_TOKEN,
         ])
-        .args(["--listen", "127.0.0.1:0", "--token", &token, "--no-record"])
+        .args(["--listen", "127.0.0.1:0", "--token", &token])
+        .args(args)
         .arg("--bridge-file")
         .arg(&bridge_file)
         .args(["--mcp-listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
@@ -184,6 +190,57 @@ async fn wait_for(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bo
         assert!(Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An HTTP client that calls a tool right after `initialize` (no `notifications/initialized`
+/// yet) attaches a bridge named after its `clientInfo.name`, as the recording's hello shows.
+/// Before, the name was taken from that notification, so such a bridge was recorded as "mcp".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_is_recorded_under_its_own_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().expect("utf-8");
+    let s = serve_with(&sim, dir.path(), &[], &["--data-dir", data_arg]).await;
+    let (status, id, resp) = open_session(&s).await;
+    assert_eq!(status, 200, "{resp}");
+    let sid = id.expect("a session id");
+    let mark = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"mark","arguments":{"label":"named"}}});
+    let (status, resp) = http(
+        &s.mcp,
+        "POST",
+        &[bearer(&s), format!("mcp-session-id: {sid}")],
+        &mark.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{resp}");
+    assert!(resp.contains("marked"), "{resp}");
+    // The mark is recorded after the bridge's hello: once it is in the recording, so is that.
+    let mut hello = None;
+    wait_for(
+        "the mark is recorded",
+        Duration::from_secs(20),
+        async || {
+            let out = Command::new(BIN)
+                .args(["export", "latest", "--data-dir", data_arg])
+                .output()
+                .await
+                .expect("export");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            hello = text
+                .lines()
+                .find(|l| l.contains("session/hello") && l.contains("gabp-relay-mcp/"))
+                .map(String::from);
+            text.contains("\"named\"")
+        },
+    )
+    .await;
+    let hello = hello.expect("the MCP bridge's hello is recorded");
+    assert!(
+        hello.contains(r#""clientInfo":{"name":"limits""#),
+        "{hello}"
+    );
+    s.stop().await;
 }
 
 /// An HTTP session nobody closes expires after the idle timeout, and its bridge with it.

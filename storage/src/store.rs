@@ -216,7 +216,9 @@ fn room_to_open(path: &Path, doing: &str, after: &str) -> Result<(), StoreError>
     Err(StoreError::Open {
         path: path.display().to_string(),
         reason: format!(
-            "{doing} writes the write-ahead log ({} MB) out as a table, and {} MB is free{after}",
+            "{doing} writes the write-ahead log ({} MB) out as a table and needs {} MB more, {} MB in all, and {} MB is free{after}",
+            mb(logs),
+            mb(REOPEN_ROOM),
             mb(logs + REOPEN_ROOM),
             mb(free)
         ),
@@ -426,7 +428,7 @@ impl Store {
         room_to_open(
             path,
             "no room to change it: opening it",
-            "; nothing was changed",
+            " (deleting a session writes before it frees: make room by other means); nothing was changed",
         )?;
         let mut store = Store::open_db(path, StoreOptions::default(), None)?;
         store.verify_committed(committed)?;

@@ -307,11 +307,21 @@ impl ServerHandler for Front {
             )
     }
 
+    /// The client's name is taken here, not at `notifications/initialized`: a client may call
+    /// a tool before that notification arrives (over HTTP it is a request of its own, and
+    /// some clients never send it), and the bridge it attaches then is named for good.
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        let name: String = request.client_info.name.chars().take(128).collect();
+        *self.client_name.lock() = Some(name);
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if let Some(info) = context.peer.peer_info() {
-            let name: String = info.client_info.name.chars().take(128).collect();
-            *self.client_name.lock() = Some(name);
-        }
         if let Ok(link) = self.link().await {
             self.watch_restarts(&link, context.peer);
         }
