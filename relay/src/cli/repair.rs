@@ -35,7 +35,7 @@ pub fn run(a: RepairArgs) -> Result<()> {
         );
     }
     super::print_best_effort(&format!(
-        "repaired {}: now {} files, {}; {} session(s); {} left recording by a dead relay marked crash\nrun `gabp-relay sessions check` to see what every session still holds\n",
+        "repaired {}: now {} files, {}; {} session(s); {} left recording by a dead relay marked crash; every session checks sound (`gabp-relay sessions check` lists what each holds)\n",
         dir.display(),
         r.after.0,
         size(r.after.1),
