@@ -243,6 +243,49 @@ async fn an_http_client_is_recorded_under_its_own_name() {
     s.stop().await;
 }
 
+/// An MCP client (`gabp-relay mcp` on stdio) takes the lease with its `relay_lease` tool and
+/// then calls a leased tool; a plain bridge of the same identity is refused meanwhile. Before,
+/// the MCP front had no way to take the lease, so every leased tool failed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_client_takes_the_lease_with_its_relay_lease_tool() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    // The flags' route is `default`: this file route of that name (its own listen, upstream and
+    // token overridden by the flags) adds the leased tools.
+    let cfg = dir.path().join("relay.toml");
+    let text = format!(
+        "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\nleased = [\"sim/echo\"]\n",
+        sim.addr()
+    );
+    std::fs::write(&cfg, text).expect("config");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let cfg = cfg.to_str().expect("utf-8");
+    let s = serve_with(&sim, dir.path(), &[], &["--no-record", "--config", cfg]).await;
+    let mut m = stdio(&s).await;
+    assert!(m.tool_names(2).await.iter().any(|n| n == "relay_lease"));
+    let (failed, text) = result_text(&m.call(3, "sim_echo", json!({"x": 1})).await);
+    assert!(failed && text.contains("-32008"), "{text}");
+    let (failed, text) = result_text(&m.call(4, "relay_lease", json!({"action": "acquire"})).await);
+    assert!(!failed, "{text}");
+    let lease: Value = serde_json::from_str(&text).expect("the lease as JSON");
+    assert_eq!(lease["held"], true, "{lease}");
+    let (failed, text) = result_text(&m.call(5, "sim_echo", json!({"x": 1})).await);
+    assert!(!failed, "the holder calls the leased tool: {text}");
+    let mut other = plain_bridge(&s).await;
+    let echo = json!({"name": "sim/echo", "arguments": {"x": 1}});
+    let r = other.request("tools/call", echo).await.expect("answered");
+    assert_eq!(r["error"]["code"], -32008, "{r}");
+    let (failed, text) = result_text(&m.call(6, "relay_lease", json!({"action": "release"})).await);
+    assert!(!failed, "{text}");
+    let lease = other
+        .call("relay/lease", json!({"action": "acquire"}))
+        .await
+        .expect("free once the MCP client released it");
+    assert_eq!(lease["held"], true, "{lease}");
+    s.stop().await;
+}
+
 /// An HTTP session nobody closes expires after the idle timeout, and its bridge with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_http_sessions_expire_and_free_their_bridge() {

@@ -113,6 +113,14 @@ fn error_result(e: &CallError) -> CallToolResult {
     text_result(e.to_string(), Some(structured), true)
 }
 
+/// A relay's or mod's answer to a tool call, as its result.
+fn answer_result(r: Result<Value, CallError>) -> CallToolResult {
+    match r {
+        Ok(v) => json_result(v),
+        Err(e) => error_result(&e),
+    }
+}
+
 fn internal(msg: impl Into<String>) -> McpError {
     McpError::internal_error(msg.into(), None)
 }
@@ -361,36 +369,21 @@ impl ServerHandler for Front {
         let args = Value::Object(request.arguments.unwrap_or_default());
         let result = match &*request.name {
             "events_poll" => self.poll(&link, &args).await,
-            "attention_get" => match link.request("attention/current", json!({})).await {
-                Ok(v) => json_result(v),
-                Err(e) => error_result(&e),
-            },
+            "attention_get" => answer_result(link.request("attention/current", json!({})).await),
             "attention_ack" => {
                 let Some(id) = args["attentionId"].as_str() else {
                     return Err(McpError::invalid_params("attentionId is required", None));
                 };
-                match link
-                    .request("attention/ack", json!({ "attentionId": id }))
-                    .await
-                {
-                    Ok(v) => json_result(v),
-                    Err(e) => error_result(&e),
-                }
+                answer_result(
+                    link.request("attention/ack", json!({ "attentionId": id }))
+                        .await,
+                )
             }
-            "relay_status" => match link.request("relay/status", json!({})).await {
-                Ok(v) => json_result(v),
-                Err(e) => error_result(&e),
-            },
+            "relay_status" => answer_result(link.request("relay/status", json!({})).await),
             "sessions_list" => self.sessions(&link).await,
-            // The relay answers and records `relay/mark`; it never reaches the mod.
-            "relay_lease" => match link.request("relay/lease", args.clone()).await {
-                Ok(v) => json_result(v),
-                Err(e) => error_result(&e),
-            },
-            "mark" => match link.request("relay/mark", args.clone()).await {
-                Ok(v) => json_result(v),
-                Err(e) => error_result(&e),
-            },
+            // The relay answers (and records) these two; they never reach the mod.
+            "relay_lease" => answer_result(link.request("relay/lease", args.clone()).await),
+            "mark" => answer_result(link.request("relay/mark", args.clone()).await),
             name => {
                 let mut original = self.tools.lock().get(name).cloned();
                 if original.is_none() {
