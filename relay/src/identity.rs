@@ -11,11 +11,17 @@
 //! - `observe` may subscribe, list tools, read status and mark the recording; of the mod's
 //!   methods it may call only [`OBSERVE_METHODS`] (reads). No `tools/call`, no `attention/ack`,
 //!   no `relay/lease`.
-//! - `tools` globs apply to `tools/call`'s tool name: a name is allowed when no `!deny` glob
-//!   matches it and, if there is any allow glob, at least one allow glob matches it. Deny
-//!   wins; order does not matter. `*` matches any run of characters (`/` included), `?` one.
-//! - `calls_per_second` bounds every request that would reach the mod (token bucket, burst of
-//!   one second's worth, at least 1).
+//! - `methods` globs apply to every method bound for the mod, `tools` globs to `tools/call`'s
+//!   tool name: a name is allowed when no `!deny` glob matches it and, if there is any allow
+//!   glob, at least one allow glob matches it. Deny wins; order does not matter. `*` matches
+//!   any run of characters (`/` included), `?` one. Read methods ([`OBSERVE_METHODS`]) need
+//!   no allow glob (a `!` glob still refuses them). An identity with `tools` and no `methods`
+//!   may call, besides reads, only `tools/call`: restricting its tools restricts its writes.
+//! - The lease (`relay/lease`) may be held only by a `control` identity that may call at least
+//!   one leased tool ([`Identity::may_hold_lease`]).
+//! - `calls_per_second` bounds every request after the hello, the relay's own included (token
+//!   bucket, burst of one second's worth, at least 1), shared by all of the identity's
+//!   connections.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,7 +102,43 @@ pub fn glob_matches(glob: &str, name: &str) -> bool {
     g[gi..].iter().all(|&c| c == '*')
 }
 
-/// Allow and deny globs over tool names.
+/// Whether some string matches both globs (`*` any run, `?` one character): a walk over
+/// pairs of positions, at most `(|a| + 1) × (|b| + 1)` of them.
+pub fn globs_overlap(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let width = b.len() + 1;
+    let mut seen = vec![false; (a.len() + 1) * width];
+    let mut todo = vec![(0usize, 0usize)];
+    while let Some((i, j)) = todo.pop() {
+        if std::mem::replace(&mut seen[i * width + j], true) {
+            continue;
+        }
+        match (a.get(i), b.get(j)) {
+            (None, None) => return true,
+            (Some('*'), _) | (_, Some('*')) => {
+                // A star matches nothing (step past it) or one more character of the other
+                // side (stay on it, step the other side).
+                if a.get(i) == Some(&'*') {
+                    todo.push((i + 1, j));
+                    if j < b.len() {
+                        todo.push((i, j + 1));
+                    }
+                }
+                if b.get(j) == Some(&'*') {
+                    todo.push((i, j + 1));
+                    if i < a.len() {
+                        todo.push((i + 1, j));
+                    }
+                }
+            }
+            (Some(x), Some(y)) if *x == '?' || *y == '?' || x == y => todo.push((i + 1, j + 1)),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Allow and deny globs over tool (or method) names.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ToolRules {
     allow: Vec<String>,
@@ -126,14 +168,38 @@ impl ToolRules {
 
     /// `None` if `tool` is allowed, else the rule that refuses it (as the config wrote it).
     pub fn refusal(&self, tool: &str) -> Option<String> {
-        if let Some(d) = self.deny.iter().find(|d| glob_matches(d, tool)) {
+        self.refusal_as("tools", tool)
+    }
+
+    /// Whether no glob is set.
+    pub fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+
+    /// `None` if `name` is allowed, else the rule that refuses it, naming the config key.
+    fn refusal_as(&self, key: &str, name: &str) -> Option<String> {
+        if let Some(d) = self.deny.iter().find(|d| glob_matches(d, name)) {
             return Some(format!("\"!{d}\""));
         }
-        if !self.allow.is_empty() && !self.allow.iter().any(|a| glob_matches(a, tool)) {
-            let list: Vec<String> = self.allow.iter().map(|a| format!("{a:?}")).collect();
-            return Some(format!("tools = [{}]", list.join(", ")));
+        if !self.allow.is_empty() && !self.allow.iter().any(|a| glob_matches(a, name)) {
+            return Some(self.allow_list(key));
         }
         None
+    }
+
+    /// `key = ["a", "b"]`, the allow globs as the config wrote them.
+    fn allow_list(&self, key: &str) -> String {
+        let list: Vec<String> = self.allow.iter().map(|a| format!("{a:?}")).collect();
+        format!("{key} = [{}]", list.join(", "))
+    }
+
+    /// Whether some name that matches `glob` is allowed: `glob` overlaps an allow glob (any,
+    /// if there is none) and no deny glob covers it whole.
+    fn admits_some(&self, glob: &str) -> bool {
+        if self.deny.iter().any(|d| glob_matches(d, glob)) {
+            return false;
+        }
+        self.allow.is_empty() || self.allow.iter().any(|a| globs_overlap(a, glob))
     }
 }
 
@@ -147,6 +213,8 @@ pub struct Identity {
     pub role: Role,
     /// Its tool globs.
     pub tools: ToolRules,
+    /// Its method globs (over methods bound for the mod).
+    pub methods: ToolRules,
     /// Calls per second to the mod, if bounded.
     pub calls_per_second: Option<f64>,
     /// Channels it may subscribe to at once, if lower than the route's bound.
@@ -159,6 +227,7 @@ impl std::fmt::Debug for Identity {
             .field("name", &self.name)
             .field("role", &self.role)
             .field("tools", &self.tools)
+            .field("methods", &self.methods)
             .field("calls_per_second", &self.calls_per_second)
             .field("max_subscriptions", &self.max_subscriptions)
             .finish_non_exhaustive()
@@ -180,6 +249,7 @@ impl Identity {
             token,
             role,
             tools: ToolRules::default(),
+            methods: ToolRules::default(),
             calls_per_second: None,
             max_subscriptions: None,
         }
@@ -192,6 +262,7 @@ impl Identity {
             token,
             role: Role::Control,
             tools: ToolRules::default(),
+            methods: ToolRules::default(),
             calls_per_second: None,
             max_subscriptions: None,
         }
@@ -219,11 +290,28 @@ impl Identity {
         Ok(())
     }
 
+    /// The role's and the method rules' part of [`Self::check`], which needs no params: asked
+    /// first even of a request whose params are malformed, so a bridge learns it may not call
+    /// the method at all.
+    pub fn check_method(&self, method: &str) -> Result<(), Denial> {
+        self.check_role(method)?;
+        if method.starts_with("relay/") {
+            return Ok(());
+        }
+        match self.method_refusal(method) {
+            Some(rule) => Err(Denial::Forbidden(format!(
+                "bridge {:?} may not call {method}: refused by {rule}",
+                self.label()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether this identity may send `method` (`tool`: `tools/call`'s tool name) to the mod
     /// or to the relay's `relay/lease`; the refusal names the rule.
     pub fn check(&self, method: &str, tool: Option<&str>) -> Result<(), Denial> {
         let who = self.label();
-        self.check_role(method)?;
+        self.check_method(method)?;
         if method == "tools/call" {
             let tool = tool.unwrap_or_default();
             if let Some(rule) = self.tools.refusal(tool) {
@@ -234,11 +322,43 @@ impl Identity {
         }
         Ok(())
     }
+
+    /// The rule that refuses `method` (bound for the mod), if one does: its `methods` globs,
+    /// or, with `tools` set and no `methods`, every write method but `tools/call`.
+    fn method_refusal(&self, method: &str) -> Option<String> {
+        let read = OBSERVE_METHODS.contains(&method);
+        if !self.methods.is_empty() {
+            if let Some(d) = self.methods.deny.iter().find(|d| glob_matches(d, method)) {
+                return Some(format!("methods: \"!{d}\""));
+            }
+            if read {
+                return None;
+            }
+            return self.methods.refusal_as("methods", method);
+        }
+        if read || method == "tools/call" || self.tools.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "{} (an identity with tool rules may call only tools/call and read methods, unless its `methods` allow more)",
+            self.tools.allow_list("tools")
+        ))
+    }
+
+    /// Whether this identity may hold the lease over `leased` (the route's leased tool
+    /// globs): it is `control`, may call `tools/call`, and at least one leased glob overlaps
+    /// the tools it may call. An identity that could call none of them would only keep the
+    /// lease from those who can.
+    pub fn may_hold_lease(&self, leased: &[String]) -> bool {
+        self.role == Role::Control
+            && self.method_refusal("tools/call").is_none()
+            && leased.iter().any(|g| self.tools.admits_some(g))
+    }
 }
 
 /// A token bucket: `rate` per second, holding at most `burst`.
 #[derive(Debug)]
-struct Bucket {
+pub struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -270,11 +390,15 @@ impl Bucket {
     }
 }
 
+/// One identity's rate, shared by every connection of that identity: ten connections, or a
+/// reconnect, get no more calls through than one.
+pub type SharedBucket = Arc<Mutex<Bucket>>;
+
 /// A connected bridge's identity and its counters (held by `route::BridgeState`).
 #[derive(Debug, Default)]
 pub struct BridgeAccess {
     identity: Mutex<Option<Arc<Identity>>>,
-    bucket: Mutex<Option<Bucket>>,
+    bucket: Mutex<Option<SharedBucket>>,
     /// Requests refused by its rights.
     pub denied: AtomicU64,
     /// Requests refused by its rate.
@@ -291,24 +415,24 @@ impl BridgeAccess {
         self.identity.lock().clone()
     }
 
-    /// Sets (or, on reload, replaces) its identity; a new rate starts a full bucket.
-    pub fn set(&self, id: Arc<Identity>) {
-        let mut bucket = self.bucket.lock();
-        let same_rate = self
-            .identity
-            .lock()
-            .as_ref()
-            .is_some_and(|old| old.calls_per_second == id.calls_per_second);
-        if !same_rate || bucket.is_none() {
-            *bucket = id.calls_per_second.map(Bucket::new);
-        }
+    /// Sets (or, on reload, replaces) its identity and the identity's shared rate
+    /// ([`RouteAccess::bucket`]).
+    pub fn set(&self, id: Arc<Identity>, bucket: Option<SharedBucket>) {
+        *self.bucket.lock() = bucket;
         *self.identity.lock() = Some(id);
+    }
+
+    /// Forgets its identity (a hello that failed after it was decided); returns it.
+    pub fn clear(&self) -> Option<Arc<Identity>> {
+        *self.bucket.lock() = None;
+        self.identity.lock().take()
     }
 
     /// Takes one call from its rate, or says how long to wait.
     pub fn take_call(&self) -> Result<(), Duration> {
-        match self.bucket.lock().as_mut() {
-            Some(b) => b.take(Instant::now()),
+        let bucket = self.bucket.lock().clone();
+        match bucket {
+            Some(b) => b.lock().take(Instant::now()),
             None => Ok(()),
         }
     }
@@ -343,6 +467,8 @@ pub struct Table {
     secrets: Vec<String>,
     /// Tool globs only the lease holder may call.
     leased: Vec<String>,
+    /// The longest a lease may be taken or renewed for at once.
+    lease_max_ttl: Duration,
 }
 
 impl std::fmt::Debug for Table {
@@ -364,6 +490,24 @@ impl Table {
             &cfg.upstream_token,
             &cfg.leased,
         )
+        .with_lease_max_ttl(cfg.lease_max_ttl)
+    }
+
+    /// The same table with `ttl` the longest a lease may be taken for at once.
+    pub fn with_lease_max_ttl(mut self, ttl: Duration) -> Table {
+        self.lease_max_ttl = ttl;
+        self
+    }
+
+    /// The longest a lease may be taken or renewed for at once.
+    pub fn lease_max_ttl(&self) -> Duration {
+        self.lease_max_ttl
+    }
+
+    /// Whether `id` may hold the lease: a `control` identity that may call at least one leased
+    /// tool (any `control` identity when no tool is leased: the lease then guards nothing).
+    pub fn may_hold_lease(&self, id: &Identity) -> bool {
+        id.role == Role::Control && (self.leased.is_empty() || id.may_hold_lease(&self.leased))
     }
 
     /// The table of `implicit` (the route token) and `named`, with `upstream_token` among the
@@ -382,6 +526,7 @@ impl Table {
             list,
             secrets,
             leased: leased.to_vec(),
+            lease_max_ttl: crate::lease::DEFAULT_MAX_TTL,
         }
     }
 
@@ -393,6 +538,11 @@ impl Table {
     /// Whether any tool is leased.
     pub fn has_leased(&self) -> bool {
         !self.leased.is_empty()
+    }
+
+    /// The leased tool globs.
+    pub fn leased_globs(&self) -> &[String] {
+        &self.leased
     }
 
     /// The identity whose token is `presented`. Every identity is compared, each in constant
@@ -426,11 +576,15 @@ impl Table {
     }
 }
 
-/// A route's current identity table, replaced whole on reload, and what the reloads did.
+/// A route's current identity table, replaced whole on reload, what the reloads did, and each
+/// identity's rate.
 #[derive(Debug)]
 pub struct RouteAccess {
     table: Mutex<Arc<Table>>,
     reloads: Mutex<serde_json::Value>,
+    /// Each rate-bounded identity's bucket, by name (`None`: the route's own token), kept
+    /// while its rate stays the same, so reconnecting refills nothing.
+    buckets: Mutex<std::collections::HashMap<Option<String>, (f64, SharedBucket)>>,
 }
 
 impl RouteAccess {
@@ -439,6 +593,25 @@ impl RouteAccess {
         RouteAccess {
             table: Mutex::new(Arc::new(Table::of(cfg))),
             reloads: Mutex::new(serde_json::json!({"count": 0})),
+            buckets: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The rate every connection of `id` shares: the one it has while its rate is unchanged,
+    /// a full new one when a reload changed it, none when it has no rate.
+    pub fn bucket(&self, id: &Identity) -> Option<SharedBucket> {
+        let mut buckets = self.buckets.lock();
+        let Some(rate) = id.calls_per_second else {
+            buckets.remove(&id.name);
+            return None;
+        };
+        match buckets.get(&id.name) {
+            Some((r, b)) if *r == rate => Some(b.clone()),
+            _ => {
+                let b = Arc::new(Mutex::new(Bucket::new(rate)));
+                buckets.insert(id.name.clone(), (rate, b.clone()));
+                Some(b)
+            }
         }
     }
 
@@ -466,9 +639,17 @@ impl RouteAccess {
         self.table.lock().clone()
     }
 
-    /// Replaces the table; returns the old one.
-    pub fn replace(&self, table: Table) -> Arc<Table> {
-        std::mem::replace(&mut *self.table.lock(), Arc::new(table))
+    /// Replaces the table; returns the old one. Every secret of the old table stays among the
+    /// new one's: a token the relay once accepted is redacted for the life of the process,
+    /// even after a reload removed or changed its identity.
+    pub fn replace(&self, mut table: Table) -> Arc<Table> {
+        let mut current = self.table.lock();
+        for s in &current.secrets {
+            if !table.secrets.contains(s) {
+                table.secrets.push(s.clone());
+            }
+        }
+        std::mem::replace(&mut *current, Arc::new(table))
     }
 }
 
@@ -548,5 +729,86 @@ mod tests {
         let wait = b.take(t0).expect_err("empty");
         assert!(wait <= Duration::from_millis(500) && wait > Duration::from_millis(400));
         assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
+    }
+
+    #[test]
+    fn globs_overlap_when_some_name_matches_both() {
+        for (a, b) in [
+            ("move/*", "move/north"),
+            ("move/*", "*/north"),
+            ("m*", "*e"),
+            ("*", "anything"),
+            ("a?c", "*c"),
+            ("move/*", "move/*"),
+        ] {
+            assert!(globs_overlap(a, b), "{a} {b}");
+            assert!(globs_overlap(b, a), "{b} {a}");
+        }
+        for (a, b) in [
+            ("inventory/get", "move/*"),
+            ("a?c", "ab"),
+            ("x*", "y*"),
+            ("*x", "*y"),
+        ] {
+            assert!(!globs_overlap(a, b), "{a} {b}");
+            assert!(!globs_overlap(b, a), "{b} {a}");
+        }
+    }
+
+    #[test]
+    fn only_an_identity_that_may_call_a_leased_tool_may_hold_the_lease() {
+        let leased = vec!["move/*".to_string()];
+        let mut id = Identity::named("p".into(), "p".repeat(32), Role::Control);
+        assert!(id.may_hold_lease(&leased), "no rules: every tool");
+        id.tools = ToolRules::parse(&["inventory/get".into()]).expect("globs");
+        assert!(!id.may_hold_lease(&leased), "none of the leased tools");
+        id.tools = ToolRules::parse(&["*".into(), "!move/*".into()]).expect("globs");
+        assert!(!id.may_hold_lease(&leased), "every leased tool denied");
+        id.tools = ToolRules::parse(&["move/north".into()]).expect("globs");
+        assert!(id.may_hold_lease(&leased));
+        id.methods = ToolRules::parse(&["!tools/call".into()]).expect("globs");
+        assert!(!id.may_hold_lease(&leased), "may not call tools at all");
+        let watcher = Identity::named("w".into(), "w".repeat(32), Role::Observe);
+        assert!(!watcher.may_hold_lease(&leased));
+    }
+
+    #[test]
+    fn tool_rules_restrict_writes_and_methods_widen_them() {
+        let mut id = Identity::named("p".into(), "p".repeat(32), Role::Control);
+        assert!(
+            id.check("admin/exec", None).is_ok(),
+            "no rules: every method"
+        );
+        id.tools = ToolRules::parse(&["inventory/get".into()]).expect("globs");
+        assert!(id.check("admin/exec", None).is_err());
+        assert!(id.check("attention/ack", None).is_err());
+        assert!(id.check("state/get", None).is_ok(), "reads need no rule");
+        assert!(id.check("tools/call", Some("inventory/get")).is_ok());
+        assert!(
+            id.check("relay/lease", None).is_ok(),
+            "the relay's own, not the mod's"
+        );
+        id.methods = ToolRules::parse(&["attention/ack".into(), "!state/*".into()]).expect("globs");
+        assert!(id.check("attention/ack", None).is_ok());
+        assert!(id.check("state/get", None).is_err(), "deny wins, reads too");
+        assert!(
+            id.check("tools/call", Some("inventory/get")).is_err(),
+            "methods list it not"
+        );
+    }
+
+    #[test]
+    fn a_reload_keeps_every_secret_it_ever_had() {
+        let mut cfg = crate::config::RouteConfig::new(
+            "r",
+            crate::config::Upstream::Addr("127.0.0.1:1".parse().expect("addr")),
+            "127.0.0.1:0".parse().expect("addr"),
+            "t".repeat(32),
+        );
+        cfg.identities = vec![Identity::named("a".into(), "a".repeat(32), Role::Control)];
+        let access = RouteAccess::new(&cfg);
+        access.replace(Table::new(&"t".repeat(32), &[], "mod", &[]));
+        assert!(access.table().secrets().contains(&"a".repeat(32).as_str()));
+        assert!(access.table().find(&"a".repeat(32)).is_none());
     }
 }

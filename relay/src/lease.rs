@@ -1,14 +1,18 @@
 //! The controller lease: `relay/lease` gives one `control` bridge at a time the right to call
 //! the tools its route marks `leased`.
 //!
-//! `relay/lease {action: "acquire"|"renew"|"release", ttlMs?}` (ttlMs from 1 to 3,600,000,
-//! default 30,000). Acquire succeeds when the lease is free, expired or already this bridge's
+//! `relay/lease {action: "acquire"|"renew"|"release", ttlMs?}` (ttlMs from 1 to the route's
+//! `lease_max_ttl`, 300,000 unless set, at most 3,600,000; default 30,000). Only a `control`
+//! identity that may call at least one leased tool may acquire or renew it (checked by the
+//! bridge front). Acquire succeeds when the lease is free, expired or already this bridge's
 //! (then it is a renew); renew and release only for the holder. The lease ends when its
 //! holder releases it, disconnects, or lets it expire. Every change is recorded (as a
 //! relay-to-bridge event frame of the bridge that caused it) and sent as an event on the
 //! `relay/lease` channel, `{change, holder, conn, untilNs, tNs}` with `change` one of
 //! `acquired`, `renewed`, `released`, `expired`, `holder-left`, to every bridge that subscribes
-//! to anything (like `relay/session`), in order.
+//! to anything (like `relay/session`). The notice states the lease's current state, so a bridge
+//! that has not taken the last one yet gets only the newest ([`crate::outbox::Outbox::set_latest`]):
+//! its seq then jumps by the changes it did not need.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,8 +30,10 @@ use crate::route::{BridgeState, Route};
 pub const CHANNEL: &str = "relay/lease";
 /// A lease's time to live when the request gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The longest time to live one request may ask for.
+/// The longest time to live a route may allow (`lease_max_ttl`).
 pub const MAX_TTL_MS: u64 = 3_600_000;
+/// The longest time to live one request may ask for, unless the route sets `lease_max_ttl`.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone)]
 struct Holder {
@@ -109,15 +115,17 @@ impl Lease {
         bridge: &BridgeState,
         name: &str,
         params: &Value,
+        max_ttl: Duration,
     ) -> Result<Value, Refusal> {
         let bad = |m: &str| (ErrorCode::InvalidParams, m.to_string(), None);
+        let most = max_ttl.as_millis() as u64;
         let ttl = match &params["ttlMs"] {
-            Value::Null => DEFAULT_TTL,
+            Value::Null => DEFAULT_TTL.min(max_ttl),
             v => match v.as_u64() {
-                Some(ms) if (1..=MAX_TTL_MS).contains(&ms) => Duration::from_millis(ms),
+                Some(ms) if (1..=most).contains(&ms) => Duration::from_millis(ms),
                 _ => {
                     return Err(bad(&format!(
-                        "ttlMs must be a whole number from 1 to {MAX_TTL_MS}"
+                        "ttlMs must be a whole number from 1 to {most} (this route's lease_max_ttl)"
                     )))
                 }
             },
@@ -252,7 +260,7 @@ impl Lease {
             });
             for b in bridges.values() {
                 if !b.subs.lock().is_empty() {
-                    b.outbox.push_ordered(frame.clone());
+                    b.outbox.set_latest(frame.clone());
                 }
             }
             body

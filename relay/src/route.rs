@@ -50,6 +50,8 @@ pub struct SessionInfo {
     pub upstream: Option<mpsc::Sender<Bytes>>,
     /// `advertised` as a set: a bridge leaving many channels asks once per channel.
     advertised_set: rustc_hash::FxHashSet<String>,
+    /// Marks taken in this session (bounded by the route's `max_marks`).
+    marks: std::sync::atomic::AtomicU32,
 }
 
 impl SessionInfo {
@@ -67,10 +69,20 @@ impl SessionInfo {
             welcome,
             welcome_result,
             advertised_set: advertised.iter().cloned().collect(),
+            marks: Default::default(),
             advertised,
             started_ns,
             upstream,
         }
+    }
+
+    /// Takes one of the session's `most` marks; false when all are taken.
+    pub fn take_mark(&self, most: u32) -> bool {
+        self.marks
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < most).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Whether the mod advertised `channel` in this session.
@@ -313,7 +325,7 @@ impl Route {
         let notice = self.session_notice(payload);
         for b in self.bridges.lock().values() {
             if !b.subs.lock().is_empty() {
-                b.outbox.push_ordered(notice.clone());
+                b.outbox.push_notice(notice.clone());
             }
         }
     }
@@ -372,6 +384,8 @@ impl Route {
                     "queueBytes": depth.event_bytes,
                     "queueControl": depth.controls,
                     "queueControlBytes": depth.control_bytes,
+                    "queueNotices": depth.notices,
+                    "queueNoticeBytes": depth.notice_bytes,
                     // Taken by its writer, not yet accepted by its socket.
                     "unwrittenBytes": depth.unwritten,
                     "dropped": b.outbox.dropped(),

@@ -110,7 +110,8 @@ impl BridgeSocket {
     }
 
     /// Queues what [`BridgeSocket::batch`] holds, emptying it: drop runs first as `relay/dropped`
-    /// notices (they stand where the gap is), then the frames in the order they were queued.
+    /// notices (they stand where the gap is), then the latest state notices, then the frames in
+    /// the order they were queued.
     pub fn stage(&mut self) -> Staged {
         let mut staged = Staged::default();
         for d in self.batch.drops.drain(..) {
@@ -125,6 +126,11 @@ impl BridgeSocket {
             self.unwritten += wire.len();
             self.queue.push_back(Frame::Control(wire.freeze()));
             staged.notices.push(body);
+        }
+        // The latest state notices (coalesced): already recorded where they were made.
+        for ev in self.batch.latest.drain(..) {
+            self.unwritten += ev.wire.len();
+            self.queue.push_back(Frame::Event(ev));
         }
         for f in &self.batch.frames {
             staged.events += f.events();

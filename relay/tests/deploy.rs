@@ -29,12 +29,26 @@ fn example_config_parses_into_routes() {
         .replace(
             "token_file = \"/etc/gabp-relay/colony.token\"",
             "token = \"bridge-token-for-tests\"",
+        )
+        .replace(
+            "token_file = \"/etc/gabp-relay/colony.planner.token\"",
+            "token = \"planner-token-for-tests\"",
+        )
+        .replace(
+            "token_file = \"/etc/gabp-relay/colony.dashboard.token\"",
+            "token = \"dashboard-token-for-tests\"",
         );
     let resolved = gabp_relay::config::FileConfig::parse(&text, "relay.toml")
         .expect("parses")
         .routes("relay.toml")
         .expect("routes resolve");
     assert_eq!(resolved.len(), 2);
+    let colony = &resolved[0];
+    let names: Vec<_> = colony.identities.iter().map(|i| i.label()).collect();
+    assert_eq!(names, ["planner", "dashboard"]);
+    assert_eq!(colony.leased, ["build/*"]);
+    assert_eq!(colony.max_marks, 10_000);
+    assert_eq!(colony.lease_max_ttl, std::time::Duration::from_secs(300));
     assert_eq!(resolved[1].on_slow, gabp_relay::OnSlow::Disconnect);
     assert!(resolved[1].token_generated);
     assert_eq!(file.retain.as_deref(), Some("30d,200GiB"));

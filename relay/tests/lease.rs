@@ -171,3 +171,178 @@ async fn one_controller_at_a_time_calls_leased_tools() {
     assert!(!files_containing(&data, "holder-left").is_empty());
     assert!(files_containing(&data, ALPHA).is_empty());
 }
+
+/// Only an identity that may call a leased tool may take the lease (one that could call none
+/// of them would only keep it from those who can), for at most the route's `lease_max_ttl`.
+#[tokio::test]
+async fn only_an_identity_that_may_call_a_leased_tool_holds_the_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let bridges = format!(
+        "[[route.bridge]]\nname = \"alpha\"\ntoken = \"{ALPHA}\"\ntools = [\"sim/*\"]\n\n[[route.bridge]]\nname = \"squatter\"\ntoken = \"{BETA}\"\ntools = [\"inventory/*\", \"!sim/*\"]\n"
+    );
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(
+            md.addr(),
+            "leased = [\"sim/echo\"]\nlease_max_ttl = \"1m\"",
+            &bridges,
+        ),
+    );
+    let file = dir.path().join("bridge.json");
+    let relay = serve_config(&cfg, file.to_str().expect("utf8"), &["--no-record"]).await;
+    let (mut squatter, _) = bridge(&relay.addr, BETA).await;
+    for action in ["acquire", "renew"] {
+        let (code, msg, _) = refused(
+            &mut squatter,
+            "relay/lease",
+            json!({"action": action, "ttlMs": 60000}),
+        )
+        .await;
+        assert_eq!(code, -32006, "{msg}");
+        assert!(
+            msg.contains("squatter") && msg.contains("none of the leased tools"),
+            "{msg}"
+        );
+    }
+    let (mut alpha, _) = bridge(&relay.addr, ALPHA).await;
+    let (code, msg, _) = refused(
+        &mut alpha,
+        "relay/lease",
+        json!({"action": "acquire", "ttlMs": 60001}),
+    )
+    .await;
+    assert_eq!(code, -32602, "{msg}");
+    assert!(
+        msg.contains("60000") && msg.contains("lease_max_ttl"),
+        "{msg}"
+    );
+    let held = alpha
+        .call("relay/lease", json!({"action": "acquire", "ttlMs": 60000}))
+        .await
+        .expect("alpha may call sim/echo, so it may hold the lease");
+    assert_eq!(held["held"], true, "{held}");
+    alpha
+        .call("tools/call", call("sim/echo"))
+        .await
+        .expect("the holder calls its leased tool");
+    let (code, _) = relay.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// A controller renewing its lease as fast as it can, while two subscribers read slowly:
+/// each subscriber holds at most one `relay/lease` notice (the newest), never one per
+/// renewal, and the relay's memory stays within its bounds.
+#[tokio::test]
+async fn a_renew_flood_leaves_each_slow_subscriber_one_lease_notice() {
+    use futures::StreamExt;
+
+    const RENEWS: usize = 100_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let bridges = format!(
+        "[[route.bridge]]\nname = \"alpha\"\ntoken = \"{ALPHA}\"\n\n[[route.bridge]]\nname = \"watcher\"\ntoken = \"{WATCHER}\"\nrole = \"observe\"\n"
+    );
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "leased = [\"sim/echo\"]", &bridges),
+    );
+    let file = dir.path().join("bridge.json");
+    let relay = serve_config(&cfg, file.to_str().expect("utf8"), &["--no-record"]).await;
+    let mut watchers = Vec::new();
+    for _ in 0..2 {
+        let (mut w, _) = bridge(&relay.addr, WATCHER).await;
+        w.subscribe(&["world/tick"]).await.expect("subscribed");
+        watchers.push(w);
+    }
+    let (mut alpha, _) = bridge(&relay.addr, ALPHA).await;
+    alpha
+        .call("relay/lease", json!({"action": "acquire", "ttlMs": 60000}))
+        .await
+        .expect("acquired");
+    // Pipelined renewals, written while their answers are read.
+    let (mut frames, mut write, _) = alpha.into_parts();
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let mut buf = Vec::new();
+        for i in 0..RENEWS {
+            let body = gabp_proto::message::request(
+                &gabp_sim::client::new_id(),
+                "relay/lease",
+                json!({"action": "renew", "ttlMs": 60000}),
+            );
+            buf.extend_from_slice(&gabp_proto::frame_bytes(&body));
+            if buf.len() > 64 * 1024 || i + 1 == RENEWS {
+                write.write_all(&buf).await.expect("write");
+                buf.clear();
+            }
+        }
+        write
+    });
+    let mut answered = 0;
+    while answered < RENEWS {
+        let f = tokio::time::timeout(Duration::from_secs(60), frames.next())
+            .await
+            .expect("answers keep coming")
+            .expect("open")
+            .expect("frame");
+        let v: Value = serde_json::from_slice(&f.body).expect("json");
+        assert_eq!(v["result"]["held"], true, "{v}");
+        answered += 1;
+    }
+    let _write = writer.await.expect("writer");
+    drop(frames);
+
+    // What the relay holds for the two subscribers that read nothing yet.
+    let out = output(&[
+        "status",
+        "--bridge-file",
+        file.to_str().expect("utf8"),
+        "--json",
+    ])
+    .await;
+    let v = json(&out);
+    let held: Vec<Value> = v["relays"][0]["status"]["bridges"]
+        .as_array()
+        .expect("bridges")
+        .iter()
+        .filter(|b| b["name"] == "watcher")
+        .cloned()
+        .collect();
+    assert_eq!(held.len(), 2, "{v}");
+    for b in &held {
+        assert!(b["queueNotices"].as_u64().expect("notices") <= 1, "{b}");
+        assert!(b["queueNoticeBytes"].as_u64().expect("bytes") < 1024, "{b}");
+        let queued = b["queueBytes"].as_u64().unwrap_or(0)
+            + b["queueControlBytes"].as_u64().unwrap_or(0)
+            + b["queueNoticeBytes"].as_u64().unwrap_or(0);
+        assert!(queued <= 16 << 20, "within the outbox bound: {b}");
+    }
+    // A subscriber that reads now sees the lease's current state, and far fewer notices
+    // than renewals (only as many as it took while the flood went on).
+    for mut w in watchers {
+        let mut seen = 0usize;
+        let mut last = Value::Null;
+        loop {
+            let next = tokio::time::timeout(Duration::from_millis(500), w.next_message()).await;
+            let Ok(Ok(Some(m))) = next else { break };
+            if m["channel"] == "relay/lease" {
+                seen += 1;
+                last = m;
+            }
+        }
+        assert!(
+            (1..RENEWS / 4).contains(&seen),
+            "{seen} lease notices for {RENEWS} renewals"
+        );
+        assert_eq!(last["payload"]["change"], "renewed", "{last}");
+        assert!(
+            last["seq"].as_u64().expect("seq") >= RENEWS as u64,
+            "{last}"
+        );
+    }
+    let (code, _) = relay.stop().await;
+    assert_eq!(code, Some(0));
+}

@@ -45,8 +45,10 @@ impl BridgeReader {
                 )
                 .await;
         }
+        self.hello_answered = true;
         let source = auth::source_of(&self.bridge.peer);
-        let Some(identity) = self.identify(p["token"].as_str().unwrap_or("")) else {
+        let token = p["token"].as_str().unwrap_or("");
+        let Some(identity) = self.identify(token) else {
             route.metrics.auth_failures.increment(1);
             let delay = route.throttle.fail(&source);
             static LOG: LogBudget = LogBudget::new(5);
@@ -102,6 +104,9 @@ impl BridgeReader {
                         .and_then(|r| r.ok())
                         .and_then(|s| s.clone());
                 if session.is_none() {
+                    // It may say hello again on this connection: the time to be welcomed
+                    // starts again from this answer (the pre-hello strikes still count).
+                    self.welcome_clock = std::time::Instant::now();
                     return self
                         .reply_error(
                             Some(id),
@@ -123,6 +128,19 @@ impl BridgeReader {
                 .error_reply(Some(id), ErrorCode::ModUnavailable, &msg, false)
                 .await;
         }
+        // The identity is decided now, against the identities in force as it is welcomed: a
+        // reload while it waited for the mod may have removed or changed the one its token
+        // named then.
+        let Some(identity) = self.admit(token) else {
+            self.done = true;
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::BadToken,
+                    "invalid token (its identity was removed while this hello waited)",
+                )
+                .await;
+        };
         let cap = identity
             .max_subscriptions
             .map_or(route.cfg.max_subscriptions, |n| {
@@ -130,6 +148,7 @@ impl BridgeReader {
             });
         let resume = match super::resume::plan(&route, &p, session.as_ref(), cap) {
             Ok(Some(_)) if relay_only => {
+                self.unadmit();
                 let why = "a relay-only bridge (relay.withoutMod) cannot resume";
                 return self
                     .reply_error(Some(id), ErrorCode::InvalidParams, why)
@@ -137,9 +156,10 @@ impl BridgeReader {
             }
             Ok(r) => r,
             Err(why) => {
+                self.unadmit();
                 return self
                     .reply_error(Some(id), ErrorCode::InvalidParams, &why)
-                    .await
+                    .await;
             }
         };
         let mut relay_ext = json!({
@@ -182,6 +202,7 @@ impl BridgeReader {
             // Debug only: every hello would log it; the bridge's error says what to do.
             tracing::debug!(route = %route.cfg.name, bytes = answer.len(), max_body = route.cfg.max_body, "a bridge's welcome, with the relay's extension, is over --max-body");
             self.done = true;
+            self.unadmit();
             let msg = format!(
                 "the welcome is {} bytes with the relay's extension, over this relay's --max-body of {} bytes; the operator must raise --max-body",
                 answer.len(),
@@ -226,7 +247,6 @@ impl BridgeReader {
         if let Some(earlier_unlogged) = ATTACHED.admit() {
             tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %identity.label(), peer = %self.bridge.peer, earlier_unlogged, "bridge attached");
         }
-        self.admitted(identity);
         self.reply(answer).await;
         if let Some(plan) = resume {
             super::resume::run(&route, &self.bridge, plan).await;

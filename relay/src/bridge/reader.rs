@@ -52,6 +52,12 @@ pub(super) struct BridgeReader {
     pub(super) slot: Slot,
     /// Bytes of this bridge's forwarded requests still held by the relay.
     budget: Arc<ByteBudget>,
+    /// When the time to be welcomed started: the connection, or the answer to a hello that
+    /// failed because the mod was unavailable (the bridge may say hello again).
+    pub(super) welcome_clock: Instant,
+    /// Whether a hello was answered on this connection: closing it for want of a welcome
+    /// then sends nothing more (every request has had its one answer).
+    pub(super) hello_answered: bool,
 }
 
 /// The route's secrets at one moment (the identity table is replaced on reload).
@@ -115,6 +121,8 @@ impl BridgeReader {
             done: false,
             slot,
             budget,
+            welcome_clock: Instant::now(),
+            hello_answered: false,
         }
     }
 
@@ -125,7 +133,7 @@ impl BridgeReader {
         let pause = CONTROL_PAUSE.min(route.cfg.outbox_bytes / 4).max(1);
         let mut frames =
             FramedRead::with_capacity(read, GabpCodec::new(route.cfg.max_body), 64 * 1024);
-        let connected = Instant::now();
+        self.welcome_clock = Instant::now();
         let mut tick = tokio::time::interval((timeout / 4).max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut partial_since: Option<Instant> = None;
@@ -145,9 +153,14 @@ impl BridgeReader {
                 n = frames.next() => n,
                 _ = tick.tick() => {
                     let now = Instant::now();
-                    if !self.authed && now.duration_since(connected) > timeout {
+                    if !self.authed && now.duration_since(self.welcome_clock) > timeout {
                         if let Some(earlier_unlogged) = NO_HELLO.admit() {
                             tracing::info!(peer = %self.bridge.peer, earlier_unlogged, "closing bridge: not welcomed within {timeout:?} (no session/hello, or none that succeeded)");
+                        }
+                        if self.hello_answered {
+                            // Its hello has its answer; a second, unasked one would only
+                            // confuse it.
+                            return;
                         }
                         return self.reply_error(None, ErrorCode::NoSession, "not welcomed in time (no successful session/hello); closing").await;
                     }
@@ -361,6 +374,9 @@ impl BridgeReader {
         let params: Option<std::ops::Range<usize>> = view.params.clone();
         let id_span = view.id_span.clone().expect("strict views have an id span");
         drop(view);
+        if self.authed && self.over_rate(&id) {
+            return;
+        }
         if method == "session/hello" {
             return self.hello(&id, &body, params).await;
         }
@@ -397,16 +413,19 @@ impl BridgeReader {
                 )
                 .await;
         }
-        let waited = Instant::now();
-        let held = self
-            .record(Direction::BridgeToRelay, body.clone(), true)
-            .await;
         let params_value = || -> Value {
             params
                 .clone()
                 .and_then(|p| serde_json::from_slice(&body[p]).ok())
                 .unwrap_or(Value::Null)
         };
+        if method == crate::export::MARK && !self.admit_mark(&id, &body, &params_value()).await {
+            return;
+        }
+        let waited = Instant::now();
+        let held = self
+            .record(Direction::BridgeToRelay, body.clone(), true)
+            .await;
         match method.as_str() {
             "events/subscribe" => self.subscribe(&id, &params_value()).await,
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
@@ -447,9 +466,35 @@ impl BridgeReader {
         }
     }
 
+    /// Whether a `relay/mark` may be taken: at most [`crate::export::MAX_MARK_BYTES`] with a
+    /// label, and within the session's `max_marks`. A malformed one is a bad frame (recorded
+    /// only among the connection's first few); one past the session's bound is answered and
+    /// counted, never recorded, so marks cannot fill the disk.
+    async fn admit_mark(&mut self, id: &str, body: &Bytes, params: &Value) -> bool {
+        if let Some(why) = crate::export::mark_refusal(body.len(), params) {
+            self.bad_frame(body, Some(id), ErrorCode::InvalidParams, &why)
+                .await;
+            return false;
+        }
+        let most = self.route.cfg.max_marks;
+        match self.route.current() {
+            Some(session) if !session.take_mark(most) => {
+                self.bridge.bad_unrecorded.fetch_add(1, Ordering::Relaxed);
+                let why = format!(
+                    "this session has {most} marks, the most one session keeps (the route's max_marks); this mark was not kept"
+                );
+                let body = message::error_response(Some(id), ErrorCode::LimitExceeded, &why, None);
+                self.bridge.outbox.push_control(frame_bytes(&body));
+                false
+            }
+            _ => true,
+        }
+    }
+
     /// `relay/mark {label, data?}`: a point on the session's timeline (an episode's start or
     /// end, a reward, a test step). The request itself is the recorded mark (with its bridge
-    /// and time); it is answered here and never reaches the mod.
+    /// and time); it is answered here and never reaches the mod. Its size and the session's
+    /// count were checked before it was recorded ([`Self::admit_mark`]).
     async fn mark(&mut self, id: &str, params: &Value) {
         if self.route.current().is_none() && !self.relay_only() {
             // A mark lives in a session's recording: with no mod connected there is none, and
@@ -460,29 +505,18 @@ impl BridgeReader {
                 .reply_error(Some(id), ErrorCode::ModUnavailable, why)
                 .await;
         }
-        match crate::export::mark_label(params) {
+        let label = crate::export::mark_label(params).unwrap_or_default();
+        let answer = if self.route.recorder.is_none() {
             // Replay and `--no-record` keep nothing: the answer says so instead of confirming
             // a mark no export or report will ever show (not an error: a harness driving a
             // replay as it drives the live game goes on).
-            Some(label) if self.route.recorder.is_none() => {
-                let why = "nothing is recorded here (replay and --no-record record nothing), \
-                           so the mark is kept nowhere";
-                let answer = json!({"marked": false, "label": label, "tNs": now_ns(), "why": why});
-                self.reply(message::result_response(id, answer)).await;
-            }
-            Some(label) => {
-                let answer = json!({"marked": true, "label": label, "tNs": now_ns()});
-                self.reply(message::result_response(id, answer)).await;
-            }
-            None => {
-                let why = format!(
-                    "relay/mark needs a label: a non-empty string of at most {} bytes",
-                    crate::export::MAX_MARK_LABEL
-                );
-                self.reply_error(Some(id), ErrorCode::InvalidParams, &why)
-                    .await;
-            }
-        }
+            let why = "nothing is recorded here (replay and --no-record record nothing), \
+                       so the mark is kept nowhere";
+            json!({"marked": false, "label": label, "tNs": now_ns(), "why": why})
+        } else {
+            json!({"marked": true, "label": label, "tNs": now_ns()})
+        };
+        self.reply(message::result_response(id, answer)).await;
     }
 
     async fn subscribe(&mut self, id: &str, params: &Value) {

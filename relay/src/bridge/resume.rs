@@ -188,7 +188,7 @@ pub(super) async fn run(route: &Arc<Route>, bridge: &Arc<BridgeState>, plan: Pla
                 None => json!({"state": "ended", "sessionId": named, "resumed": false,
                     "note": "relay.resume named a session other than the current one, and no mod is connected"}),
             };
-            bridge.outbox.push_ordered(route.session_notice(payload));
+            bridge.outbox.push_notice(route.session_notice(payload));
             if let Some(earlier_unlogged) = RESUMED.admit() {
                 tracing::info!(route = %route.cfg.name, conn = bridge.conn, earlier_unlogged, "bridge resumed another session: new epoch, no history");
             }

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::reader::BridgeReader;
 use crate::auth;
 use crate::config::RouteConfig;
-use crate::identity::{Denial, Identity, Role, Table};
+use crate::identity::{Denial, Identity, Table};
 use crate::lease::Lease;
 use crate::route::{BridgeState, Route};
 
@@ -47,10 +47,30 @@ impl BridgeReader {
         self.route.access.table().find(presented)
     }
 
-    /// The bridge is welcomed as `id`.
-    pub(super) fn admitted(&self, id: Arc<Identity>) {
-        connected_gauge(&self.route, id.label()).increment(1.0);
-        self.bridge.access.set(id);
+    /// Welcomes the bridge as the identity `presented` names in the identities in force now
+    /// (a reload while its hello waited for the mod may have removed or changed it), with that
+    /// identity's shared rate. `None` if no identity has that token any more. A reload that
+    /// replaces the table meanwhile is seen: either it finds this bridge's identity set (and
+    /// revokes or updates it), or this loop finds the new table and decides again.
+    pub(super) fn admit(&self, presented: &str) -> Option<Arc<Identity>> {
+        loop {
+            let table = self.route.access.table();
+            let id = table.find(presented)?;
+            self.bridge
+                .access
+                .set(id.clone(), self.route.access.bucket(&id));
+            if Arc::ptr_eq(&table, &self.route.access.table()) {
+                connected_gauge(&self.route, id.label()).increment(1.0);
+                return Some(id);
+            }
+        }
+    }
+
+    /// Undoes [`Self::admit`] for a hello that then failed.
+    pub(super) fn unadmit(&self) {
+        if let Some(id) = self.bridge.access.clear() {
+            connected_gauge(&self.route, id.label()).decrement(1.0);
+        }
     }
 
     /// The channels this bridge may subscribe to at once.
@@ -63,11 +83,11 @@ impl BridgeReader {
             .map_or(route_cap, |n| n.min(route_cap))
     }
 
-    /// Whether the bridge's role forbids `method` outright (counted as a refusal): asked of a
+    /// Whether the bridge's role or method rules forbid `method` outright (counted as a refusal): asked of a
     /// request whose params failed the strict parse, before saying so.
     pub(super) fn role_refusal(&self, method: &str) -> Option<String> {
         let me = self.bridge.access.identity()?;
-        let Err(Denial::Forbidden(why)) = me.check_role(method) else {
+        let Err(Denial::Forbidden(why)) = me.check_method(method) else {
             return None;
         };
         self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
@@ -114,28 +134,40 @@ impl BridgeReader {
                 return true;
             }
         }
-        if method.starts_with("relay/") {
-            return false;
-        }
-        if let Err(wait) = self.bridge.access.take_call() {
-            self.bridge.access.limited.fetch_add(1, Ordering::Relaxed);
-            refused(&route, &self.bridge, "rate_limited");
-            let ms = wait.as_millis().max(1) as u64;
-            let rate = me.calls_per_second.unwrap_or_default();
-            let why = format!(
-                "slow down: bridge {:?} is limited to {rate} calls per second; retry after {ms} ms",
-                me.label()
-            );
-            self.reply_error_data(
-                Some(id),
-                ErrorCode::SlowDown,
-                &why,
-                Some(json!({"retryAfterMs": ms})),
-            )
-            .await;
-            return true;
-        }
         false
+    }
+
+    /// Takes one request from the bridge's identity's rate (every request after the hello
+    /// counts, the relay's own `relay/*` included, shared by all of the identity's
+    /// connections); when there is none left, the refusal is sent and `true` returned. A
+    /// refused request is counted, not recorded: a flood of them cannot fill the disk.
+    pub(super) fn over_rate(&mut self, id: &str) -> bool {
+        let Err(wait) = self.bridge.access.take_call() else {
+            return false;
+        };
+        let route = self.route.clone();
+        self.bridge.access.limited.fetch_add(1, Ordering::Relaxed);
+        self.bridge.bad_unrecorded.fetch_add(1, Ordering::Relaxed);
+        refused(&route, &self.bridge, "rate_limited");
+        let ms = wait.as_millis().max(1) as u64;
+        let me = self.bridge.access.identity();
+        let rate = me
+            .as_ref()
+            .and_then(|m| m.calls_per_second)
+            .unwrap_or_default();
+        let why = format!(
+            "slow down: bridge {:?} is limited to {rate} calls per second; retry after {ms} ms",
+            me.as_ref()
+                .map_or(crate::identity::DEFAULT_NAME, |m| m.label())
+        );
+        let body = message::error_response(
+            Some(id),
+            ErrorCode::SlowDown,
+            &why,
+            Some(json!({"retryAfterMs": ms})),
+        );
+        self.bridge.outbox.push_control(frame_bytes(&body));
+        true
     }
 
     /// `relay/lease {action, ttlMs?}`: see `crate::lease`.
@@ -143,8 +175,28 @@ impl BridgeReader {
         if self.refuse(id, "relay/lease", || Value::Null).await {
             return;
         }
+        let table = self.route.access.table();
+        let taking = matches!(params["action"].as_str(), Some("acquire" | "renew"));
+        if let Some(me) = self.bridge.access.identity().filter(|_| taking) {
+            if !table.may_hold_lease(&me) {
+                self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
+                refused(&self.route, &self.bridge, "denied");
+                let leased: Vec<String> = table
+                    .leased_globs()
+                    .iter()
+                    .map(|g| format!("{g:?}"))
+                    .collect();
+                let why = format!(
+                    "bridge {:?} may not hold the lease: it may call none of the leased tools (leased = [{}])",
+                    me.label(),
+                    leased.join(", ")
+                );
+                return self.reply_error(Some(id), ErrorCode::Forbidden, &why).await;
+            }
+        }
         let name = self.bridge.access.label();
-        match Lease::request(&self.route.clone(), &self.bridge, &name, params).await {
+        let max_ttl = table.lease_max_ttl();
+        match Lease::request(&self.route.clone(), &self.bridge, &name, params, max_ttl).await {
             Ok(answer) => self.reply(message::result_response(id, answer)).await,
             Err((code, why, data)) => {
                 if code == ErrorCode::LeaseHeld {
@@ -180,7 +232,8 @@ pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
         &cfg.identities,
         &route.cfg.upstream_token,
         &cfg.leased,
-    );
+    )
+    .with_lease_max_ttl(cfg.lease_max_ttl);
     let mut out = Reloaded::default();
     let mut notices = Vec::new();
     let mut demoted = Vec::new();
@@ -192,10 +245,10 @@ pub async fn reload(route: &Arc<Route>, cfg: &RouteConfig) -> Reloaded {
             };
             let reason = match table.by_name(old.name.as_deref()) {
                 Some(new) if auth::token_matches(new.token(), old.token()) => {
-                    if new.role == Role::Observe {
+                    if !table.may_hold_lease(new) {
                         demoted.push(b.conn);
                     }
-                    b.access.set(new.clone());
+                    b.access.set(new.clone(), route.access.bucket(new));
                     // A relay-only connection (`reload` itself asking for the outcome) is no
                     // bridge the operator counts.
                     if !b.relay_only.load(Ordering::Relaxed) {

@@ -119,6 +119,11 @@ pub struct FileRoute {
     pub bridges: Vec<FileBridge>,
     /// Tool globs only the holder of the route's `relay/lease` may call.
     pub leased: Option<Vec<String>>,
+    /// The longest `ttlMs` a `relay/lease` request may ask for, e.g. `"5m"`.
+    #[serde(default, deserialize_with = "num_or_text")]
+    pub lease_max_ttl: Option<String>,
+    /// Marks one session keeps (`relay/mark`).
+    pub max_marks: Option<u32>,
 }
 
 /// One `[[route.bridge]]` table: a named bridge identity.
@@ -139,6 +144,8 @@ pub struct FileBridge {
     pub calls_per_second: Option<f64>,
     /// Channels it may subscribe to at once.
     pub max_subscriptions: Option<usize>,
+    /// Allow and `!deny` globs over the methods it may send to the mod.
+    pub methods: Option<Vec<String>>,
 }
 
 /// A config error that names where it is.
@@ -599,6 +606,27 @@ impl FileConfig {
             }
             rc.leased = globs.clone();
         }
+        if let Some(d) = &r.lease_max_ttl {
+            let d = units::parse_duration(d).map_err(|m| err("lease_max_ttl", m))?;
+            let most = Duration::from_millis(crate::lease::MAX_TTL_MS);
+            if d < Duration::from_millis(1) || d > most {
+                return Err(err(
+                    "lease_max_ttl",
+                    "expected a duration from 1ms to 1h".into(),
+                ));
+            }
+            rc.lease_max_ttl = d;
+        }
+        if let Some(n) = r.max_marks {
+            if n == 0 || n > limits::MAX_MARKS {
+                let most = limits::MAX_MARKS;
+                return Err(err(
+                    "max_marks",
+                    format!("expected a whole number from 1 to {most}"),
+                ));
+            }
+            rc.max_marks = n;
+        }
         rc.identities = self.identities(index, r, file, &rc.token)?;
         Ok(rc)
     }
@@ -700,6 +728,9 @@ impl FileConfig {
             let mut id = Identity::named(fb.name.clone(), token, role);
             if let Some(globs) = &fb.tools {
                 id.tools = ToolRules::parse(globs).map_err(|m| err("tools", m))?;
+            }
+            if let Some(globs) = &fb.methods {
+                id.methods = ToolRules::parse(globs).map_err(|m| err("methods", m))?;
             }
             if let Some(rate) = fb.calls_per_second {
                 if !(rate > 0.0 && rate <= identity::MAX_RATE) {

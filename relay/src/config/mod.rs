@@ -41,6 +41,9 @@ pub mod limits {
     pub const RECORD_QUEUE_MIN: usize = 1 << 20;
     /// See [`RECORD_QUEUE_MIN`].
     pub const RECORD_QUEUE: usize = 4 << 30;
+    /// `max_marks`, per session: 1,000,000 (the default is 10,000; each mark is at most
+    /// 2 KiB as sent).
+    pub const MAX_MARKS: u32 = 1_000_000;
 }
 
 /// What happens when a bridge's outbox is full.
@@ -174,6 +177,10 @@ pub struct RouteConfig {
     pub identities: Vec<crate::identity::Identity>,
     /// Tool globs only the holder of the route's `relay/lease` may call.
     pub leased: Vec<String>,
+    /// The longest `ttlMs` a `relay/lease` request may ask for.
+    pub lease_max_ttl: Duration,
+    /// Marks one session keeps (`relay/mark`); later ones are refused.
+    pub max_marks: u32,
 }
 
 impl RouteConfig {
@@ -209,6 +216,8 @@ impl RouteConfig {
             tags: Default::default(),
             identities: Vec::new(),
             leased: Vec::new(),
+            lease_max_ttl: crate::lease::DEFAULT_MAX_TTL,
+            max_marks: 10_000,
         }
     }
 }

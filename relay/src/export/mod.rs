@@ -177,16 +177,32 @@ impl Classifier {
 /// The relay's own request that marks a timeline.
 pub const MARK: &str = "relay/mark";
 
-/// Longest `relay/mark` label (the whole frame is already bounded by `--max-body`).
+/// Longest `relay/mark` label.
 pub const MAX_MARK_LABEL: usize = 256;
+
+/// Most bytes of a whole `relay/mark` request as sent (label, data and envelope): a mark is a
+/// label and a little JSON, not a payload channel.
+pub const MAX_MARK_BYTES: usize = 2048;
 
 /// The label of a `relay/mark` with these params, if the relay accepts it: a non-empty string
 /// of at most [`MAX_MARK_LABEL`] bytes. One rule for the bridge reader, which answers marks,
-/// and the exporters, which list only the marks it accepted (a refused one is recorded too).
+/// and the exporters, which list only the marks it accepted (a refused one may be recorded).
 pub fn mark_label(params: &Value) -> Option<&str> {
     params["label"]
         .as_str()
         .filter(|l| !l.is_empty() && l.len() <= MAX_MARK_LABEL)
+}
+
+/// Why a `relay/mark` request of `len` bytes with these params is refused, if it is.
+pub fn mark_refusal(len: usize, params: &Value) -> Option<String> {
+    if len > MAX_MARK_BYTES {
+        return Some(format!(
+            "relay/mark is {len} bytes; a mark (label and data) may take at most {MAX_MARK_BYTES}"
+        ));
+    }
+    mark_label(params).is_none().then(|| {
+        format!("relay/mark needs a label: a non-empty string of at most {MAX_MARK_LABEL} bytes")
+    })
 }
 
 /// The label of `body`, a recorded bridge frame, if it is a `relay/mark` the relay accepted:
@@ -201,6 +217,9 @@ pub fn accepted_mark(parser: &mut Parser, body: &[u8]) -> Option<String> {
         .params
         .and_then(|p| serde_json::from_slice(&body[p]).ok())
         .unwrap_or(Value::Null);
+    if mark_refusal(body.len(), &params).is_some() {
+        return None;
+    }
     mark_label(&params).map(String::from)
 }
 

@@ -16,7 +16,7 @@ pub struct EventFrame {
     pub seq: u64,
     /// The complete wire frame (header and body).
     pub wire: Bytes,
-    /// Never dropped: relay notices that must keep their place in the event stream.
+    /// A relay notice: never dropped for events, bounded apart (see [`super::Outbox::push_notice`]).
     pub keep: bool,
 }
 
@@ -120,6 +120,8 @@ impl Frame {
 pub struct Batch {
     /// Drop runs to announce first.
     pub drops: Vec<DropRun>,
+    /// The latest state notices (coalesced), written after the drop notices.
+    pub latest: Vec<Arc<EventFrame>>,
     /// Frames in the order they were queued (a ring, so whole queues can be swapped, not copied).
     pub frames: VecDeque<Frame>,
 }
@@ -127,6 +129,6 @@ pub struct Batch {
 impl Batch {
     /// Whether there is nothing to write.
     pub fn is_empty(&self) -> bool {
-        self.drops.is_empty() && self.frames.is_empty()
+        self.drops.is_empty() && self.latest.is_empty() && self.frames.is_empty()
     }
 }

@@ -10,9 +10,15 @@
 //! Every dropped event is remembered as a per-channel seq range; the writer turns the ranges
 //! into `relay/dropped` events placed exactly where the gap is, so every drop is visible.
 //!
+//! The relay's own notices (`relay/session`, `relay/replay`) keep their place among the events
+//! and are never dropped for them; they are bounded like events (frames and bytes, counted apart
+//! so a burst of events cannot crowd them out). A notice that only states something's current
+//! state (`relay/lease`) is coalesced instead: a bridge holds at most one per channel, the
+//! latest, written before the next frames it takes, however fast the state changes.
+//!
 //! A bridge is *cut* (its connection reset and its state freed at once) when its policy is
-//! `disconnect` and it falls behind, when its control frames pass their bound, or when its
-//! peer reads nothing for the write deadline.
+//! `disconnect` and it falls behind, when its control frames or notices pass their bound, or
+//! when its peer reads nothing for the write deadline.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -57,7 +63,11 @@ struct State {
     event_bytes: usize,
     controls: usize,
     control_bytes: usize,
+    notices: usize,
+    notice_bytes: usize,
     drops: Vec<DropRun>,
+    /// The latest state notice of each coalesced channel, not yet taken.
+    latest: Vec<Arc<EventFrame>>,
     closed: bool,
     /// The size of the last event refused under `block`: [`Outbox::space`] waits for room
     /// for that much (waiting for "fewer frames" alone spun when the byte bound was reached).
@@ -91,6 +101,8 @@ pub enum CutReason {
     ControlBacklog,
     /// It read nothing for the write deadline.
     WriteDeadline,
+    /// The relay's notices to it passed their bound.
+    NoticeBacklog,
 }
 
 impl CutReason {
@@ -100,6 +112,7 @@ impl CutReason {
             CutReason::Slow => "its outbox is full (policy disconnect)",
             CutReason::ControlBacklog => "it does not read its responses",
             CutReason::WriteDeadline => "it read nothing within the write deadline",
+            CutReason::NoticeBacklog => "it does not read the relay's notices",
         }
     }
 }
@@ -116,6 +129,10 @@ pub struct Depth {
     pub controls: usize,
     /// Their bytes.
     pub control_bytes: usize,
+    /// Relay notices queued (coalesced ones included).
+    pub notices: usize,
+    /// Their bytes.
+    pub notice_bytes: usize,
     /// Bytes taken by the writer and not yet accepted by the socket.
     pub unwritten: usize,
 }
@@ -177,7 +194,7 @@ impl Outbox {
     /// Whether anything is queued.
     pub fn has_queued(&self) -> bool {
         let st = self.state.lock();
-        !(st.queue.is_empty() && st.drops.is_empty())
+        !(st.queue.is_empty() && st.drops.is_empty() && st.latest.is_empty())
     }
 
     /// The policy applied when full.
@@ -314,22 +331,13 @@ impl Outbox {
                                 });
                             }
                         }
-                        Frame::Event(e) => {
-                            // A kept notice still counts; it is put back below. Treat it as
-                            // absent for the fit check, or the loop would never end.
-                            st.events -= 1;
-                            st.event_bytes -= e.wire.len();
-                            kept.push(Frame::Event(e));
-                        }
+                        // Notices and control frames are never dropped (nor counted as
+                        // events): they go back in front below.
                         other => kept.push(other),
                     }
                 }
                 // Kept frames go back in front, in order: they were the oldest.
                 for k in kept.into_iter().rev() {
-                    if let Frame::Event(e) = &k {
-                        st.events += 1;
-                        st.event_bytes += e.wire.len();
-                    }
                     st.queue.push_front(k);
                 }
                 Offer::QueuedAfterDrop(n)
@@ -337,16 +345,52 @@ impl Outbox {
         }
     }
 
-    /// Queues a relay notice in the event stream, in order with events and past any bound (it is
-    /// never dropped). Returns false if the outbox is closed.
-    pub fn push_ordered(&self, ev: Arc<EventFrame>) -> bool {
+    /// Queues a relay notice in the event stream, in order with events. It is never dropped
+    /// for events; notices are bounded by the outbox's frame and byte bounds of their own (one
+    /// always fits), and past them the bridge is cut, as it has stopped reading. Returns false
+    /// if the notice was not queued (closed, or cut now).
+    pub fn push_notice(&self, ev: Arc<EventFrame>) -> bool {
         let mut st = self.state.lock();
         if st.closed {
             return false;
         }
-        st.events += 1;
-        st.event_bytes += ev.wire.len();
+        let len = ev.wire.len();
+        if st.notices > 0
+            && (st.notices >= self.max_frames || st.notice_bytes + len > self.max_bytes)
+        {
+            drop(st);
+            self.cut(CutReason::NoticeBacklog);
+            return false;
+        }
+        st.notices += 1;
+        st.notice_bytes += len;
         st.queue.push_back(Frame::Event(ev));
+        drop(st);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Sets the latest state notice of `ev`'s channel, replacing the one not yet taken: a
+    /// bridge needs the current state (the lease's holder), not every change, so at most one
+    /// per channel is held however fast it changes. It is written before the frames of the
+    /// next take. Returns false if the outbox is closed.
+    pub fn set_latest(&self, ev: Arc<EventFrame>) -> bool {
+        let mut st = self.state.lock();
+        if st.closed {
+            return false;
+        }
+        let len = ev.wire.len();
+        match st.latest.iter().position(|l| l.channel == ev.channel) {
+            Some(i) => {
+                let old = std::mem::replace(&mut st.latest[i], ev);
+                st.notice_bytes = st.notice_bytes - old.wire.len() + len;
+            }
+            None => {
+                st.latest.push(ev);
+                st.notices += 1;
+                st.notice_bytes += len;
+            }
+        }
         drop(st);
         self.wake.notify_one();
         true
@@ -483,6 +527,7 @@ impl Outbox {
     pub fn take(&self, batch: &mut Batch) -> Option<()> {
         let mut st = self.state.lock();
         batch.drops.append(&mut st.drops);
+        batch.latest.append(&mut st.latest);
         let events = st.events;
         let taken = st.queue.len();
         if batch.frames.is_empty() {
@@ -496,12 +541,16 @@ impl Outbox {
         // told (the taker then sets the exact figure), or a resume's history could be queued
         // again in the moment between the two and a bridge that reads nothing hold twice its
         // bound.
-        self.unwritten
-            .fetch_add(st.event_bytes + st.control_bytes, Ordering::AcqRel);
+        self.unwritten.fetch_add(
+            st.event_bytes + st.control_bytes + st.notice_bytes,
+            Ordering::AcqRel,
+        );
         st.events = 0;
         st.event_bytes = 0;
         st.controls = 0;
         st.control_bytes = 0;
+        st.notices = 0;
+        st.notice_bytes = 0;
         // A long burst leaves a big ring behind; give it back once the bursts are over (not
         // at every take at full rate, where it would be regrown at once).
         if st.queue.capacity() > 4096 && taken < 256 {
@@ -533,10 +582,13 @@ impl Outbox {
             st.closed = true;
             st.queue = VecDeque::new();
             st.drops = Vec::new();
+            st.latest = Vec::new();
             st.events = 0;
             st.event_bytes = 0;
             st.controls = 0;
             st.control_bytes = 0;
+            st.notices = 0;
+            st.notice_bytes = 0;
         }
         self.cut_reason.lock().get_or_insert(reason);
         self.cut.cancel();
@@ -569,6 +621,8 @@ impl Outbox {
             event_bytes: st.event_bytes,
             controls: st.controls,
             control_bytes: st.control_bytes,
+            notices: st.notices,
+            notice_bytes: st.notice_bytes,
             unwritten: self.unwritten.load(Ordering::Acquire),
         }
     }

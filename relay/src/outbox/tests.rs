@@ -35,7 +35,7 @@ fn ordered_notices_keep_their_place_and_are_never_dropped() {
         wire: Bytes::from_static(b"n"),
         keep: true,
     };
-    o.push_ordered(Arc::new(notice));
+    o.push_notice(Arc::new(notice));
     for s in 1..6 {
         o.offer(&ev("a", s));
     }
@@ -263,7 +263,7 @@ fn a_run_offered_at_once_equals_its_events_offered_one_by_one() {
                             keep: true,
                         });
                         for o in [&one, &all] {
-                            o.push_ordered(n.clone());
+                            o.push_notice(n.clone());
                         }
                     }
                     2 => {
@@ -535,4 +535,45 @@ fn the_fill_is_read_at_one_moment_across_a_take() {
     let takes = taker.join().expect("taker");
     assert!(takes > 0, "the taker never ran");
     assert!(most <= ROOM, "read {most} bytes held for a room of {ROOM}");
+}
+
+fn notice(ch: &str, seq: u64) -> Arc<EventFrame> {
+    Arc::new(EventFrame {
+        channel: ch.into(),
+        seq,
+        wire: Bytes::from(vec![b'n'; 100]),
+        keep: true,
+    })
+}
+
+#[test]
+fn notices_are_bounded_apart_from_events_and_past_the_bound_the_bridge_is_cut() {
+    let o = Outbox::new(OnSlow::DropOldest, 4, 1 << 20);
+    for s in 0..4 {
+        assert!(o.push_notice(notice("relay/session", s)));
+    }
+    // Events still fit beside them, as many as the event bound holds.
+    for s in 0..4 {
+        assert_eq!(o.offer(&ev("a", s)), Offer::Queued);
+    }
+    assert_eq!((o.depth().events, o.depth().notices), (4, 4));
+    assert!(!o.push_notice(notice("relay/session", 4)));
+    assert_eq!(o.cut_reason(), Some(CutReason::NoticeBacklog));
+}
+
+#[test]
+fn a_state_notice_not_yet_taken_is_replaced_by_the_newest() {
+    let o = Outbox::new(OnSlow::DropOldest, 4, 1 << 20);
+    o.offer(&ev("a", 0));
+    for s in 0..100_000 {
+        assert!(o.set_latest(notice("relay/lease", s)));
+    }
+    assert_eq!((o.depth().notices, o.depth().notice_bytes), (1, 100));
+    let mut b = Batch::default();
+    o.take(&mut b).expect("open");
+    assert_eq!(b.latest.len(), 1);
+    assert_eq!(b.latest[0].seq, 99_999);
+    assert_eq!(events(&b), vec![("a", 0)]);
+    assert!(o.set_latest(notice("relay/lease", 100_000)));
+    assert_eq!(o.depth().notices, 1, "a new one after the take");
 }

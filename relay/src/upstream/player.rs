@@ -277,7 +277,7 @@ impl Pacer<'_> {
     /// Queues a `relay/replay` notice, in order with the events, and writes it out.
     fn notice(&mut self, payload: Value) {
         let body = message::event(NOTICE_CHANNEL, self.notices, payload);
-        self.bridge.outbox.push_ordered(Arc::new(EventFrame {
+        self.bridge.outbox.push_notice(Arc::new(EventFrame {
             channel: Arc::from(NOTICE_CHANNEL),
             seq: self.notices,
             wire: frame_bytes(&body),
