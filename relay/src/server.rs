@@ -257,23 +257,13 @@ fn apply_retention(store: &Store, cfg: &RelayConfig) {
     if r.max_age.is_none() && r.max_bytes.is_none() {
         return;
     }
-    let (now, age) = (
-        gabp_rt::clock::now_ns(),
-        r.max_age.map(|d| d.as_nanos() as u64),
-    );
     // Before shipping has reached its destination nothing counts as shipped.
-    let done = if keep_unshipped(cfg) {
-        store.apply_retention_shipped(now, age, r.max_bytes, None)
-    } else {
-        store.apply_retention(now, age, r.max_bytes)
-    };
-    match done {
-        Ok(deleted) if !deleted.is_empty() => {
-            tracing::info!(deleted = deleted.len(), "retention removed old sessions")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::error!(error = %e, "retention failed"),
-    }
+    crate::recorder::apply_retention(
+        store,
+        r.max_age.map(|d| d.as_nanos() as u64),
+        r.max_bytes,
+        keep_unshipped(cfg).then_some(None),
+    );
 }
 
 /// Whether retention must keep sessions not fully shipped.

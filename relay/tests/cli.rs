@@ -246,6 +246,7 @@ async fn out_of_range_durations_are_usage_errors_not_panics() {
     ]);
     cases.push(vec![
         "sessions",
+        "prune",
         "--retain",
         "99999999999999999999999999d",
         "--data-dir",

@@ -477,7 +477,7 @@ async fn sessions_rm_reports_an_ambiguous_prefix_even_while_a_relay_records() {
     for args in [
         &["sessions", "rm", &ids[0], "--data-dir", d][..],
         &["sessions", "tag", &ids[0], "a=b", "--data-dir", d],
-        &["sessions", "--retain", "1s", "--data-dir", d],
+        &["sessions", "prune", "--retain", "1s", "--data-dir", d],
     ] {
         let out = output(args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}");

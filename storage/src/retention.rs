@@ -1,4 +1,5 @@
-//! Deleting sessions and retention, and giving their disk space back.
+//! Deleting sessions and retention (what a rule would delete, then deleting it), and giving
+//! their disk space back.
 //!
 //! A delete is one synced batch of range deletions (frames, index, details) and catalog
 //! deletes: the session is gone for every reader at once. Range deletions alone free nothing
@@ -12,9 +13,10 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use rocksdb::{BottommostLevelCompaction, CompactOptions, DB};
 
-use crate::catalog::SessionState;
+use crate::catalog::{SessionMeta, SessionState};
 use crate::error::StoreError;
 use crate::keys::{self, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
+use crate::ship::Destination;
 use crate::store::Store;
 use crate::SessionId;
 
@@ -182,6 +184,67 @@ impl Store {
         self.reclaimer.wait();
     }
 
+    /// What retention by `rule` would delete now, oldest first, and what it keeps that it would
+    /// otherwise delete. Reads the catalog (and ship cursors) only; [`Store::delete_expired`] deletes.
+    pub fn retention_plan(&self, rule: &RetentionRule) -> Result<RetentionPlan, StoreError> {
+        let sessions = self.sessions()?;
+        let before: u64 = sessions.iter().map(|m| m.bytes).sum();
+        let mut plan = RetentionPlan {
+            before_bytes: before,
+            ..RetentionPlan::default()
+        };
+        // What is left once the sessions planned so far are gone: oldest go first while it
+        // is over the size.
+        let mut left = before;
+        for m in sessions {
+            let over_age = rule.max_age_ns.is_some_and(|age| {
+                rule.now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age
+            });
+            let over_size = rule.max_bytes.is_some_and(|cap| left > cap);
+            if !over_age && !over_size {
+                continue;
+            }
+            if m.state != Some(SessionState::Ended) {
+                plan.kept_recording += 1;
+                continue;
+            }
+            let shipped = match rule.deletable {
+                Deletable::Ended => true,
+                Deletable::ShippedTo(Some(to)) => self.fully_shipped_to(&m, to)?,
+                Deletable::ShippedTo(None) => false,
+                Deletable::ShippedAnywhere => self.fully_shipped(&m)?,
+            };
+            if !shipped {
+                plan.kept_unshipped += 1;
+                continue;
+            }
+            left -= m.bytes;
+            plan.expired.push(Expired {
+                meta: m,
+                over_age,
+                over_size,
+            });
+        }
+        plan.after_bytes = left;
+        Ok(plan)
+    }
+
+    /// Deletes what retention by `rule` finds ([`Store::retention_plan`]), oldest first, each
+    /// with [`Store::delete_session`], calling `deleted` after each (a relay logs it there: on
+    /// an error, what was deleted before it has been said). Returns what it deleted.
+    pub fn delete_expired(
+        &self,
+        rule: &RetentionRule,
+        mut deleted: impl FnMut(&Expired),
+    ) -> Result<Vec<Expired>, StoreError> {
+        let plan = self.retention_plan(rule)?;
+        for e in &plan.expired {
+            self.delete_session(e.meta.id)?;
+            deleted(e);
+        }
+        Ok(plan.expired)
+    }
+
     /// Deletes ended sessions older than `max_age_ns` or beyond `max_bytes` in total (oldest
     /// first). Returns the ids deleted. Sessions still recording are never deleted.
     pub fn apply_retention(
@@ -190,22 +253,102 @@ impl Store {
         max_age_ns: Option<u64>,
         max_bytes: Option<u64>,
     ) -> Result<Vec<SessionId>, StoreError> {
-        let sessions = self.sessions()?;
-        let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
-        let mut deleted = Vec::new();
-        for m in &sessions {
-            if m.state != Some(SessionState::Ended) {
-                continue;
-            }
-            let too_old = max_age_ns
-                .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
-            let too_big = max_bytes.is_some_and(|cap| total > cap);
-            if too_old || too_big {
-                self.delete_session(m.id)?;
-                total -= m.bytes;
-                deleted.push(m.id);
-            }
-        }
-        Ok(deleted)
+        let rule = RetentionRule {
+            now_ns,
+            max_age_ns,
+            max_bytes,
+            deletable: Deletable::Ended,
+        };
+        Ok(self
+            .delete_expired(&rule, |_| {})?
+            .into_iter()
+            .map(|e| e.meta.id)
+            .collect())
     }
+
+    /// Retention that keeps what destination `to` does not have whole (everything unshipped
+    /// while `to` is unknown: an earlier destination's copy may since have been deleted):
+    /// deletes ended sessions older than `max_age_ns` or beyond `max_bytes` (oldest first).
+    pub fn apply_retention_shipped(
+        &self,
+        now_ns: u64,
+        max_age_ns: Option<u64>,
+        max_bytes: Option<u64>,
+        to: Option<Destination>,
+    ) -> Result<Vec<SessionId>, StoreError> {
+        let rule = RetentionRule {
+            now_ns,
+            max_age_ns,
+            max_bytes,
+            deletable: Deletable::ShippedTo(to),
+        };
+        Ok(self
+            .delete_expired(&rule, |_| {})?
+            .into_iter()
+            .map(|e| e.meta.id)
+            .collect())
+    }
+}
+
+/// Which ended sessions retention may delete (one still recording never is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletable {
+    /// Every ended session.
+    Ended,
+    /// Only those this destination acknowledged whole; none while it is unknown (`None`).
+    ShippedTo(Option<Destination>),
+    /// Only those some destination acknowledged whole.
+    ShippedAnywhere,
+}
+
+/// A retention rule: delete ended sessions that ended more than `max_age_ns` before `now_ns`,
+/// and the oldest while all sessions together hold more than `max_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct RetentionRule {
+    /// Now, in ns since the epoch.
+    pub now_ns: u64,
+    /// The oldest a session may be, counted from its end (its last frame if it has none).
+    pub max_age_ns: Option<u64>,
+    /// The most all sessions together may hold (their recorded bytes).
+    pub max_bytes: Option<u64>,
+    /// Which sessions may go.
+    pub deletable: Deletable,
+}
+
+/// A session retention deletes, and why.
+#[derive(Debug, Clone)]
+pub struct Expired {
+    /// Its catalog entry as it was.
+    pub meta: SessionMeta,
+    /// It ended longer ago than the age allows.
+    pub over_age: bool,
+    /// The sessions up to and including it hold more than the size allows.
+    pub over_size: bool,
+}
+
+impl Expired {
+    /// Why, in words: `over age`, `over size` or `over age and size`.
+    pub fn why(&self) -> &'static str {
+        match (self.over_age, self.over_size) {
+            (true, true) => "over age and size",
+            (true, false) => "over age",
+            _ => "over size",
+        }
+    }
+}
+
+/// What retention would do now.
+#[derive(Debug, Clone, Default)]
+pub struct RetentionPlan {
+    /// The sessions it deletes, oldest first.
+    pub expired: Vec<Expired>,
+    /// Sessions over the age or size kept because they are still recording (or were when a
+    /// relay stopped without ending them: `repair` ends them).
+    pub kept_recording: usize,
+    /// Sessions over the age or size kept because they are not shipped whole.
+    pub kept_unshipped: usize,
+    /// Recorded bytes of every session before.
+    pub before_bytes: u64,
+    /// Recorded bytes of every session once the expired are gone.
+    pub after_bytes: u64,
 }

@@ -468,39 +468,6 @@ impl Store {
             .is_some_and(|s| s.fingerprint() == c.catalog_hash))
     }
 
-    /// Retention that keeps what destination `to` does not have whole (everything unshipped
-    /// while `to` is unknown: an earlier destination's copy may since have been deleted):
-    /// deletes ended sessions older than `max_age_ns` or beyond `max_bytes` (oldest first).
-    pub fn apply_retention_shipped(
-        &self,
-        now_ns: u64,
-        max_age_ns: Option<u64>,
-        max_bytes: Option<u64>,
-        to: Option<Destination>,
-    ) -> Result<Vec<SessionId>, StoreError> {
-        let sessions = self.sessions()?;
-        let mut total: u64 = sessions.iter().map(|m| m.bytes).sum();
-        let mut deleted = Vec::new();
-        for m in &sessions {
-            if m.state != Some(SessionState::Ended) {
-                continue;
-            }
-            let too_old = max_age_ns
-                .is_some_and(|age| now_ns.saturating_sub(m.ended_ns.unwrap_or(m.last_ns)) > age);
-            let too_big = max_bytes.is_some_and(|cap| total > cap);
-            let shipped = match to {
-                Some(to) => self.fully_shipped_to(m, to)?,
-                None => false,
-            };
-            if (too_old || too_big) && shipped {
-                self.delete_session(m.id)?;
-                total -= m.bytes;
-                deleted.push(m.id);
-            }
-        }
-        Ok(deleted)
-    }
-
     /// Starts a batch of idempotent writes into an archive.
     pub fn ingest(&self) -> Ingest<'_> {
         Ingest {

@@ -273,3 +273,88 @@ fn reading_creates_no_file_in_the_data_dir_or_anywhere_else() {
         "reading changed the data dir (info log included)"
     );
 }
+
+#[test]
+fn a_retention_plan_says_why_and_what_it_keeps_and_deletes_nothing() {
+    use gabp_storage::retention::{Deletable, RetentionRule};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
+    let mut w = SessionWriter::new(store.clone());
+    let mut ids = Vec::new();
+    // Three ended sessions (ending at 50, 150, 250) and one still recording.
+    for k in 0..4u64 {
+        let m = meta("r");
+        ids.push(m.id);
+        w.begin(m.clone());
+        w.define_channel(m.id, 0, "a");
+        for i in 0..10 {
+            w.append(m.id, &event(0, i, k * 100 + i));
+        }
+        if k < 3 {
+            w.end(m.id, EndReason::Clean, k * 100 + 50);
+        }
+        w.commit().expect("commit");
+    }
+    let sizes: Vec<u64> = ids
+        .iter()
+        .map(|id| store.session(*id).expect("read").expect("present").bytes)
+        .collect();
+    let total: u64 = sizes.iter().sum();
+    // Older than 120 at 300: the first two by age; a cap of the last session's size: the
+    // third by size too (the fourth is recording, kept, and counted as kept).
+    let rule = RetentionRule {
+        now_ns: 300,
+        max_age_ns: Some(120),
+        max_bytes: Some(sizes[3]),
+        deletable: Deletable::Ended,
+    };
+    let plan = store.retention_plan(&rule).expect("plan");
+    let got: Vec<_> = plan.expired.iter().map(|e| (e.meta.id, e.why())).collect();
+    assert_eq!(
+        got,
+        vec![
+            (ids[0], "over age and size"),
+            (ids[1], "over age and size"),
+            (ids[2], "over size"),
+        ]
+    );
+    assert_eq!(plan.kept_recording, 0, "the rest fits the cap");
+    assert_eq!(plan.before_bytes, total);
+    assert_eq!(plan.after_bytes, sizes[3]);
+    assert_eq!(
+        store.sessions().expect("list").len(),
+        4,
+        "a plan deletes nothing"
+    );
+    // A cap below the recording session: kept, and said so.
+    let tight = RetentionRule {
+        max_age_ns: None,
+        max_bytes: Some(0),
+        ..rule
+    };
+    let plan = store.retention_plan(&tight).expect("plan");
+    assert_eq!(plan.expired.len(), 3);
+    assert_eq!(plan.kept_recording, 1);
+    // Nothing shipped: a rule that keeps what no destination has whole deletes nothing.
+    let shipped_only = RetentionRule {
+        deletable: Deletable::ShippedAnywhere,
+        ..tight
+    };
+    let plan = store.retention_plan(&shipped_only).expect("plan");
+    assert!(plan.expired.is_empty());
+    assert_eq!(plan.kept_unshipped, 3);
+    // Deleting follows the plan, one session at a time, each said as it goes.
+    let mut said = Vec::new();
+    let deleted = store
+        .delete_expired(&tight, |e| said.push(e.meta.id))
+        .expect("delete");
+    assert_eq!(said, ids[..3].to_vec());
+    assert_eq!(deleted.len(), 3);
+    let left: Vec<_> = store
+        .sessions()
+        .expect("list")
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(left, vec![ids[3]]);
+}

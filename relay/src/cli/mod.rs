@@ -21,6 +21,7 @@ pub(crate) mod collect;
 pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod mod_sim;
+pub(crate) mod prune;
 pub(crate) mod reload;
 pub(crate) mod repair;
 pub(crate) mod replay;

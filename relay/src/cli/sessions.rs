@@ -1,12 +1,12 @@
-//! `gabp-relay sessions [ls|rm|check|tag]`: list (with the selection filters of
-//! [`super::select`]), remove, check or tag recorded sessions.
+//! `gabp-relay sessions [ls|rm|check|tag|prune]`: list (with the selection filters of
+//! [`super::select`]), remove, check or tag recorded sessions; `prune` (in [`super::prune`])
+//! deletes them by age or size.
 //!
-//! Only `rm`, `tag` and `--retain` open the data dir for change; everything else reads it
-//! read-only.
+//! Only `rm`, `tag` and `prune` open the data dir for change; everything else reads it
+//! read-only. Listing never deletes: `sessions --retain` is a usage error that names `prune`.
 
 use std::io::Write;
 
-use crate::config::Retention;
 use crate::display;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -24,9 +24,10 @@ pub struct SessionsArgs {
     /// Print one JSON document (camelCase keys) instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
-    /// With no subcommand: apply this retention before listing (e.g. 7d, 10GiB or 7d,10GiB).
-    #[arg(long)]
-    pub retain: Option<Retention>,
+    /// Not a listing flag: `sessions prune --retain` deletes by age or size. Taken only to say
+    /// so (exit 2) instead of clap's generic unknown-argument line.
+    #[arg(long, hide = true, num_args = 0..=1, default_missing_value = "", value_name = "SIZE|AGE")]
+    pub retain: Option<String>,
     #[command(flatten)]
     pub filters: super::select::Filters,
 }
@@ -56,6 +57,9 @@ pub enum SessionsCmd {
         #[arg(long, value_name = "KEY", value_parser = parse_tag_key)]
         remove: Vec<String>,
     },
+    /// Delete ended sessions older than an age and/or the oldest beyond a total size, listing
+    /// each (--dry-run: only list them).
+    Prune(super::prune::PruneArgs),
 }
 
 /// `--remove KEY`: a key that could have been set (removing one that could not is a typo).
@@ -92,22 +96,28 @@ pub fn resolve(store: &Store, query: &str) -> Result<SessionMeta> {
     }
 }
 
-/// Opens the data dir for `rm` or `--retain`. While a relay records, what `rm` was asked is
+/// Opens the data dir for `rm` or `tag`. While a relay records, what `rm` was asked is
 /// still checked first, read-only: an ambiguous or unknown session says so (with the
 /// candidates), as it would without a relay; only a removal that could be done is refused for
 /// the lock.
-fn open_for_change(a: &SessionsArgs) -> Result<Store> {
-    // RocksDB writes new logs, tables and manifests on every read-write open.
-    crate::recorder::private_file_modes();
-    match Store::open_for_change(&a.dir.data_dir) {
+fn open_for_change(dir: &std::path::Path, cmd: &SessionsCmd) -> Result<Store> {
+    match open_to_change(dir) {
         Err(locked @ StoreError::Locked { .. }) => {
-            if let Some(SessionsCmd::Rm { session }) = &a.cmd {
-                resolve(&Store::open_for_reading(&a.dir.data_dir)?, session)?;
+            if let SessionsCmd::Rm { session } = cmd {
+                resolve(&Store::open_for_reading(dir)?, session)?;
             }
             Err(locked.into())
         }
         r => Ok(r?),
     }
+}
+
+/// Opens the data dir for a command that changes it: read-write, refused while a relay holds
+/// it (naming its pid) and on a disk without room or written read-only, untouched then.
+pub fn open_to_change(dir: &std::path::Path) -> Result<Store, StoreError> {
+    // RocksDB writes new logs, tables and manifests on every read-write open.
+    crate::recorder::private_file_modes();
+    Store::open_for_change(dir)
 }
 
 /// The JSON form of one catalog entry.
@@ -136,11 +146,24 @@ fn tags_text(m: &SessionMeta) -> String {
 }
 
 pub fn run(a: SessionsArgs) -> Result<()> {
-    let changes = matches!(
-        a.cmd,
-        Some(SessionsCmd::Rm { .. } | SessionsCmd::Tag { .. })
-    ) || a.retain.is_some();
-    if let Some(SessionsCmd::Tag { set, remove, .. }) = &a.cmd {
+    if let Some(r) = &a.retain {
+        let r = if r.trim().is_empty() { "SIZE|AGE" } else { r };
+        return Err(super::usage(format!(
+            "sessions only lists and never deletes: to delete by age or size run gabp-relay sessions prune --retain {} (--dry-run first to see what would go)",
+            display::name(r)
+        )));
+    }
+    let cmd = a.cmd.unwrap_or(SessionsCmd::Ls);
+    if let SessionsCmd::Prune(p) = &cmd {
+        if a.filters.any() {
+            return Err(super::usage(
+                "sessions prune chooses sessions by --retain alone: --all, --route, --since, --tag and --app do not apply",
+            ));
+        }
+        return super::prune::run(&a.dir.data_dir, p, a.json);
+    }
+    let changes = matches!(cmd, SessionsCmd::Rm { .. } | SessionsCmd::Tag { .. });
+    if let SessionsCmd::Tag { set, remove, .. } = &cmd {
         if set.is_empty() && remove.is_empty() {
             return Err(super::usage(
                 "sessions tag: give KEY=VALUE tags to set and/or --remove KEY",
@@ -153,19 +176,12 @@ pub fn run(a: SessionsArgs) -> Result<()> {
         }
     }
     let store = if changes {
-        open_for_change(&a)?
+        open_for_change(&a.dir.data_dir, &cmd)?
     } else {
         Store::open_for_reading(&a.dir.data_dir)?
     };
-    match a.cmd.unwrap_or(SessionsCmd::Ls) {
+    match cmd {
         SessionsCmd::Ls => {
-            if let Some(r) = a.retain {
-                store.apply_retention(
-                    gabp_rt::clock::now_ns(),
-                    r.max_age.map(|d| d.as_nanos() as u64),
-                    r.max_bytes,
-                )?;
-            }
             let now = gabp_rt::clock::now_ns();
             let list: Vec<SessionMeta> = store
                 .sessions()?
@@ -240,6 +256,8 @@ pub fn run(a: SessionsArgs) -> Result<()> {
             }
             outln!("session {}  {}", m.id, tags_text(&m));
         }
+        // Handled (and returned) before the data dir is opened here.
+        SessionsCmd::Prune(_) => {}
         SessionsCmd::Check { session } => {
             let ids: Vec<_> = match session {
                 Some(s) => vec![resolve(&store, &s)?.id],

@@ -93,6 +93,46 @@ pub enum RecMsg {
     },
 }
 
+/// Applies retention to `store` (`keep_unshipped` as in [`RecMsg::Retain`]) and logs, at info
+/// level, each session it deletes (id, route, bytes and why) as it goes, then the count: a
+/// relay never deletes a recording without saying so. Runs where the store's only writer is:
+/// at start, then on the recorder thread.
+pub(crate) fn apply_retention(
+    store: &Store,
+    max_age_ns: Option<u64>,
+    max_bytes: Option<u64>,
+    keep_unshipped: Option<Option<gabp_storage::ship::Destination>>,
+) {
+    use gabp_storage::retention::{Deletable, RetentionRule};
+    let rule = RetentionRule {
+        now_ns: gabp_rt::clock::now_ns(),
+        max_age_ns,
+        max_bytes,
+        deletable: keep_unshipped.map_or(Deletable::Ended, Deletable::ShippedTo),
+    };
+    let done = store.delete_expired(&rule, |e| {
+        tracing::info!(
+            session = %e.meta.id,
+            route = %crate::display::name(&e.meta.route),
+            bytes = e.meta.bytes,
+            why = e.why(),
+            "retention deleted a session"
+        );
+    });
+    match done {
+        Ok(deleted) if !deleted.is_empty() => {
+            let bytes: u64 = deleted.iter().map(|e| e.meta.bytes).sum();
+            tracing::info!(
+                deleted = deleted.len(),
+                bytes,
+                "retention removed old sessions"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "retention failed"),
+    }
+}
+
 /// The recorder's health, as relay/status shows it.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]

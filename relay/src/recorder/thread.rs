@@ -39,19 +39,11 @@ pub(super) fn apply(
             max_age_ns,
             max_bytes,
             keep_unshipped,
-        } => match w.store().map(|s| {
-            let now = gabp_rt::clock::now_ns();
-            match keep_unshipped {
-                Some(to) => s.apply_retention_shipped(now, max_age_ns, max_bytes, to),
-                None => s.apply_retention(now, max_age_ns, max_bytes),
+        } => {
+            if let Some(s) = w.store() {
+                super::apply_retention(s, max_age_ns, max_bytes, keep_unshipped);
             }
-        }) {
-            Some(Ok(deleted)) if !deleted.is_empty() => {
-                tracing::info!(deleted = deleted.len(), "retention removed old sessions")
-            }
-            Some(Err(e)) => tracing::error!(error = %e, "retention failed"),
-            _ => {}
-        },
+        }
     }
 }
 
