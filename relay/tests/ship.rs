@@ -839,9 +839,9 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
     );
 }
 
-/// Sends `n` `relay/mark`s of `size` bytes of data back to back (so the recorder commits them
-/// together), then waits for every answer.
-async fn big_marks(c: &mut Client, n: usize, size: usize) {
+/// Sends `n` `tools/call`s of the echo tool with `size` bytes of arguments back to back (so the
+/// recorder commits them together), then waits for every answer.
+async fn big_calls(c: &mut Client, n: usize, size: usize) {
     let ids: Vec<String> = (0..n).map(|_| gabp_sim::client::new_id()).collect();
     // Letters at random, which LZ4 cannot shrink: recorded chunks are LZ4-compressed, and a
     // repeated letter would make a frame of any size fit a message.
@@ -855,8 +855,8 @@ async fn big_marks(c: &mut Client, n: usize, size: usize) {
                 char::from(b'a' + (x % 26) as u8)
             })
             .collect();
-        let params = serde_json::json!({"label": "big", "data": data});
-        c.send_body(&gabp_proto::message::request(id, "relay/mark", params))
+        let params = serde_json::json!({"name": "sim/echo", "arguments": {"data": data}});
+        c.send_body(&gabp_proto::message::request(id, "tools/call", params))
             .await
             .expect("send");
     }
@@ -883,7 +883,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
         .await
         .expect("hello");
     // 40 frames of 30 KB committed together: chunks far over the limit, each frame under it.
-    big_marks(&mut c, 40, 30_000).await;
+    big_calls(&mut c, 40, 30_000).await;
     let recorded = frames(&a).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while frames(&archive).await < recorded {
@@ -891,7 +891,7 @@ async fn chunks_over_max_payload_ship_in_parts_and_a_frame_too_big_waits_with_on
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // One frame larger than any message: that session waits, named, and the relay goes on.
-    big_marks(&mut c, 1, 100_000).await;
+    big_calls(&mut c, 1, 100_000).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let line = loop {
         let st = c
