@@ -5,7 +5,7 @@
 //! in publish order, and per channel where each kept event sits. Copying beats keeping the
 //! fanned-out `Arc<EventFrame>`: an event held until 16,384 newer ones had passed was cold by
 //! the time it was freed, and its allocation cold when reused (17 % of the relay's CPU per
-//! event with one bridge; BENCHMARKS.md, session 15). The ring is written in sequence and its
+//! event with one bridge; BENCHMARKS.md). The ring is written in sequence and its
 //! blocks are reused, so each event costs one streaming copy and nothing to free.
 //!
 //! It is bounded for the whole route, in frames and in bytes (its memory is those bytes plus at

@@ -1,4 +1,4 @@
-//! The command line as a stranger meets it (issue 18), through the real binary: `status`, one
+//! The command line as a stranger meets it, through the real binary: `status`, one
 //! JSON key style, sizes with suffixes, config errors with line and suggestion, ambiguous
 //! prefixes, `--json` only where it works, a closed pipe, and Ctrl-C on `demo`.
 

@@ -1,4 +1,4 @@
-//! `gabp-relay status` on a relay whose mod is down (issue 18), through the real binary: the
+//! `gabp-relay status` on a relay whose mod is down, through the real binary: the
 //! relay is shown (route, mod disconnected, no bridges, recorder state) as JSON and as a table,
 //! without waiting for the mod; once a mod comes, the same command says it is connected.
 //! Looking leaves no trace: a relay-only (`withoutMod`) connection may ask only `relay/status`

@@ -1,4 +1,4 @@
-//! What a stranger's review of the command line found (issue 18), each held through the real
+//! What a stranger's review of the command line found, each held through the real
 //! binary: usage mistakes exit 2 in one line that names what is wrong, `-o -` is stdout,
 //! two routes on one address are a config error, a stale discovery file is one line, and no
 //! export or report may write into, over or around the data dir it reads.
@@ -194,7 +194,7 @@ async fn an_output_at_in_or_around_the_data_dir_is_refused() {
     );
 }
 
-/// Shipping's usage mistakes (issue 14's stranger review) exit 2 before anything connects:
+/// Shipping's usage mistakes exit 2 before anything connects:
 /// an out-of-range port, names NATS refuses, NATS settings without `--ship`; and `--help`
 /// shows each default once.
 #[tokio::test]

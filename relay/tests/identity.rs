@@ -1,4 +1,4 @@
-//! Named bridges through the real binary (issue 15): each role and glob rule, the rate limit,
+//! Named bridges through the real binary: each role and glob rule, the rate limit,
 //! refusals that never reach the mod, names in status, stats and metrics, and no token in the
 //! recording, the logs or /metrics.
 

@@ -1,4 +1,4 @@
-//! The controller lease through the real binary (issue 15): contention between two
+//! The controller lease through the real binary: contention between two
 //! controllers, "held by <name> until <time>", release, expiry, the holder leaving, and the
 //! `relay/lease` events a subscriber sees, in order.
 

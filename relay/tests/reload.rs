@@ -1,4 +1,4 @@
-//! Reloading identities through the real binary (issue 15): `gabp-relay reload` (SIGHUP to
+//! Reloading identities through the real binary: `gabp-relay reload` (SIGHUP to
 //! the relay found through its discovery file) re-reads the config; a bridge whose identity is
 //! unchanged stays connected, one that was removed or whose token changed gets a
 //! `relay/revoked` notice and is closed, the new token works and the old ones do not; a

@@ -24,7 +24,7 @@ type Windows = Vec<(Duration, f64)>;
 
 /// Per 500 ms window: (time since start, frames/s) of a recording written as the relay's
 /// recorder writes (a synced commit per tick of at most 10 ms or 10,000 frames), over a data dir
-/// holding a 2-million-frame old session; with `retain`, retention deletes that session 4 s in,
+/// holding a 2-million-frame old session; with `retain`, retention deletes the old session after 4 s,
 /// on the recording thread, as the relay's recorder runs it. Returns the windows, when retention
 /// ran and how long it held the thread, and the old session's size on disk.
 fn record_beside_an_old_session(retain: bool) -> (Windows, Option<(Duration, Duration)>, u64) {

@@ -1,4 +1,4 @@
-//! Regression tests for promises hostile or unlucky bridges once broke (issue 11 and issue 20):
+//! Regression tests for promises hostile or unlucky bridges once broke:
 //! pre-hello floods, tokens in malformed hellos, the slow-bridge policies, the write deadline,
 //! huge subscriptions, request bytes held for a deaf mod, and mod order on a busy socket. Each
 //! failed against the code before its fix.

@@ -1,4 +1,4 @@
-//! The hostile-client matrix (issue 11, "close the classes"): for every connection state
+//! The hostile-client matrix ("close the classes"): for every connection state
 //! (before hello, welcomed, subscribed, mid-request) and every misbehaviour (flood, never read,
 //! half-close, trickle, garbage, huge frames, huge arrays), all at once against one relay, the
 //! same three properties hold: each connection's memory stays bounded, honest bridges are

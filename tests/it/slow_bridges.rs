@@ -1,4 +1,4 @@
-//! Regression tests for slow and busy bridges (issue 11 and issue 20): the disconnect and block
+//! Regression tests for slow and busy bridges: the disconnect and block
 //! policies, the write deadline, and mod order on a busy socket. Each failed against the code
 //! before its fix.
 
