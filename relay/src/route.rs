@@ -359,6 +359,7 @@ impl Route {
                 json!({
                     "conn": b.conn,
                     "name": info.name,
+                    "label": info.label,
                     "role": b.access.role(),
                     "denied": denied,
                     "rateLimited": limited,
