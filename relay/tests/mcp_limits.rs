@@ -528,8 +528,8 @@ impl Drop for IdleFlood {
 }
 
 /// 200 idle connections (no byte sent, each opened again when closed) never keep out a client
-/// with the token: 50 of 50 visits (initialize, a tool call, close) succeed, each within 5 s,
-/// and a request already being answered is not cut. An idle connection is still closed after
+/// with the token: 50 of 50 visits (initialize, a tool call, close) over 5 s succeed, each
+/// within 5 s, and a request already being answered is not cut. An idle connection is still closed after
 /// the header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_never_keep_out_a_client_with_the_token() {
@@ -568,7 +568,10 @@ async fn idle_connections_never_keep_out_a_client_with_the_token() {
     )
     .await;
     let (mut ok, mut slowest, mut failures) = (0, Duration::ZERO, Vec::new());
+    // Spread over 5 s of the flood's churn (each connection it loses is opened again).
+    let mut visits = tokio::time::interval(Duration::from_millis(100));
     for _ in 0..50 {
+        visits.tick().await;
         let t = Instant::now();
         match visit(&s, Duration::from_secs(5)).await {
             Ok(()) => {
@@ -1551,4 +1554,82 @@ async fn mcp_tools_and_strip_output_schema_choose_what_is_offered() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("need --mcp-listen"), "{err}");
+}
+
+/// What the HTTP front refuses, whoever asks: no token, a wrong one or a Basic one (401), a
+/// foreign Host (403), an unknown session (404), a body over 4 MiB (413), nesting no parser
+/// takes (-32700); and `--mcp-listen` on a non-loopback address without `--allow-remote`.
+/// An observe identity's session is refused every write: tool calls, acks and the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_front_refuses_what_it_must_for_every_identity() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve_identities(&sim, dir.path(), &["--no-record"]).await;
+    let basic = format!("Authorization: Basic {}", s.token);
+    for headers in [
+        vec![],
+        vec!["Authorization: Bearer 0123456789abcdef0123456789abcdef".into()],
+        vec![basic],
+    ] {
+        let (status, resp) = http(&s.mcp, "POST", &headers, INIT).await;
+        assert_eq!(status, 401, "{headers:?}: {resp}");
+    }
+    for token in [s.token.as_str(), PLANNER, WATCHER] {
+        let auth = format!("Authorization: Bearer {token}");
+        // A foreign Host: the request is not served (DNS rebinding).
+        let req = format!("POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{auth}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{INIT}", INIT.len());
+        let mut conn = TcpStream::connect(&s.mcp).await.expect("connect");
+        conn.write_all(req.as_bytes()).await.expect("write");
+        let mut resp = String::new();
+        conn.read_to_string(&mut resp).await.expect("read");
+        assert!(resp.starts_with("HTTP/1.1 403"), "{token}: {resp}");
+        let unknown = [auth.clone(), "mcp-session-id: no-such-session".into()];
+        let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+        let (status, resp) = http(&s.mcp, "POST", &unknown, list).await;
+        assert_eq!(status, 404, "{resp}");
+        let big = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"ping","params":{{"x":"{}"}}}}"#,
+            "y".repeat(5 << 20)
+        );
+        let (status, resp) = http(&s.mcp, "POST", std::slice::from_ref(&auth), &big).await;
+        assert_eq!(status, 413, "{resp}");
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let (status, resp) = http(&s.mcp, "POST", std::slice::from_ref(&auth), &deep).await;
+        assert_eq!(status, 400, "{resp}");
+        assert!(resp.contains(r#""code":-32700"#), "{resp}");
+    }
+    let (status, watch, resp) = open_session_as(&s, WATCHER, "asst-watch").await;
+    assert_eq!(status, 200, "{resp}");
+    let watch = watch.expect("session id");
+    for (tool, args) in [
+        ("sim_echo", json!({})),
+        ("sim_emit", json!({"count": 1})),
+        ("attention_ack", json!({"attentionId": "attn_1"})),
+        ("relay_lease", json!({"action": "acquire"})),
+    ] {
+        let (_, a) = http_call(&s, WATCHER, &watch, tool, args).await;
+        let (failed, text) = result_text(&a["result"]);
+        assert!(failed && text.contains("-32006"), "{tool}: {a}");
+    }
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-record",
+            "--mcp-listen",
+            "0.0.0.0:0",
+        ])
+        .env_remove("GABP_RELAY_TOKEN")
+        .output()
+        .await
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--mcp-listen must be a loopback address"),
+        "{err}"
+    );
 }
