@@ -1,8 +1,10 @@
 //! Showing untrusted names in tables: channels, app names, routes, methods and bridge strings
 //! are chosen by a mod or a bridge, so before they reach a terminal their control characters
 //! (escape sequences, CR, NUL, bidirectional overrides) are escaped and their length is capped.
-//! JSON output never goes through here: it stays exact. Byte counts and times for tables are
-//! formatted here too, the same way in every table.
+//! JSON output never goes through here: it stays exact. Where untrusted text is kept or passed
+//! on rather than shown (a bridge's label, a mod's tool descriptions for an assistant),
+//! [`strip`] removes those characters instead. Byte counts and times for tables are formatted
+//! here too, the same way in every table.
 
 use std::borrow::Cow;
 
@@ -40,6 +42,14 @@ pub fn text(s: &str, max: usize) -> String {
     out
 }
 
+/// `s` without control characters (but `\n` and `\t` when `keep_lines`) and without the
+/// invisible and text-direction characters a reader cannot see ([`hidden`]).
+pub fn strip(s: &str, keep_lines: bool) -> String {
+    s.chars()
+        .filter(|&c| (keep_lines && (c == '\n' || c == '\t')) || !hidden(c))
+        .collect()
+}
+
 /// A byte count for a table: `512 B`, `9.6 MiB` (binary units).
 pub fn bytes(n: u64) -> String {
     bytesize::ByteSize::b(n).display().iec().to_string()
@@ -54,10 +64,15 @@ pub fn utc(ns: u64) -> String {
     }
 }
 
-/// Characters that change how a terminal shows what follows, or show nothing themselves.
+/// Characters that change how a terminal shows what follows, or show nothing themselves: C0 and
+/// C1 controls, bidirectional marks, embeddings, overrides and isolates, zero-width and other
+/// invisible format characters, and Unicode tags (invisible text some models still read).
 fn hidden(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+        || matches!(c,
+            '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
+            | '\u{feff}' | '\u{e0000}'..='\u{e007f}')
 }
 
 #[cfg(test)]
@@ -78,6 +93,14 @@ mod tests {
         // An escape is never cut in half.
         let s = format!("{}\u{1b}", "y".repeat(NAME_CHARS - 2));
         assert!(name(&s).ends_with("yy…"), "{}", name(&s));
+    }
+
+    #[test]
+    fn strip_removes_what_a_reader_cannot_see() {
+        let s = "a\u{1b}[2Jb\u{202e}c\u{2066}d\u{200b}e\u{feff}f\u{061c}g\u{85}h\u{e0041}i\r\n\tj";
+        assert_eq!(strip(s, true), "a[2Jbcdefghi\n\tj");
+        assert_eq!(strip(s, false), "a[2Jbcdefghij");
+        assert_eq!(strip("héllo ✓ 日本", false), "héllo ✓ 日本");
     }
 
     #[test]

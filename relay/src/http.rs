@@ -9,15 +9,14 @@
 //! The port is bounded like the bridge ports: at most [`MAX_CONNS`] connections at once, each
 //! closed after [`CONN_TIMEOUT`] whatever it does (one request per connection). A connection
 //! that arrives while all are taken closes the oldest one that has not yet sent a whole
-//! request, so idle or trickling connections never delay a probe or a scrape. Accept errors
+//! request ([`crate::conns`]), so idle or trickling connections never delay a probe or a
+//! scrape; when every one is being answered, it waits for one to end. Accept errors
 //! (out of descriptors) back off instead of spinning. This module must not touch routes'
 //! state beyond reading it: it holds them weakly, so it never keeps a stopped route (or its
 //! recorder handle) alive.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -28,11 +27,11 @@ use hyper::server::conn::http1;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use crate::conns::Conns;
 use crate::route::Route;
 
 /// Connections served at once; more wait in the listen backlog until one ends.
@@ -88,15 +87,14 @@ pub async fn serve(
     ready: Readiness,
     cancel: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNS));
-    let live = Live::default();
-    for id in 0u64.. {
+    let conns = Conns::new(MAX_CONNS, MAX_CONNS);
+    loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
-        let sock = match accepted {
-            Ok((sock, _)) => sock,
+        let (sock, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: accept failed");
                 tokio::select! {
@@ -105,23 +103,22 @@ pub async fn serve(
                 }
             }
         };
-        let permit = match slots.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                // Full: make room by closing the oldest connection still without a request;
-                // when every one is being answered, wait (each ends within CONN_TIMEOUT).
-                live.close_oldest_idle();
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-                }
+        // Full: the oldest connection still without a request was closed to make room; when
+        // every one is being answered, wait (each ends within CONN_TIMEOUT).
+        let place = loop {
+            if let Some(p) = conns.admit(peer.ip()) {
+                break p;
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = conns.freed() => {}
             }
         };
-        let (stop, asked) = live.add(id);
-        let (handle, ready, live) = (handle.clone(), ready.clone(), live.clone());
+        let (handle, ready) = (handle.clone(), ready.clone());
         tokio::spawn(async move {
+            let served = place.served();
             let service = hyper::service::service_fn(move |req: Request<_>| {
-                asked.store(true, Ordering::Relaxed);
+                served.mark();
                 let resp = respond(&req, &handle, &ready);
                 async move { Ok::<_, Infallible>(resp) }
             });
@@ -133,41 +130,9 @@ pub async fn serve(
             // Errors are the peer's (bad request, reset, timeout): nothing to log.
             tokio::select! {
                 _ = tokio::time::timeout(CONN_TIMEOUT, conn) => {}
-                _ = stop.cancelled() => {}
+                _ = place.closed() => {}
             }
-            live.remove(id);
-            drop(permit);
         });
-    }
-}
-
-/// The open connections, oldest first: each one's stop signal and whether its request has
-/// arrived (a connection being answered is never closed to make room).
-#[derive(Clone, Default)]
-struct Live(Arc<Mutex<BTreeMap<u64, Conn>>>);
-
-/// A connection's stop signal and whether its request has arrived.
-type Conn = (CancellationToken, Arc<AtomicBool>);
-
-impl Live {
-    fn add(&self, id: u64) -> Conn {
-        let entry = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
-        self.0.lock().insert(id, entry.clone());
-        entry
-    }
-
-    fn remove(&self, id: u64) {
-        self.0.lock().remove(&id);
-    }
-
-    fn close_oldest_idle(&self) {
-        let live = self.0.lock();
-        if let Some((stop, _)) = live
-            .values()
-            .find(|(stop, asked)| !asked.load(Ordering::Relaxed) && !stop.is_cancelled())
-        {
-            stop.cancel();
-        }
     }
 }
 

@@ -23,6 +23,8 @@
 //! - [`metrics`]: metric names, bounded labels and per-route handles.
 //! - `log_budget`: log lines a peer can cause, sampled per call site.
 //! - `http`: the metrics port (`/metrics`, `/healthz`, `/readyz`).
+//! - `conns`: places on an HTTP listener (metrics, MCP): totals, per-peer caps, and which
+//!   connection is closed to make room.
 //! - `server`: starting and stopping a relay.
 //! - [`replay`], [`export`], [`stats`], [`report`]: reading recordings back.
 //! - `transport`: the stdio upstream (a mod started as a child process).
@@ -39,6 +41,7 @@ pub(crate) mod auth;
 pub mod bridge;
 pub mod cli;
 pub mod config;
+pub(crate) mod conns;
 pub(crate) mod demo;
 pub(crate) mod discovery;
 pub(crate) mod display;

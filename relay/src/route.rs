@@ -371,6 +371,7 @@ impl Route {
                 json!({
                     "conn": b.conn,
                     "name": info.name,
+                    "label": info.label,
                     "role": b.access.role(),
                     "denied": denied,
                     "rateLimited": limited,

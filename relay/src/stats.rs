@@ -138,6 +138,8 @@ pub struct BridgeStats {
     pub name: Option<String>,
     /// Its bridgeVersion.
     pub bridge_version: String,
+    /// The label it gave itself (its hello's `clientInfo.name`), if any.
+    pub label: Option<String>,
     /// Events dropped for it.
     pub dropped: u64,
     /// `relay/dropped` notices it was sent.
@@ -335,6 +337,7 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
                 conn: b.conn,
                 name: b.name.clone(),
                 bridge_version: b.bridge_version.clone(),
+                label: b.label.clone(),
                 dropped: b.dropped,
                 drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
                 unrecorded_bad_frames: b.unrecorded_bad_frames,
@@ -436,16 +439,17 @@ pub fn render(s: &SessionStats) -> String {
     if !s.bridges.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<6} {:<20} {:<28} {:>10} {:>12}",
-            "CONN", "NAME", "BRIDGE", "DROPPED", "DROP NOTICES"
+            "\n{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
+            "CONN", "NAME", "LABEL", "BRIDGE", "DROPPED", "DROP NOTICES"
         );
     }
     for b in &s.bridges {
         let _ = writeln!(
             o,
-            "{:<6} {:<20} {:<28} {:>10} {:>12}",
+            "{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
             b.conn,
             b.name.as_deref().map_or_else(|| "-".into(), name),
+            b.label.as_deref().map_or_else(|| "-".into(), name),
             name(&b.bridge_version),
             b.dropped,
             b.drop_notices

@@ -35,6 +35,21 @@ impl Serve {
         let _ = self._child.start_kill();
         let _ = self._child.wait().await;
     }
+
+    /// Stops the relay with SIGTERM (its recording closed) and waits for exit 0.
+    async fn terminate(mut self) {
+        let pid = self._child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), self._child.wait())
+            .await
+            .expect("the relay stops")
+            .expect("wait");
+        assert_eq!(status.code(), Some(0));
+    }
 }
 
 fn sim() -> ModSim {
@@ -377,7 +392,7 @@ async fn wrong_bearer_tokens_are_throttled_counted_and_logged_once() {
         "six failures counted: {text}"
     );
     let log = std::fs::read_to_string(&s.stderr).expect("stderr");
-    let warned = log.matches("without the route's bearer token").count();
+    let warned = log.matches("without a bridge token of the route").count();
     assert_eq!(warned, 1, "one line per burst: {log}");
     assert!(!log.contains(&s.token) && !log.contains("0123456789abcdef0123"));
 }
@@ -412,32 +427,185 @@ async fn failing_requests_do_not_grow_the_log() {
     );
 }
 
-/// Connections beyond the cap are closed at once; an idle one is closed after the header
-/// timeout; then a new connection is served again.
+/// One HTTP/1.1 request on its own connection, or why it got no answer (closed unanswered,
+/// or nothing within `wait`).
+async fn try_http(
+    host: &str,
+    headers: &[String],
+    method: &str,
+    body: &str,
+    wait: Duration,
+) -> Result<(u16, String), String> {
+    let mut req = format!("{method} /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        req += h;
+        req += "\r\n";
+    }
+    req += "\r\n";
+    req += body;
+    let exchange = async {
+        let mut conn = TcpStream::connect(host).await.map_err(|e| e.to_string())?;
+        conn.write_all(req.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut resp = Vec::new();
+        conn.read_to_end(&mut resp)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(String::from_utf8_lossy(&resp).into_owned())
+    };
+    let resp = tokio::time::timeout(wait, exchange)
+        .await
+        .map_err(|_| "no answer in time".to_string())??;
+    let status = resp
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("closed without an answer: {resp:?}"))?;
+    Ok((status, resp))
+}
+
+/// One MCP client's whole visit: initialize, call a tool, close the session.
+async fn visit(s: &Serve, wait: Duration) -> Result<(), String> {
+    let (status, resp) = try_http(&s.mcp, &[bearer(s)], "POST", INIT, wait).await?;
+    let sid = resp
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .ok_or_else(|| format!("initialize: {status} {resp}"))?;
+    let headers = [bearer(s), format!("mcp-session-id: {sid}")];
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"relay_status","arguments":{}}});
+    let (status, resp) = try_http(&s.mcp, &headers, "POST", &call.to_string(), wait).await?;
+    if status != 200 || !resp.contains("\"route\"") {
+        return Err(format!("relay_status: {status} {resp}"));
+    }
+    let (status, resp) = try_http(&s.mcp, &headers, "DELETE", "", wait).await?;
+    if !(200..300).contains(&status) {
+        return Err(format!("close: {status} {resp}"));
+    }
+    Ok(())
+}
+
+/// Holds `n` idle connections (no byte sent) to `host`, opening a new one 100 ms after each
+/// is closed, until dropped; counts the connections opened.
+struct IdleFlood {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    opened: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl IdleFlood {
+    fn start(host: &str, n: usize) -> IdleFlood {
+        let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tasks = (0..n)
+            .map(|_| {
+                let (host, opened) = (host.to_string(), opened.clone());
+                tokio::spawn(async move {
+                    loop {
+                        if let Ok(mut c) = TcpStream::connect(&host).await {
+                            opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let mut buf = [0u8; 64];
+                            while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                })
+            })
+            .collect();
+        IdleFlood { tasks, opened }
+    }
+
+    fn opened(&self) -> usize {
+        self.opened.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for IdleFlood {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+/// 200 idle connections (no byte sent, each opened again when closed) never keep out a client
+/// with the token: 50 of 50 visits (initialize, a tool call, close) over 5 s succeed, each
+/// within 5 s, and a request already being answered is not cut. An idle connection is still closed after
+/// the header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excess_and_idle_connections_are_closed() {
+async fn idle_connections_never_keep_out_a_client_with_the_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
     let s = serve(&sim, dir.path(), &[]).await;
-    let mut idle = Vec::new();
-    for _ in 0..128 {
-        idle.push(TcpStream::connect(&s.mcp).await.expect("connect"));
+    // A long poll in flight on its own connection while the flood arrives: once its stream
+    // has begun, the relay is answering it.
+    let (_, sid, _) = open_session(&s).await;
+    let poll = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"events_poll","arguments":{"channels":["none/such"],"waitMs":3000}}}).to_string();
+    let mut polling = TcpStream::connect(&s.mcp).await.expect("connect");
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nConnection: close\r\n{}\r\nmcp-session-id: {}\r\nContent-Length: {}\r\n\r\n{poll}",
+        s.mcp,
+        bearer(&s),
+        sid.expect("session"),
+        poll.len()
+    );
+    polling.write_all(req.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains("retry:") {
+        let n = tokio::time::timeout(Duration::from_secs(10), polling.read(&mut buf))
+            .await
+            .expect("the poll's stream begins")
+            .expect("read");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
     }
-    let mut extra = TcpStream::connect(&s.mcp).await.expect("connect");
-    let mut buf = [0u8; 16];
-    let n = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut buf))
+
+    let flood = IdleFlood::start(&s.mcp, 200);
+    wait_for(
+        "200 idle connections",
+        Duration::from_secs(30),
+        async || flood.opened() >= 200,
+    )
+    .await;
+    let (mut ok, mut slowest, mut failures) = (0, Duration::ZERO, Vec::new());
+    // Spread over 5 s of the flood's churn (each connection it loses is opened again).
+    let mut visits = tokio::time::interval(Duration::from_millis(100));
+    for _ in 0..50 {
+        visits.tick().await;
+        let t = Instant::now();
+        match visit(&s, Duration::from_secs(5)).await {
+            Ok(()) => {
+                ok += 1;
+                slowest = slowest.max(t.elapsed());
+            }
+            Err(e) => failures.push(e),
+        }
+    }
+    eprintln!(
+        "{ok} of 50 visits, the slowest {slowest:?}; {} idle connections opened",
+        flood.opened()
+    );
+    assert_eq!(ok, 50, "{failures:?}");
+    tokio::time::timeout(Duration::from_secs(10), polling.read_to_end(&mut answer))
         .await
-        .expect("the 129th connection is closed at once");
-    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        .expect("the poll ends")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains("\"isError\":false") && answer.contains("cursor"),
+        "the poll is answered: {answer}"
+    );
+    drop(flood);
+
+    let mut idle = TcpStream::connect(&s.mcp).await.expect("connect");
     let t = Instant::now();
-    let n = tokio::time::timeout(Duration::from_secs(20), idle[0].read(&mut buf))
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(20), idle.read(&mut buf))
         .await
         .expect("an idle connection is closed after the header timeout");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     assert!(t.elapsed() < Duration::from_secs(15));
-    drop(idle);
-    let (status, _, resp) = open_session(&s).await;
-    assert_eq!(status, 200, "served again: {resp}");
 }
 
 /// A malformed body gets a short JSON-RPC parse error, without the parser's internals.
@@ -475,8 +643,13 @@ async fn stdio(s: &Serve) -> Stdio_ {
 
 /// `gabp-relay mcp --name limits ARGS`, initialized.
 async fn stdio_with(args: &[&str]) -> Stdio_ {
+    stdio_named("limits", args).await
+}
+
+/// `gabp-relay mcp --name NAME ARGS`, initialized.
+async fn stdio_named(name: &str, args: &[&str]) -> Stdio_ {
     let mut child = Command::new(BIN)
-        .args(["mcp", "--name", "limits"])
+        .args(["mcp", "--name", name])
         .args(args)
         .env_remove("GABP_RELAY_TOKEN")
         .stdin(Stdio::piped())
@@ -524,20 +697,22 @@ impl Stdio_ {
         }
     }
 
-    /// The names `tools/list` gives (empty when it fails).
-    async fn tool_names(&mut self, id: u64) -> Vec<String> {
+    /// The tools `tools/list` gives (empty when it fails).
+    async fn tools(&mut self, id: u64) -> Vec<Value> {
         self.send(&json!({"jsonrpc":"2.0","id":id,"method":"tools/list"}).to_string())
             .await;
         let a = self.answer_to(id).await;
-        a["result"]["tools"]
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| t["name"].as_str())
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default()
+        a["result"]["tools"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The names `tools/list` gives (empty when it fails).
+    async fn tool_names(&mut self, id: u64) -> Vec<String> {
+        self.tools(id)
+            .await
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .map(String::from)
+            .collect()
     }
 
     /// Calls tool `name`; its result (answers to anything else in between are skipped).
@@ -961,4 +1136,500 @@ async fn with_the_relay_down_own_tools_are_listed_and_calls_fail_as_results() {
     let r = m.call(id + 1, "relay_status", json!({})).await;
     assert!(!result_text(&r).0, "back: {r}");
     drop(s);
+}
+
+/// A named control identity's token in [`serve_identities`].
+const PLANNER: &str = "planner-token-0123456789abcdef00";
+/// A named observe identity's token in [`serve_identities`].
+const WATCHER: &str = "watcher-token-0123456789abcdef00";
+
+/// `serve` whose route `default` (from a config file; its token set by the flags) has two named
+/// identities besides its own token: `planner` (control) and `watcher` (observe).
+async fn serve_identities(sim: &ModSim, dir: &Path, args: &[&str]) -> Serve {
+    use std::os::unix::fs::PermissionsExt;
+    let cfg = dir.join("relay.toml");
+    let text = format!(
+        "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\n\n\
+         [[route.bridge]]\nname = \"planner\"\ntoken = \"{PLANNER}\"\nrole = \"control\"\n\n\
+         [[route.bridge]]\nname = \"watcher\"\ntoken = \"{WATCHER}\"\nrole = \"observe\"\n",
+        sim.addr()
+    );
+    std::fs::write(&cfg, text).expect("config");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let cfg = cfg.to_str().expect("utf-8").to_string();
+    let mut all = vec!["--config", cfg.as_str()];
+    all.extend_from_slice(args);
+    serve_with(sim, dir, &[], &all).await
+}
+
+/// Initializes an HTTP session with `token`, the client calling itself `client`; returns the
+/// status, the session id and the answer.
+async fn open_session_as(s: &Serve, token: &str, client: &str) -> (u16, Option<String>, String) {
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":client,"version":"1"}}});
+    let auth = format!("Authorization: Bearer {token}");
+    let (status, resp) = http(&s.mcp, "POST", &[auth], &init.to_string()).await;
+    let id = resp.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("mcp-session-id")
+            .then(|| v.trim().to_string())
+    });
+    (status, id, resp)
+}
+
+/// Calls tool `name` in HTTP session `sid` with `token`; the status and the JSON-RPC answer.
+async fn http_call(s: &Serve, token: &str, sid: &str, name: &str, args: Value) -> (u16, Value) {
+    let body = json!({"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":name,"arguments":args}});
+    let headers = [
+        format!("Authorization: Bearer {token}"),
+        format!("mcp-session-id: {sid}"),
+        "MCP-Protocol-Version: 2025-06-18".into(),
+    ];
+    let (status, resp) = http(&s.mcp, "POST", &headers, &body.to_string()).await;
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    // A JSON answer, or an SSE stream whose `data:` line holds it.
+    let answer = serde_json::from_str(body).unwrap_or_else(|_| {
+        body.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|v| v["id"] == 9)
+            .unwrap_or(Value::Null)
+    });
+    (status, answer)
+}
+
+/// `gabp-relay status --json` for the relay `s`: its bridges.
+async fn status_bridges(s: &Serve) -> (Vec<Value>, String) {
+    let file = s.bridge_file.to_str().expect("utf-8");
+    let out = Command::new(BIN)
+        .args(["status", "--bridge-file", file, "--json"])
+        .env_remove("GABP_RELAY_TOKEN")
+        .output()
+        .await
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let bridges = v["relays"][0]["status"]["bridges"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("bridges in {v}"));
+    let table = Command::new(BIN)
+        .args(["status", "--bridge-file", file])
+        .env_remove("GABP_RELAY_TOKEN")
+        .output()
+        .await
+        .expect("status");
+    (bridges, String::from_utf8_lossy(&table.stdout).into_owned())
+}
+
+/// The bridge whose label is `label`.
+fn labelled<'a>(bridges: &'a [Value], label: &str) -> &'a Value {
+    bridges
+        .iter()
+        .find(|b| b["label"] == label)
+        .unwrap_or_else(|| panic!("no bridge labelled {label} in {bridges:?}"))
+}
+
+/// Any identity's token opens an HTTP session, whose bridge is that identity: an `observe`
+/// assistant's tool calls are refused as for any observe bridge, a named control identity's go
+/// through, and each shows under its identity's name with its client's name as the label in
+/// `status`, `stats` and the recording. A session opened by one identity is unknown to another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_assistant_is_the_identity_whose_token_it_presents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let data = dir.path().join("data");
+    let data_arg = data.to_str().expect("utf-8");
+    let s = serve_identities(&sim, dir.path(), &["--data-dir", data_arg]).await;
+
+    let (status, watch, resp) = open_session_as(&s, WATCHER, "asst-watch").await;
+    assert_eq!(
+        status, 200,
+        "the observe identity's token opens a session: {resp}"
+    );
+    let watch = watch.expect("session id");
+    let (_, a) = http_call(&s, WATCHER, &watch, "sim_echo", json!({"x": 1})).await;
+    let (failed, text) = result_text(&a["result"]);
+    assert!(failed, "an observe assistant's tool call is refused: {a}");
+    assert!(
+        text.contains("-32006") && text.contains("role observe"),
+        "{text}"
+    );
+    let (_, a) = http_call(&s, WATCHER, &watch, "relay_status", json!({})).await;
+    assert!(!result_text(&a["result"]).0, "observe reads status: {a}");
+
+    let (status, plan, resp) = open_session_as(&s, PLANNER, "asst-plan").await;
+    assert_eq!(status, 200, "{resp}");
+    let plan = plan.expect("session id");
+    let (_, a) = http_call(&s, PLANNER, &plan, "sim_echo", json!({"x": 2})).await;
+    let (failed, text) = result_text(&a["result"]);
+    assert!(!failed && text.contains("\"x\":2"), "{a}");
+    let mark = json!({"label": "planned"});
+    let (_, a) = http_call(&s, PLANNER, &plan, "mark", mark).await;
+    assert!(!result_text(&a["result"]).0, "{a}");
+
+    // The route's own token still works; another identity cannot use the planner's session.
+    let (status, own, resp) = open_session_as(&s, &s.token, "asst-route").await;
+    assert_eq!(status, 200, "{resp}");
+    let (_, a) = http_call(
+        &s,
+        &s.token,
+        &own.expect("session id"),
+        "sim_echo",
+        json!({}),
+    )
+    .await;
+    assert!(!result_text(&a["result"]).0, "{a}");
+    let (status, a) = http_call(&s, WATCHER, &plan, "sim_echo", json!({})).await;
+    assert_eq!(status, 404, "{a}");
+    let (status, _) = http(
+        &s.mcp,
+        "POST",
+        &["Authorization: Bearer nobody-0123456789abcdef0123".into()],
+        INIT,
+    )
+    .await;
+    assert_eq!(status, 401);
+
+    let (bridges, table) = status_bridges(&s).await;
+    let w = labelled(&bridges, "asst-watch");
+    assert_eq!(
+        (&w["name"], &w["role"]),
+        (&json!("watcher"), &json!("observe")),
+        "{w}"
+    );
+    let p = labelled(&bridges, "asst-plan");
+    assert_eq!(
+        (&p["name"], &p["role"]),
+        (&json!("planner"), &json!("control")),
+        "{p}"
+    );
+    assert!(labelled(&bridges, "asst-route")["name"].is_null());
+    for needle in ["LABEL", "asst-watch", "asst-plan", "watcher", "planner"] {
+        assert!(table.contains(needle), "{needle} in {table}");
+    }
+    s.terminate().await;
+
+    let stats = Command::new(BIN)
+        .args(["stats", "--data-dir", data_arg, "latest", "--json"])
+        .output()
+        .await
+        .expect("stats");
+    assert!(
+        stats.status.success(),
+        "{}",
+        String::from_utf8_lossy(&stats.stderr)
+    );
+    let st: Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    let bridges = st["bridges"].as_array().cloned().unwrap_or_default();
+    assert_eq!(labelled(&bridges, "asst-plan")["name"], "planner", "{st}");
+    assert_eq!(labelled(&bridges, "asst-watch")["name"], "watcher", "{st}");
+    let table = Command::new(BIN)
+        .args(["stats", "--data-dir", data_arg, "latest"])
+        .output()
+        .await
+        .expect("stats");
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("LABEL") && table.contains("asst-plan"),
+        "{table}"
+    );
+}
+
+/// `gabp-relay mcp --name X` shows as the label X beside its identity in `status`, each
+/// assistant under its own name; a name carrying a terminal escape and a text-direction override
+/// is kept without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stdio_assistant_shows_under_the_name_it_gave() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let file = s.bridge_file.to_str().expect("utf-8");
+    let mut a = stdio_named("asst-A", &["--bridge-file", file]).await;
+    let mut b = stdio_named("asst-B\u{1b}[2J\u{202e}!", &["--bridge-file", file]).await;
+    // A call makes sure each is attached.
+    assert!(!result_text(&a.call(2, "relay_status", json!({})).await).0);
+    assert!(!result_text(&b.call(2, "relay_status", json!({})).await).0);
+    let (bridges, table) = status_bridges(&s).await;
+    for label in ["asst-A", "asst-B[2J!"] {
+        let br = labelled(&bridges, label);
+        assert_eq!(br["role"], "control", "{br}");
+        assert!(br["bridgeVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("gabp-relay-mcp/")));
+    }
+    assert!(
+        table.contains("asst-A") && table.contains("asst-B[2J!"),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\u{202e}'),
+        "{table:?}"
+    );
+}
+
+/// The mod of these tests, listing `sim/hostile` too.
+fn hostile_sim() -> ModSim {
+    sim_with(ModSimConfig {
+        hostile_tool: true,
+        ..ModSimConfig::default()
+    })
+}
+
+/// The tool list an assistant gets carries none of a hostile mod's control, bidirectional or
+/// invisible characters and no text past its bound (title 128 characters, description 1 KiB),
+/// and annotations keep MCP's known hints only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_mods_tool_texts_reach_the_assistant_cleaned_and_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = hostile_sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let file = s.bridge_file.to_str().expect("utf-8");
+    let mut m = stdio_named("clean", &["--bridge-file", file]).await;
+    let tools = m.tools(2).await;
+    let hostile = tools
+        .iter()
+        .find(|t| t["name"] == "sim_hostile")
+        .unwrap_or_else(|| panic!("sim_hostile in {tools:?}"));
+    let title = hostile["title"].as_str().expect("title");
+    assert!(
+        title.chars().count() <= 128,
+        "{} characters",
+        title.chars().count()
+    );
+    assert!(
+        title.contains("IGNORE PREVIOUS INSTRUCTIONS"),
+        "the text is kept, cleaned: {title}"
+    );
+    let description = hostile["description"].as_str().expect("description");
+    assert!(
+        description.len() <= 1024 + 64,
+        "{} bytes",
+        description.len()
+    );
+    let area = hostile["inputSchema"]["properties"]["area"]["description"]
+        .as_str()
+        .expect("a schema text");
+    assert!(area.len() <= 1024, "{} bytes", area.len());
+    assert_eq!(
+        hostile["annotations"]
+            .as_object()
+            .map(|o| o.keys().cloned().collect::<Vec<_>>()),
+        Some(vec!["readOnlyHint".to_string(), "title".to_string()]),
+        "{}",
+        hostile["annotations"]
+    );
+    let listing = serde_json::to_string(&tools).expect("JSON");
+    for c in [
+        '\u{1b}',
+        '\u{202e}',
+        '\u{200b}',
+        '\u{2066}',
+        '\u{2069}',
+        '\u{feff}',
+        '\u{e0041}',
+        '\u{85}',
+        '\u{0}',
+        '\r',
+    ] {
+        assert!(!listing.contains(c), "{c:?} reached the assistant");
+    }
+    assert!(
+        listing.len() < 16 * 1024,
+        "the listing is {} bytes",
+        listing.len()
+    );
+    let (failed, text) = result_text(&m.call(3, "sim_hostile", json!({"area": "a"})).await);
+    assert!(
+        !failed && text.contains("\"area\":\"a\""),
+        "still callable: {text}"
+    );
+}
+
+/// `--mcp-tools` narrows the mod's tools (listed and callable; the relay's own stay) and
+/// `--mcp-strip-output-schema` leaves output schemas out (passed on otherwise), on stdio and
+/// over HTTP; on `serve` they need `--mcp-listen`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_and_strip_output_schema_choose_what_is_offered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = hostile_sim();
+    let s = serve_with(
+        &sim,
+        dir.path(),
+        &[],
+        &[
+            "--no-record",
+            "--mcp-tools",
+            "sim/echo,sim/hostile",
+            "--mcp-strip-output-schema",
+        ],
+    )
+    .await;
+    let file = s.bridge_file.to_str().expect("utf-8");
+    // `gabp-relay mcp --mcp-tools`: only the allowed mod tools are listed and callable.
+    let mut narrow = stdio_named(
+        "narrow",
+        &[
+            "--bridge-file",
+            file,
+            "--mcp-tools",
+            "sim/*,!sim/fail,!sim/hostile",
+        ],
+    )
+    .await;
+    let names = narrow.tool_names(2).await;
+    assert!(
+        names.iter().any(|n| n == "sim_echo") && names.iter().any(|n| n == "sim_emit"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n == "sim_fail" || n == "sim_hostile"),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| n == "events_poll"),
+        "the relay's own tools stay: {names:?}"
+    );
+    let call = json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"sim_fail","arguments":{}}});
+    narrow.send(&call.to_string()).await;
+    let a = narrow.answer_to(3).await;
+    assert_eq!(
+        a["error"]["code"], -32602,
+        "a tool not offered is not callable: {a}"
+    );
+    let echo = narrow.tools(4).await;
+    let echo = echo
+        .iter()
+        .find(|t| t["name"] == "sim_echo")
+        .expect("sim_echo");
+    assert_eq!(
+        echo["outputSchema"],
+        json!({"type": "object"}),
+        "passed on by default: {echo}"
+    );
+
+    // `serve --mcp-tools sim/echo,sim/hostile --mcp-strip-output-schema`, over HTTP.
+    let (status, sid, resp) = open_session(&s).await;
+    assert_eq!(status, 200, "{resp}");
+    let sid = sid.expect("session id");
+    let list = json!({"jsonrpc":"2.0","id":5,"method":"tools/list"});
+    let headers = [
+        bearer(&s),
+        format!("mcp-session-id: {sid}"),
+        "MCP-Protocol-Version: 2025-06-18".into(),
+    ];
+    let (status, resp) = http(&s.mcp, "POST", &headers, &list.to_string()).await;
+    assert_eq!(status, 200, "{resp}");
+    for want in ["\"sim_echo\"", "\"sim_hostile\"", "\"events_poll\""] {
+        assert!(resp.contains(want), "{want} in {resp}");
+    }
+    for gone in [
+        "\"sim_fail\"",
+        "\"sim_emit\"",
+        "outputSchema",
+        "\\u001b",
+        "\\u202e",
+    ] {
+        assert!(!resp.contains(gone), "{gone} in {resp}");
+    }
+    // The offer flags need the MCP endpoint.
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-record",
+            "--mcp-tools",
+            "sim/*",
+        ])
+        .env_remove("GABP_RELAY_TOKEN")
+        .output()
+        .await
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("need --mcp-listen"), "{err}");
+}
+
+/// What the HTTP front refuses, whoever asks: no token, a wrong one or a Basic one (401), a
+/// foreign Host (403), an unknown session (404), a body over 4 MiB (413), nesting no parser
+/// takes (-32700); and `--mcp-listen` on a non-loopback address without `--allow-remote`.
+/// An observe identity's session is refused every write: tool calls, acks and the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_front_refuses_what_it_must_for_every_identity() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve_identities(&sim, dir.path(), &["--no-record"]).await;
+    let basic = format!("Authorization: Basic {}", s.token);
+    for headers in [
+        vec![],
+        vec!["Authorization: Bearer 0123456789abcdef0123456789abcdef".into()],
+        vec![basic],
+    ] {
+        let (status, resp) = http(&s.mcp, "POST", &headers, INIT).await;
+        assert_eq!(status, 401, "{headers:?}: {resp}");
+    }
+    for token in [s.token.as_str(), PLANNER, WATCHER] {
+        let auth = format!("Authorization: Bearer {token}");
+        // A foreign Host: the request is not served (DNS rebinding).
+        let req = format!("POST /mcp HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{auth}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{INIT}", INIT.len());
+        let mut conn = TcpStream::connect(&s.mcp).await.expect("connect");
+        conn.write_all(req.as_bytes()).await.expect("write");
+        let mut resp = String::new();
+        conn.read_to_string(&mut resp).await.expect("read");
+        assert!(resp.starts_with("HTTP/1.1 403"), "{token}: {resp}");
+        let unknown = [auth.clone(), "mcp-session-id: no-such-session".into()];
+        let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+        let (status, resp) = http(&s.mcp, "POST", &unknown, list).await;
+        assert_eq!(status, 404, "{resp}");
+        let big = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"ping","params":{{"x":"{}"}}}}"#,
+            "y".repeat(5 << 20)
+        );
+        let (status, resp) = http(&s.mcp, "POST", std::slice::from_ref(&auth), &big).await;
+        assert_eq!(status, 413, "{resp}");
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let (status, resp) = http(&s.mcp, "POST", std::slice::from_ref(&auth), &deep).await;
+        assert_eq!(status, 400, "{resp}");
+        assert!(resp.contains(r#""code":-32700"#), "{resp}");
+    }
+    let (status, watch, resp) = open_session_as(&s, WATCHER, "asst-watch").await;
+    assert_eq!(status, 200, "{resp}");
+    let watch = watch.expect("session id");
+    for (tool, args) in [
+        ("sim_echo", json!({})),
+        ("sim_emit", json!({"count": 1})),
+        ("attention_ack", json!({"attentionId": "attn_1"})),
+        ("relay_lease", json!({"action": "acquire"})),
+    ] {
+        let (_, a) = http_call(&s, WATCHER, &watch, tool, args).await;
+        let (failed, text) = result_text(&a["result"]);
+        assert!(failed && text.contains("-32006"), "{tool}: {a}");
+    }
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--upstream",
+            "127.0.0.1:9",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-record",
+            "--mcp-listen",
+            "0.0.0.0:0",
+        ])
+        .env_remove("GABP_RELAY_TOKEN")
+        .output()
+        .await
+        .expect("serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--mcp-listen must be a loopback address"),
+        "{err}"
+    );
 }

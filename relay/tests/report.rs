@@ -134,6 +134,15 @@ async fn a_recorded_session_reports_every_chart_in_a_real_browser() {
     // Offline by construction: nothing on the page points anywhere.
     let outside = check::external_references(&html);
     assert!(outside.is_empty(), "self-contained: {outside:?}");
+    // Inline code runs only by hash (the charts' check below proves the hashes are right).
+    assert!(
+        html.contains("script-src 'sha256-"),
+        "the policy names scripts by hash"
+    );
+    assert!(
+        !html.contains("unsafe-inline"),
+        "no 'unsafe-inline' in the policy"
+    );
     for what in [
         "world/tick",
         "tools/call",
@@ -170,18 +179,24 @@ async fn a_page_with_a_broken_chart_fails_the_browser_check() {
     let dom = browser::dump_dom(&chromium, &bad).expect("the browser loads the page");
     let err = check::check_dom(&dom).expect_err("a broken chart fails");
     assert!(err.contains("latency"), "{err}");
-    // A script error anywhere on the page fails it too (a chart drawn by script would break).
+    // An inline script the page did not bring (markup that got past escaping) never runs: the
+    // policy allows the page's own two scripts only, by hash, and the block fails the check.
     let html = std::fs::read_to_string(&page).expect("page");
     let at = html.find("<h2>").expect("a heading");
-    let erring = format!(
-        "{}<script>undefinedFunction()</script>{}",
+    let injected = format!(
+        "{}<script>document.body.setAttribute('data-injected','ran');undefinedFunction()</script>{}",
         &html[..at],
         &html[at..]
     );
-    std::fs::write(&bad, erring).expect("write");
+    std::fs::write(&bad, injected).expect("write");
     let dom = browser::dump_dom(&chromium, &bad).expect("the browser loads the page");
-    let err = check::check_dom(&dom).expect_err("a script error fails");
-    assert!(err.contains("undefinedFunction"), "{err}");
+    assert!(
+        !dom.contains("data-injected=\"ran\""),
+        "the injected script ran"
+    );
+    let err = check::check_dom(&dom).expect_err("a blocked script fails the check");
+    assert!(err.contains("blocked inline"), "{err}");
+    assert!(!err.contains("undefinedFunction"), "{err}");
     // And the intact page still passes in the same browser (the check can pass, too).
     let dom = browser::dump_dom(&chromium, &page).expect("the browser loads the page");
     check::check_dom(&dom).expect("the intact page passes");

@@ -1,7 +1,9 @@
 //! The HTML page: a title, a summary, tables and charts in one self-contained file. A
 //! Content-Security-Policy forbids every fetch (no CDN, fonts or images from anywhere), so
 //! the page works offline by construction. Every string put on the page is escaped, and the
-//! SVG of each chart is inlined as produced by [`crate::chart`].
+//! SVG of each chart is inlined as produced by [`crate::chart`]. Escaping is not the only
+//! defence: the policy allows no inline script or style but the page's own, each named by its
+//! SHA-256 ([`csp`]), so markup that slipped through unescaped could not run a script.
 //!
 //! A tiny inline script in `<head>` collects script errors and blocked loads; another at the
 //! end of `<body>` checks, once the page is laid out, that every chart has an `<svg>`
@@ -10,6 +12,9 @@
 //! chart's element count on its figure (`data-elements`), for [`crate::check`] to read.
 
 use std::fmt::Write;
+
+use base64::Engine;
+use sha2::{Digest, Sha256};
 
 /// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
 pub const MIN_ELEMENTS: usize = 10;
@@ -144,19 +149,46 @@ impl Page {
 
     /// The finished page.
     pub fn finish(&self) -> String {
+        let check = check_script();
         format!(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n\
-             <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'\">\n\
+             <meta http-equiv=\"Content-Security-Policy\" content=\"{}\">\n\
              <meta name=\"viewport\" content=\"width=device-width\">\n\
              <title>{}</title>\n<style>{STYLE}</style>\n<script>{WATCH}</script></head>\n\
              <body data-charts=\"{}\" data-check=\"pending\">\n{}\
-             <script>{}</script>\n</body></html>\n",
+             <script>{check}</script>\n</body></html>\n",
+            csp(),
             escape(&self.title),
             self.charts,
             self.body,
-            SCRIPT.replace("MIN", &MIN_ELEMENTS.to_string()),
         )
     }
+}
+
+/// The check script as the page carries it.
+fn check_script() -> String {
+    SCRIPT.replace("MIN", &MIN_ELEMENTS.to_string())
+}
+
+/// A CSP hash source for an inline element's exact text: `'sha256-…'`.
+pub fn hash_source(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    format!(
+        "'sha256-{}'",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
+/// The page's Content-Security-Policy: nothing may be fetched, and the only style and scripts
+/// allowed are the page's own, by hash (no `'unsafe-inline'`, so an injected `<script>`, inline
+/// event handler or `style` attribute does nothing).
+pub fn csp() -> String {
+    format!(
+        "default-src 'none'; style-src {}; script-src {} {}",
+        hash_source(STYLE),
+        hash_source(WATCH),
+        hash_source(&check_script())
+    )
 }
 
 #[cfg(test)]
@@ -179,5 +211,33 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(html.contains("data-charts=\"1\""));
         assert_eq!(escape("a\u{1}b'\""), "a\u{fffd}b&#39;&quot;");
+    }
+
+    #[test]
+    fn the_policy_allows_only_the_pages_own_inline_code_by_hash() {
+        let html = Page::new("t").finish();
+        let policy = csp();
+        assert!(html.contains(&format!("content=\"{policy}\"")));
+        assert!(!policy.contains("unsafe"), "{policy}");
+        // One hash per inline element, each of the element's exact text as the page holds it.
+        let between = |open: &str, close: &str| -> Vec<String> {
+            html.split(open)
+                .skip(1)
+                .map(|rest| rest.split(close).next().unwrap_or_default().to_string())
+                .collect()
+        };
+        let inline: Vec<String> = between("<script>", "</script>")
+            .into_iter()
+            .chain(between("<style>", "</style>"))
+            .collect();
+        assert_eq!(inline.len(), 3);
+        for text in &inline {
+            assert!(policy.contains(&hash_source(text)), "{text}");
+        }
+        // The SHA-256 of "" in CSP form (a known vector).
+        assert_eq!(
+            hash_source(""),
+            "'sha256-47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU='"
+        );
     }
 }

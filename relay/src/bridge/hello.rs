@@ -7,6 +7,11 @@
 //! relay-only. It is welcomed at once (with the mod's welcome if one is connected, else only the
 //! relay's extension, `modConnected: false`), may send only `relay/status`, and is never
 //! recorded: looking at a relay leaves no trace in its sessions.
+//!
+//! A bridge's `clientInfo.name` is kept as its label (what it calls itself, shown beside its
+//! identity in status, stats, reports and the recording), stripped of control and invisible
+//! characters and of any secret, and capped at [`MAX_LABEL`] characters. It is never a metric
+//! label.
 
 use std::sync::atomic::Ordering;
 
@@ -21,6 +26,9 @@ use crate::auth;
 use crate::log_budget::LogBudget;
 use crate::recorder::RecMsg;
 use crate::route::VERSION;
+
+/// Longest bridge label kept (its hello's `clientInfo.name`), in characters.
+pub const MAX_LABEL: usize = 64;
 
 impl BridgeReader {
     pub(super) async fn hello(
@@ -222,6 +230,12 @@ impl BridgeReader {
                 .take(max)
                 .collect()
         };
+        // Its own label (a name it chose): no control or invisible characters, no secret.
+        let label = p["clientInfo"]["name"].as_str().and_then(|n| {
+            let n = crate::display::strip(&auth::redact_str(n, &self.secrets().list()), false);
+            let n: String = n.trim().chars().take(MAX_LABEL).collect();
+            (!n.is_empty()).then_some(n)
+        });
         let info = BridgeInfo {
             conn: self.bridge.conn,
             name: identity.name.clone(),
@@ -234,6 +248,7 @@ impl BridgeReader {
             dropped: 0,
             policy: route.cfg.on_slow.as_str().into(),
             unrecorded_bad_frames: 0,
+            label,
         };
         *self.bridge.info.lock() = Some(info.clone());
         if let (Some(rec), Some(session), false) = (&route.recorder, &session, relay_only) {

@@ -140,6 +140,8 @@ pub struct ServeArgs {
     /// Serve MCP's Streamable HTTP transport at http://ADDR/mcp for the first route (bearer token).
     #[arg(long, value_name = "ADDR")]
     pub mcp_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub mcp_offer: crate::mcp::OfferArgs,
     /// Token bridges must present; shorter than 16 characters gets a warning [default: generated and printed].
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -340,6 +342,12 @@ pub async fn run(a: ServeArgs) -> Result<()> {
             "--mcp-listen must be a loopback address unless --allow-remote is given",
         ));
     }
+    if a.mcp_offer.given() && a.mcp_listen.is_none() {
+        return Err(usage(
+            "--mcp-tools and --mcp-strip-output-schema need --mcp-listen",
+        ));
+    }
+    let offer = a.mcp_offer.offer()?;
     let paths = if a.no_bridge_file {
         Vec::new()
     } else {
@@ -372,6 +380,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
             addr,
             cfg.allow_remote,
             cfg.records().then(|| cfg.data_dir.clone()),
+            offer,
         )
         .await
         {

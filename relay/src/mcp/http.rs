@@ -1,17 +1,26 @@
 //! `serve --mcp-listen`: MCP's Streamable HTTP transport served from the relay process.
 //!
 //! Each MCP session gets its own bridge connection to the route's listener (so it is one more
-//! bridge, recorded and limited like any other). Every HTTP request must carry the route's token
-//! as `Authorization: Bearer T` (scheme in any case, checked in constant time); wrong tokens are
-//! throttled per source and counted like failed hellos on the bridge port, and logged once per
-//! burst. The listener is loopback-only unless the operator allows remote listeners.
+//! bridge, recorded and limited like any other). Every HTTP request must carry a token of one of
+//! the route's bridge identities (its `token`, or a `[[route.bridge]]` one) as
+//! `Authorization: Bearer T` (scheme in any case; compared with every identity's in constant
+//! time, as hellos are). The session's bridge presents that same token, so the relay applies
+//! that identity's role, tools, rate and lease and records its name; a session is bound to the
+//! identity that opened it (a request naming it with another identity's token is answered as for
+//! an unknown session). Wrong tokens are throttled per source and counted like failed hellos on
+//! the bridge port, and logged once per burst; their connection is closed after the answer. The
+//! listener is loopback-only unless the operator allows remote listeners.
 //!
-//! Bounds: [`MAX_CONNS`] connections at once (more are closed at once), [`HEADER_TIMEOUT`] to
-//! send a request's headers (an idle keep-alive connection is closed after it),
-//! [`MAX_SESSIONS`] MCP sessions (and bridge connections) at once, a session closed after
-//! [`IDLE`] without a request (`GABP_RELAY_MCP_IDLE_MS` shortens it, for tests), bodies up to
-//! [`MAX_BODY`]; a body that is not a JSON-RPC message gets a short JSON-RPC error.
+//! Bounds: [`MAX_CONNS`] connections at once and [`PER_PEER`] from one address; one arriving at
+//! either bound closes the oldest connection in its way that has not yet sent an authenticated
+//! request ([`crate::conns`]), so idle connections never keep out a client with a token (when
+//! all are authenticated, the new one is closed at once). [`HEADER_TIMEOUT`] to send a request's
+//! headers (an idle keep-alive connection is closed after it), [`MAX_SESSIONS`] MCP sessions
+//! (and bridge connections) at once, a session closed after [`IDLE`] without a request
+//! (`GABP_RELAY_MCP_IDLE_MS` shortens it, for tests), bodies up to [`MAX_BODY`]; a body that is
+//! not a JSON-RPC message gets a short JSON-RPC error.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -22,23 +31,29 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-use super::server::{Front, FrontConfig};
+use super::listing::Offer;
+use super::server::{Front, FrontConfig, SessionToken};
+use crate::conns::{Conns, Served};
+use crate::identity::Identity;
 use crate::log_budget::LogBudget;
 use crate::route::Route;
 
 /// The path the MCP endpoint is served at.
 pub const PATH: &str = "/mcp";
-/// Connections served at once; more are closed as soon as they are accepted.
+/// Connections open at once (the oldest not yet authenticated is closed to make room).
 pub const MAX_CONNS: usize = 128;
+/// Connections open at once from one address (the same rule within them).
+pub const PER_PEER: usize = 64;
 /// How long a connection may take to send a request's headers (or sit idle between requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// MCP sessions (each a bridge connection) at once.
@@ -63,6 +78,9 @@ fn plain(status: StatusCode, text: &str) -> Response<Body> {
     if status == StatusCode::UNAUTHORIZED {
         r.headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        // A connection that failed authentication is not kept for another try.
+        r.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     r
 }
@@ -77,24 +95,46 @@ fn rpc_error(id: Value, code: i64, msg: &str) -> Response<Body> {
     r
 }
 
-fn bearer_ok<B>(req: &Request<B>, token: &str) -> bool {
+/// The token of an `Authorization: Bearer T` header (scheme in any case).
+fn bearer<B>(req: &Request<B>) -> Option<&str> {
     req.headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .is_some_and(|(_, t)| crate::auth::token_matches(token, t.trim()))
+        .map(|(_, t)| t.trim())
 }
 
-/// The token check: the route's throttle and failure counter, and a log line per burst.
+/// The token check: the route's identities, its throttle and failure counter, and a log line
+/// per burst.
 struct Gate {
-    token: String,
     route: Weak<Route>,
     /// Wrong tokens are logged once per `log_budget::WINDOW`, with the count since.
     burst: LogBudget,
 }
 
+/// What a request's token says.
+enum Verdict {
+    /// An identity of the route.
+    Known(Arc<Identity>),
+    /// No identity's token.
+    Unknown,
+    /// The route is gone (shutting down).
+    Gone,
+}
+
 impl Gate {
+    /// The identity whose token `req` carries (every identity compared, in constant time).
+    fn identify<B>(&self, req: &Request<B>) -> Verdict {
+        let Some(route) = self.route.upgrade() else {
+            return Verdict::Gone;
+        };
+        match bearer(req).and_then(|t| route.access.table().find(t)) {
+            Some(id) => Verdict::Known(id),
+            None => Verdict::Unknown,
+        }
+    }
+
     /// How long to wait before answering a failure from `peer` (`None`: the route is gone).
     fn fail(&self, peer: &SocketAddr) -> Option<Duration> {
         let route = self.route.upgrade()?;
@@ -103,7 +143,7 @@ impl Gate {
         if let Some(earlier_unlogged) = self.burst.admit() {
             tracing::warn!(
                 route = %route.cfg.name, source = %peer.ip(), earlier_unlogged,
-                "security: MCP request without the route's bearer token (more in the next 10 s are counted in gabp_auth_failures_total, not logged)"
+                "security: MCP request without a bridge token of the route (more in the next 10 s are counted in gabp_auth_failures_total, not logged)"
             );
         }
         Some(delay)
@@ -121,6 +161,27 @@ struct Shared {
     gate: Gate,
     service: StreamableHttpService<Front, LocalSessionManager>,
     sessions: Arc<LocalSessionManager>,
+    /// Which identity (by name; `None` the route's own token) opened each session.
+    owners: Mutex<HashMap<String, Option<String>>>,
+}
+
+impl Shared {
+    /// Whether `session` may be used by `identity`: a session opened by another identity is
+    /// refused as unknown. Sessions this front does not know are left to rmcp (404).
+    fn owned_by(&self, session: &str, identity: &Identity) -> bool {
+        self.owners
+            .lock()
+            .get(session)
+            .is_none_or(|owner| *owner == identity.name)
+    }
+
+    /// Notes that `identity` opened `session`, forgetting sessions that have ended.
+    async fn opened(&self, session: &str, identity: &Identity) {
+        let live = self.sessions.sessions.read().await;
+        let mut owners = self.owners.lock();
+        owners.retain(|id, _| live.keys().any(|k| k.as_ref() == id.as_str()));
+        owners.insert(session.to_string(), identity.name.clone());
+    }
 }
 
 /// The idle timeout: [`IDLE`], or `GABP_RELAY_MCP_IDLE_MS` when set.
@@ -131,18 +192,42 @@ fn idle() -> Duration {
         .map_or(IDLE, Duration::from_millis)
 }
 
-async fn respond(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn respond(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    served: Served,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
     if req.uri().path() != PATH {
         return plain(StatusCode::NOT_FOUND, "not found\n");
     }
-    if !bearer_ok(&req, &shared.gate.token) {
-        let Some(delay) = shared.gate.fail(&peer) else {
-            return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
-        };
-        tokio::time::sleep(delay).await;
-        return plain(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
-    }
+    let identity = match shared.gate.identify(&req) {
+        Verdict::Known(id) => id,
+        Verdict::Gone => return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n"),
+        Verdict::Unknown => {
+            let Some(delay) = shared.gate.fail(&peer) else {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+            };
+            tokio::time::sleep(delay).await;
+            return plain(StatusCode::UNAUTHORIZED, "a bearer token is required\n");
+        }
+    };
     shared.gate.succeed(&peer);
+    // A connection with a good token is never closed to make room for another.
+    served.mark();
+    let session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    if session
+        .as_deref()
+        .is_some_and(|s| !shared.owned_by(s, &identity))
+    {
+        return plain(StatusCode::NOT_FOUND, "Not Found: Session not found\n");
+    }
+    req.extensions_mut()
+        .insert(SessionToken(identity.token().to_string()));
     if req.method() != Method::POST {
         return shared.service.handle(req).await;
     }
@@ -186,10 +271,17 @@ async fn respond(shared: Arc<Shared>, peer: SocketAddr, req: Request<Incoming>) 
             &format!("too many MCP sessions ({MAX_SESSIONS}); close one (HTTP DELETE) or wait for idle ones to expire\n"),
         );
     }
-    shared
+    let resp = shared
         .service
         .handle(Request::from_parts(parts, Full::new(body)))
-        .await
+        .await;
+    if initialize {
+        let opened = resp.headers().get("mcp-session-id");
+        if let Some(id) = opened.and_then(|v| v.to_str().ok()) {
+            shared.opened(id, &identity).await;
+        }
+    }
+    resp
 }
 
 /// Binds `addr` and serves MCP there in the background; returns the bound address.
@@ -206,7 +298,6 @@ pub async fn listen(
         .await
         .with_context(|| format!("cannot listen for MCP on {addr}"))?;
     let bound = listener.local_addr()?;
-    let token = cfg.target.token.clone();
     let cfg = Arc::new(cfg);
     let mut config = StreamableHttpServerConfig::default();
     if allow_remote {
@@ -225,14 +316,14 @@ pub async fn listen(
     );
     let shared = Arc::new(Shared {
         gate: Gate {
-            token,
             route,
             burst: LogBudget::new(1),
         },
         service,
         sessions,
+        owners: Mutex::default(),
     });
-    let slots = Arc::new(Semaphore::new(MAX_CONNS));
+    let conns = Conns::new(MAX_CONNS, PER_PEER);
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -244,24 +335,28 @@ pub async fn listen(
                     continue;
                 }
             };
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                // Full: closed at once, so a flood never holds descriptors.
+            let Some(place) = conns.admit(peer.ip()) else {
+                // Every connection in the way is authenticated: closed at once, so a flood
+                // never holds descriptors.
                 drop(stream);
                 continue;
             };
             let _ = stream.set_nodelay(true);
             let shared = shared.clone();
             tokio::spawn(async move {
+                let served = place.served();
                 let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                    let shared = shared.clone();
-                    async move { Ok::<_, Infallible>(respond(shared, peer, req).await) }
+                    let (shared, served) = (shared.clone(), served.clone());
+                    async move { Ok::<_, Infallible>(respond(shared, peer, served, req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-                drop(permit);
+                    .serve_connection(TokioIo::new(stream), svc);
+                tokio::select! {
+                    _ = conn => {}
+                    _ = place.closed() => {}
+                }
             });
         }
     });
@@ -274,6 +369,7 @@ pub async fn serve_route(
     addr: SocketAddr,
     allow_remote: bool,
     data_dir: Option<std::path::PathBuf>,
+    offer: Offer,
 ) -> Result<SocketAddr> {
     let (Some(route), Some(bridges)) = (relay.routes.first(), relay.addrs.first()) else {
         bail!("--mcp-listen needs a route");
@@ -281,7 +377,8 @@ pub async fn serve_route(
     let cfg = FrontConfig {
         target: super::link::Target {
             addr: bridges.clone(),
-            token: route.cfg.token.clone(),
+            // Each session presents the token its client authenticated with.
+            token: String::new(),
             // Each session is named after its MCP client (`clientInfo.name`).
             name: String::new(),
             file: None,
@@ -290,6 +387,7 @@ pub async fn serve_route(
         route: route.cfg.name.clone(),
         buffer_bytes: super::events::HTTP_BYTES,
         slots: Some(Arc::new(Semaphore::new(MAX_SESSIONS))),
+        offer,
     };
     listen(addr, allow_remote, cfg, Arc::downgrade(route)).await
 }

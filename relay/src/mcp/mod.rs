@@ -1,4 +1,4 @@
-//! The MCP front (issue 16): AI assistants attach to a route as one more bridge.
+//! The MCP front: AI assistants attach to a route as one more bridge.
 //!
 //! `gabp-relay mcp` speaks MCP on stdio and connects to a running route (through its discovery
 //! file, or `--connect ADDR --token T`); `serve --mcp-listen` serves MCP's Streamable HTTP
@@ -6,6 +6,7 @@
 //! ([`link`]), so the relay's limits, the recording and the metrics apply to it.
 //! - [`server`]: the MCP handler (mirrored tools, the relay's own tools, resources).
 //! - [`names`]: strict-safe tool names and their collision rule.
+//! - [`listing`]: the mod's tools as clients see them (offered, cleaned, bounded).
 //! - [`events`]: the bounded buffer `events_poll` reads.
 //! - [`stdio`]: the stdio transport (bounded lines, parse errors answered).
 //! - [`params`]: standard requests with params of the wrong shape, answered -32602.
@@ -13,6 +14,7 @@
 pub mod events;
 pub mod http;
 pub mod link;
+pub mod listing;
 pub mod names;
 pub mod params;
 pub mod server;
@@ -26,8 +28,48 @@ use anyhow::{anyhow, bail, Context, Result};
 use gabp_rt::Addr;
 use rmcp::ServiceExt;
 
+use crate::identity;
+
 use link::{Link, Shared, Target};
+use listing::Offer;
 use server::{Front, FrontConfig};
+
+/// Which of the mod's tools an MCP front offers (flags of `mcp`, and of `serve` for
+/// `--mcp-listen`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OfferArgs {
+    /// Offer the assistant only the mod's tools these globs allow, by the mod's names
+    /// ('inventory/*,!admin/*'; `!` denies, deny wins); the relay's own tools are always
+    /// offered [default: all].
+    #[arg(long, value_name = "GLOB,...", value_delimiter = ',')]
+    pub mcp_tools: Vec<String>,
+    /// Leave the mod's `outputSchema` out of the tool list (for clients that refuse results
+    /// a mod's schema describes inexactly).
+    #[arg(long)]
+    pub mcp_strip_output_schema: bool,
+}
+
+impl OfferArgs {
+    /// Whether any of these flags was given.
+    pub fn given(&self) -> bool {
+        !self.mcp_tools.is_empty() || self.mcp_strip_output_schema
+    }
+
+    /// The offer these flags describe (a glob that is empty or a bare `!` is refused).
+    pub fn offer(&self) -> Result<Offer> {
+        let globs: Vec<String> = self
+            .mcp_tools
+            .iter()
+            .map(|g| g.trim().to_string())
+            .collect();
+        let tools = identity::ToolRules::parse(&globs)
+            .map_err(|e| crate::cli::usage(format!("--mcp-tools: {e}")))?;
+        Ok(Offer {
+            tools,
+            strip_output_schema: self.mcp_strip_output_schema,
+        })
+    }
+}
 
 /// `gabp-relay mcp`: an MCP server on stdio attached to a running relay route.
 #[derive(clap::Args, Debug)]
@@ -44,13 +86,16 @@ pub struct McpArgs {
     /// The route's bridge token (with --connect).
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// This client's name, sent in the hello (`clientInfo.name`) and shown in the recording.
+    /// This client's name, sent in the hello (`clientInfo.name`): its label beside its identity
+    /// in `status`, `stats`, reports and the recording.
     #[arg(long, default_value = "mcp")]
     pub name: String,
     /// A data dir for `sessions_list` to read (read-only); without it the tool shows the
     /// route's current session.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub offer: OfferArgs,
 }
 
 /// The route's address and token from a discovery file.
@@ -115,6 +160,7 @@ pub async fn run(args: McpArgs) -> Result<()> {
         }
     };
     tokio::pin!(stop);
+    let offer = args.offer.offer()?;
     let target = args.target()?;
     let link = tokio::select! {
         l = Link::connect(&target, Shared::new(events::STDIO_BYTES), None) => l?,
@@ -130,6 +176,7 @@ pub async fn run(args: McpArgs) -> Result<()> {
         route: link.route.clone(),
         buffer_bytes: events::STDIO_BYTES,
         slots: None,
+        offer,
     });
     // Pipes (how MCP clients start servers) are read without a blocking thread, so a signal
     // never waits for stdin.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::events::Query;
 use super::link::{CallError, Link, Shared, Target};
+use super::listing::{self, Offer};
 use super::names;
 use super::tools::own_tools;
 use parking_lot::Mutex;
@@ -52,6 +53,20 @@ pub struct FrontConfig {
     pub buffer_bytes: usize,
     /// Bridge connections this front may hold at once (HTTP: the session cap), if bounded.
     pub slots: Option<Arc<tokio::sync::Semaphore>>,
+    /// Which of the mod's tools are offered, and whether with their output schemas.
+    pub offer: Offer,
+}
+
+/// The bridge token an HTTP request authenticated with (any identity of the route), put in the
+/// request's extensions by the HTTP front: the session started by that request connects its
+/// bridge with it, so the relay applies that identity's role, tools and rate. Never logged.
+#[derive(Clone)]
+pub struct SessionToken(pub String);
+
+impl std::fmt::Debug for SessionToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionToken(..)")
+    }
 }
 
 /// One MCP session: its own bridge connection (made at first use, made again when cut) and
@@ -65,6 +80,8 @@ pub struct Front {
     watcher: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
     /// The MCP client's own name (`clientInfo.name`), used when the config names none.
     client_name: Arc<Mutex<Option<String>>>,
+    /// The token this session's HTTP client authenticated with, used instead of the config's.
+    token: Arc<Mutex<Option<SessionToken>>>,
 }
 
 impl Drop for Front {
@@ -148,6 +165,7 @@ impl Front {
             tools: Arc::default(),
             watcher: Arc::default(),
             client_name: Arc::default(),
+            token: Arc::default(),
         }
     }
 
@@ -162,6 +180,12 @@ impl Front {
         if target.name.is_empty() {
             let client = self.client_name.lock().clone();
             target.name = client.unwrap_or_else(|| "mcp".into());
+        }
+        if let Some(SessionToken(t)) = self.token.lock().clone() {
+            target.token = t;
+        }
+        if target.token.is_empty() {
+            return Err(internal("this MCP session has no bridge token"));
         }
         if held.slot.is_none() {
             if let Some(slots) = &self.cfg.slots {
@@ -196,30 +220,17 @@ impl Front {
             .iter()
             .filter_map(|t| t["name"].as_str().map(String::from))
             .collect();
-        let map = names::map(&originals, &OWN_TOOLS);
+        // Names are given over every tool the mod lists, so a tool keeps its name whatever
+        // `--mcp-tools` leaves out; a tool not offered is neither listed nor callable.
+        let mut map = names::map(&originals, &OWN_TOOLS);
+        map.retain(|_, original| self.cfg.offer.offers(original));
         let by_original: BTreeMap<&String, &String> = map.iter().map(|(k, v)| (v, k)).collect();
         let out = tools
             .iter()
             .filter_map(|t| {
-                let original = t["name"].as_str()?.to_string();
-                let name = by_original.get(&original)?;
-                let mut schema = t["inputSchema"].clone();
-                if !schema.is_object() {
-                    schema = json!({ "type": "object" });
-                }
-                let mut tool = json!({
-                    "name": name,
-                    "title": t["title"].as_str().unwrap_or(&original),
-                    "description": t["description"].as_str().map_or_else(
-                        || format!("The game's tool {original}"),
-                        |d| format!("{d} (game tool {original})")
-                    ),
-                    "inputSchema": schema,
-                });
-                if t["annotations"].is_object() {
-                    tool["annotations"] = t["annotations"].clone();
-                }
-                Some(tool)
+                let original = t["name"].as_str()?;
+                let name = by_original.get(&original.to_string())?;
+                Some(listing::entry(t, name, original, &self.cfg.offer))
             })
             .collect();
         *self.tools.lock() = map;
@@ -235,6 +246,7 @@ impl Front {
             tools: self.tools.clone(),
             watcher: Arc::default(),
             client_name: self.client_name.clone(),
+            token: self.token.clone(),
         };
         let task = tokio::spawn(async move {
             while rx.changed().await.is_ok() {
@@ -325,6 +337,10 @@ impl ServerHandler for Front {
     ) -> Result<InitializeResult, McpError> {
         let name: String = request.client_info.name.chars().take(128).collect();
         *self.client_name.lock() = Some(name);
+        let http = context.extensions.get::<hyper::http::request::Parts>();
+        if let Some(t) = http.and_then(|p| p.extensions.get::<SessionToken>()) {
+            *self.token.lock() = Some(t.clone());
+        }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
     }

@@ -42,7 +42,10 @@ fn bridge_name(meta: &SessionMeta, conn: u32) -> String {
     meta.bridges
         .iter()
         .find(|b| b.conn == conn)
-        .map(|b| format!("{} ({})", b.bridge_version, conn))
+        .map(|b| match &b.label {
+            Some(label) => format!("{label} ({}, {conn})", b.bridge_version),
+            None => format!("{} ({conn})", b.bridge_version),
+        })
         .unwrap_or_else(|| format!("conn {conn}"))
 }
 
@@ -222,6 +225,8 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
         .map(|b| {
             vec![
                 b.conn.to_string(),
+                b.name.clone().unwrap_or_else(|| "-".into()),
+                b.label.clone().unwrap_or_else(|| "-".into()),
                 b.bridge_version.clone(),
                 b.platform.clone(),
                 format!("{:.3}", secs(b.attached_ns.saturating_sub(meta.started_ns))),
@@ -236,6 +241,8 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
     p.table(
         &[
             "conn#",
+            "identity",
+            "label",
             "bridge",
             "platform",
             "attached s#",

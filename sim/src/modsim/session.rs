@@ -170,7 +170,7 @@ pub(super) fn welcome(cfg: &ModSimConfig) -> Value {
 }
 
 /// The tools that answer `{"echo": <their arguments>}`.
-const ECHO_TOOLS: &[&str] = &["sim/echo", "sim/twice", "sim/stray"];
+const ECHO_TOOLS: &[&str] = &["sim/echo", "sim/twice", "sim/stray", "sim/hostile"];
 
 /// The text of a `tools/call`'s `arguments` (or legacy `parameters`, as [`handle`] reads them)
 /// in `body`, non-ASCII escaped as GABP peers expect: what an echo gives back, exactly as sent
@@ -238,11 +238,23 @@ pub(super) fn handle(
 ) -> Result<Value, (i64, String)> {
     let channel_list = || gabp_proto::message::string_list(&params["channels"]);
     match method {
-        "tools/list" => Ok(json!({"tools": [
-            {"name": "sim/echo", "title": "Echo", "description": "Returns its arguments", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
-            {"name": "sim/fail", "title": "Fail", "description": "Always fails", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
-            {"name": "sim/emit", "title": "Emit", "description": "Emits count events on channel", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}}
-        ]})),
+        "tools/list" => {
+            let mut tools = json!([
+                {"name": "sim/echo", "title": "Echo", "description": "Returns its arguments", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+                {"name": "sim/fail", "title": "Fail", "description": "Always fails", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+                {"name": "sim/emit", "title": "Emit", "description": "Emits count events on channel", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}}
+            ]);
+            if shared.cfg.hostile_tool {
+                let text = format!("{}{}", super::HOSTILE_TEXT, "!".repeat(64 * 1024));
+                tools.as_array_mut().expect("an array").push(json!({
+                    "name": "sim/hostile", "title": text, "description": text,
+                    "inputSchema": {"type": "object", "description": text, "properties": {"area": {"type": "string", "description": text}}},
+                    "outputSchema": {"type": "object", "description": text},
+                    "annotations": {"title": text, "readOnlyHint": true, "x-note": text}
+                }));
+            }
+            Ok(json!({ "tools": tools }))
+        }
         "tools/call" => {
             shared.calls.fetch_add(1, Ordering::Relaxed);
             let args = if params.get("arguments").is_some() {
