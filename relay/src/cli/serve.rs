@@ -146,7 +146,8 @@ pub struct ServeArgs {
     /// Token the relay presents to the mod (the mod's own) [default: none].
     #[arg(long, env = "GABP_UPSTREAM_TOKEN", hide_env_values = true)]
     pub upstream_token: Option<String>,
-    /// Route name used in recordings, metrics and the discovery file.
+    /// Route name used in recordings, metrics and the discovery file (1 to 64 bytes, no
+    /// control characters, no whitespace at either end).
     #[arg(long, default_value = "default")]
     pub route_name: String,
     /// A TOML config with one or more routes (flags override its settings).
@@ -246,6 +247,10 @@ impl ServeArgs {
             (None, None) => return Ok(None),
             _ => return Err(usage("--upstream and --listen go together")),
         };
+        crate::config::check_route_name(&self.route_name).map_err(|m| {
+            let shown = crate::config::shown_route_name(&self.route_name);
+            usage(format!("--route-name {shown:?}: {m}"))
+        })?;
         let mut t = toml::Table::new();
         t.insert("name".into(), self.route_name.clone().into());
         if upstream == "stdio" {
