@@ -323,6 +323,7 @@ impl ServeArgs {
                 "shipping sends the recordings, and recording is off: drop --no-record (or record = false in the config), or --ship",
             ));
         }
+        self.ship.check_signing(cfg.ship.as_mut())?;
         if let Some(r) = cfg
             .routes
             .iter()
