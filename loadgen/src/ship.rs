@@ -204,6 +204,17 @@ pub(crate) async fn run(a: ShipArgs) -> Result<Value> {
         .unwrap_or_else(|| target::sibling("gabp-relay"));
     let nats = Nats::start().await?;
     let root = tempfile::tempdir()?;
+    // Shipped messages are signed and checked, as in production.
+    let key = root.path().join("fleet.key");
+    let made = Command::new(&bin)
+        .args(["fleet-key", "new", "-o"])
+        .arg(&key)
+        .stdout(Stdio::null())
+        .status()
+        .await?;
+    if !made.success() {
+        return Err(anyhow!("gabp-relay fleet-key new failed ({made})"));
+    }
     let mut rows = Vec::new();
     let mut shipped_total = 0u64;
     for i in 0..a.phases.max(2) {
@@ -214,7 +225,7 @@ pub(crate) async fn run(a: ShipArgs) -> Result<Value> {
             &sc,
             &bin,
             &data,
-            ship.then_some(nats.url.as_str()),
+            ship.then_some((nats.url.as_str(), key.as_path())),
             nats.child.id(),
         )
         .await?;
@@ -226,7 +237,14 @@ pub(crate) async fn run(a: ShipArgs) -> Result<Value> {
     let collect = if a.no_collect {
         Value::Null
     } else {
-        collect(&bin, &nats.url, &root.path().join("archive"), shipped_total).await?
+        collect(
+            &bin,
+            &nats.url,
+            &key,
+            &root.path().join("archive"),
+            shipped_total,
+        )
+        .await?
     };
     let mean = |ship: bool| {
         let v: Vec<f64> = rows
@@ -252,13 +270,14 @@ pub(crate) async fn run(a: ShipArgs) -> Result<Value> {
     }))
 }
 
-/// One phase: a fresh mod, relay and data dir; `ship` is the NATS url in a shipping phase.
+/// One phase: a fresh mod, relay and data dir; `ship` is the NATS url and the fleet key file
+/// in a shipping phase.
 async fn phase(
     a: &ShipArgs,
     sc: &crate::scenario::Scenario,
     bin: &Path,
     data: &Path,
-    ship: Option<&str>,
+    ship: Option<(&str, &Path)>,
     nats_pid: Option<u32>,
 ) -> Result<Value> {
     let pace = sc.pace_window().map(|w| Pace::new(sc.bridges, w));
@@ -277,8 +296,13 @@ async fn phase(
     // Both kinds serve metrics, so that only shipping differs.
     let metrics = format!("127.0.0.1:{}", free_port()?);
     let mut extra = vec!["--metrics".to_string(), metrics.clone()];
-    if let Some(url) = ship {
-        extra.extend(["--ship".to_string(), url.to_string()]);
+    if let Some((url, key)) = ship {
+        extra.extend([
+            "--ship".to_string(),
+            url.to_string(),
+            "--fleet-key".to_string(),
+            key.display().to_string(),
+        ]);
     }
     let relay = Target::relay(
         &RelayCommand::Builtin(bin.to_path_buf()),
@@ -434,10 +458,18 @@ async fn measure(
 }
 
 /// `gabp-relay collect` into a fresh archive until it holds `expected` frames.
-async fn collect(bin: &Path, url: &str, archive: &Path, expected: u64) -> Result<Value> {
+async fn collect(
+    bin: &Path,
+    url: &str,
+    key: &Path,
+    archive: &Path,
+    expected: u64,
+) -> Result<Value> {
     let started = Instant::now();
     let mut child = Command::new(bin)
-        .args(["collect", "--from", url, "--data-dir"])
+        .args(["collect", "--from", url, "--fleet-key"])
+        .arg(key)
+        .arg("--data-dir")
         .arg(archive)
         .env("GABP_LOG", "warn")
         .stdout(Stdio::null())

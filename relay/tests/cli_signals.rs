@@ -233,7 +233,14 @@ async fn a_stop_signal_sent_while_starting_ends_cleanly() {
             "--listen",
             "127.0.0.1:0",
         ],
-        &["collect", "--from", &nowhere, "--data-dir", &archive],
+        &[
+            "collect",
+            "--from",
+            &nowhere,
+            "--data-dir",
+            &archive,
+            "--insecure-unsigned",
+        ],
         &[
             "serve",
             "--upstream",

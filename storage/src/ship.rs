@@ -500,8 +500,8 @@ pub struct Ingest<'a> {
     counters: HashMap<SessionId, Counters>,
     /// Chunk keys written in this batch (not yet readable from the store).
     chunks: HashMap<(SessionId, u64), ()>,
-    /// Highest snapshot seq per session in this batch.
-    snaps: HashMap<SessionId, u64>,
+    /// Highest snapshot seq per session in this batch, and whether it says the session ended.
+    snaps: HashMap<SessionId, (u64, bool)>,
 }
 
 impl std::fmt::Debug for Ingest<'_> {
@@ -583,15 +583,22 @@ impl Ingest<'_> {
         Ok(Taken::New)
     }
 
-    /// Applies a catalog snapshot unless one at least as new was applied; returns whether it
-    /// was applied. Counts of frames come from the chunks taken in, never from the snapshot.
+    /// Applies a catalog snapshot unless one at least as new was applied, or the session has
+    /// ended here and the snapshot says it has not (a session never starts recording again);
+    /// returns whether it was applied. Counts of frames come from the chunks taken in, never
+    /// from the snapshot.
     pub fn snapshot(&mut self, snap: &CatalogSnapshot) -> Result<bool, StoreError> {
         let id = snap.meta.id;
-        let applied = match self.snaps.get(&id) {
+        let (applied, ended) = match self.snaps.get(&id) {
             Some(s) => *s,
-            None => self.store.ingested_catalog_seq(id)?,
+            None => (
+                self.store.ingested_catalog_seq(id)?,
+                self.store
+                    .session(id)?
+                    .is_some_and(|m| m.state == Some(SessionState::Ended)),
+            ),
         };
-        if snap.seq <= applied {
+        if snap.seq <= applied || (ended && snap.meta.state != Some(SessionState::Ended)) {
             return Ok(false);
         }
         let mut meta = snap.meta.clone();
@@ -626,7 +633,8 @@ impl Ingest<'_> {
             part_key(id, PART_INGESTED),
             applied.encode(),
         );
-        self.snaps.insert(id, snap.seq);
+        self.snaps
+            .insert(id, (snap.seq, snap.meta.state == Some(SessionState::Ended)));
         let counters = self.counters.get_mut(&id).expect("read above");
         counters.anomalies = meta.anomalies;
         counters.record_errors = meta.record_errors;
@@ -799,6 +807,27 @@ mod tests {
         assert!(!ing.snapshot(&old).expect("apply"));
         ing.commit().expect("commit");
         assert!(dst.session(id).expect("d").expect("d").tags.is_empty());
+        // A newer one saying the ended session records again is skipped too, in a batch of
+        // its own or after the end in the same batch; one that keeps it ended applies.
+        let mut again = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        (again.meta.state, again.meta.end_reason, again.meta.ended_ns) =
+            (Some(SessionState::Recording), None, None);
+        again.seq = u64::MAX;
+        let mut ing = dst.ingest();
+        assert!(!ing.snapshot(&again).expect("apply"));
+        ing.commit().expect("commit");
+        let mut ended = src.catalog_snapshot(id, "h").expect("s").expect("s");
+        ended.seq = 10;
+        ended.meta.tags.insert("k".into(), "v".into());
+        let mut ing = dst.ingest();
+        assert!(ing.snapshot(&ended).expect("apply"));
+        again.seq = 11;
+        assert!(!ing.snapshot(&again).expect("apply"));
+        ing.commit().expect("commit");
+        let d = dst.session(id).expect("d").expect("d");
+        assert_eq!(d.state, Some(SessionState::Ended));
+        assert_eq!(d.tags.get("k").map(String::as_str), Some("v"));
+        assert!(dst.check_session(id).expect("check").ok());
     }
 
     #[test]

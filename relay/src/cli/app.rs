@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 use super::{
-    collect, demo, export, mod_sim, reload, repair, replay, report, serve, sessions, ship, stats,
-    status, wrap,
+    collect, demo, export, fleet_key, mod_sim, reload, repair, replay, report, serve, sessions,
+    ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -56,6 +56,8 @@ enum Cmd {
     Ship(ship::ShipArgs),
     /// Write what relays ship to NATS JetStream into an archive data dir.
     Collect(collect::CollectArgs),
+    /// Make the fleet key relays sign what they ship with and collectors check, or show its id.
+    FleetKey(fleet_key::FleetKeyArgs),
     /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
     Mcp(crate::mcp::McpArgs),
 }
@@ -165,6 +167,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Mcp(a) => crate::mcp::run(a).await?,
         Cmd::Ship(a) => ship::run(a).await?,
         Cmd::Collect(a) => collect::run(a).await?,
+        Cmd::FleetKey(a) => fleet_key::run(a)?,
         Cmd::Token => {
             use std::io::Write;
             writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;

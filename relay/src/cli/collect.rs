@@ -5,7 +5,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{usage, Signals};
-use crate::ship::collect::Collector;
+use crate::ship::collect::{Collector, Tally, Verifier};
+use crate::ship::fleet::FleetKey;
 use crate::ship::NatsFlags;
 
 #[derive(Args, Debug)]
@@ -24,10 +25,26 @@ pub struct CollectArgs {
     pub metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub nats: NatsFlags,
+    /// Fleet key file: messages it did not sign are refused (counted, logged, terminated).
+    /// Give it more than once to take several keys while one is being replaced.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_key: Vec<std::path::PathBuf>,
+    /// Also take unsigned messages (relays shipping without a key): anyone who can publish on
+    /// the subjects can then write into the archive.
+    #[arg(long)]
+    pub insecure_unsigned: bool,
 }
 
 pub async fn run(a: CollectArgs) -> Result<()> {
     crate::ship::check_urls(&a.from).map_err(|e| usage(format!("--from: {e}")))?;
+    a.nats.check().map_err(usage)?;
+    let keys = a
+        .fleet_key
+        .iter()
+        .map(|p| FleetKey::load(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(usage)?;
+    let verifier = Verifier::new(keys, a.insecure_unsigned).map_err(usage)?;
     let mut signals = Signals::install()?;
     let cancel = CancellationToken::new();
     if let Some(addr) = a.metrics {
@@ -48,6 +65,7 @@ pub async fn run(a: CollectArgs) -> Result<()> {
         flags: a.nats,
         durable: a.durable,
         data_dir: a.data_dir,
+        verifier,
     };
     let stop = cancel.clone();
     tokio::spawn(async move {
@@ -60,5 +78,14 @@ pub async fn run(a: CollectArgs) -> Result<()> {
         crate::ship::shown(&c.urls),
         c.data_dir.display()
     ));
-    c.run(cancel).await
+    let tally = Tally::default();
+    let done = c.run(cancel, &tally).await;
+    // Said even when the archive failed: what was taken is in it, what was refused is gone.
+    super::print_best_effort(&format!(
+        "collected {} new frame(s); refused {} message(s) not signed with the fleet key and {} unreadable\n",
+        tally.frames(),
+        tally.unverified(),
+        tally.unreadable()
+    ));
+    done
 }

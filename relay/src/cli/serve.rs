@@ -148,7 +148,8 @@ pub struct ServeArgs {
     /// Token the relay presents to the mod (the mod's own) [default: none].
     #[arg(long, env = "GABP_UPSTREAM_TOKEN", hide_env_values = true)]
     pub upstream_token: Option<String>,
-    /// Route name used in recordings, metrics and the discovery file.
+    /// Route name used in recordings, metrics and the discovery file (1 to 64 bytes, no
+    /// control characters, no whitespace at either end).
     #[arg(long, default_value = "default")]
     pub route_name: String,
     /// A TOML config with one or more routes (flags override its settings).
@@ -248,6 +249,10 @@ impl ServeArgs {
             (None, None) => return Ok(None),
             _ => return Err(usage("--upstream and --listen go together")),
         };
+        crate::config::check_route_name(&self.route_name).map_err(|m| {
+            let shown = crate::config::shown_route_name(&self.route_name);
+            usage(format!("--route-name {shown:?}: {m}"))
+        })?;
         let mut t = toml::Table::new();
         t.insert("name".into(), self.route_name.clone().into());
         if upstream == "stdio" {
@@ -320,6 +325,7 @@ impl ServeArgs {
                 "shipping sends the recordings, and recording is off: drop --no-record (or record = false in the config), or --ship",
             ));
         }
+        self.ship.check_signing(cfg.ship.as_mut())?;
         if let Some(r) = cfg
             .routes
             .iter()

@@ -12,7 +12,8 @@ use gabp_storage::Store;
 
 use super::{usage, DataDir};
 use crate::ship::shipper::{self, ShipStatus, Target};
-use crate::ship::NatsFlags;
+use crate::ship::{NatsFlags, Signing};
+use std::path::PathBuf;
 
 /// `serve`'s shipping flags.
 #[derive(Args, Debug, Clone, Default)]
@@ -25,10 +26,44 @@ pub struct ServeShip {
     pub retain_unshipped: bool,
     #[command(flatten)]
     pub nats: NatsFlags,
+    #[command(flatten)]
+    pub sign: SignFlags,
+}
+
+/// How `serve` and `ship` sign what they ship.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SignFlags {
+    /// The fleet key file every shipped message is signed with (collectors refuse what it did
+    /// not sign); `gabp-relay fleet-key new -o FILE` makes one.
+    #[arg(long, value_name = "FILE")]
+    pub fleet_key: Option<PathBuf>,
+    /// Ship unsigned messages: collectors cannot tell them from forged ones.
+    #[arg(long, conflicts_with = "fleet_key")]
+    pub insecure_unsigned: bool,
+}
+
+impl SignFlags {
+    /// The first flag given, by name.
+    fn given(&self) -> Option<&'static str> {
+        if self.fleet_key.is_some() {
+            Some("--fleet-key")
+        } else if self.insecure_unsigned {
+            Some("--insecure-unsigned")
+        } else {
+            None
+        }
+    }
+
+    /// The signing these flags describe (the key file read and checked: a usage error).
+    fn signing(&self) -> Result<Signing> {
+        Signing::new(self.fleet_key.as_deref(), self.insecure_unsigned).map_err(usage)
+    }
 }
 
 impl ServeShip {
-    /// The shipping target, if any (a usage error for a malformed address).
+    /// The shipping target, if any (a usage error for a malformed address). Whether it may
+    /// ship unsigned is checked apart, by [`ServeShip::check_signing`], once the rest of the
+    /// configuration is known.
     pub fn target(&self) -> Result<Option<Target>> {
         let Some(urls) = &self.ship else {
             if let Some(name) = self.nats.given().first() {
@@ -39,11 +74,33 @@ impl ServeShip {
             return Ok(None);
         };
         crate::ship::check_urls(urls).map_err(|e| usage(format!("--ship: {e}")))?;
+        self.nats.check().map_err(usage)?;
         Ok(Some(Target {
             urls: urls.clone(),
             flags: self.nats.clone(),
             host: crate::ship::host_name(),
+            signing: self.sign.signing()?,
         }))
+    }
+
+    /// Applies `--fleet-key`/`--insecure-unsigned` to a config file's `[ship]` table when
+    /// `--ship` is not given (the flags override the table's), and checks that whatever ships
+    /// is signed or unsigned on purpose.
+    pub fn check_signing(&self, ship: Option<&mut Target>) -> Result<()> {
+        match ship {
+            Some(t) => {
+                if self.ship.is_none() && self.sign.given().is_some() {
+                    t.signing = self.sign.signing()?;
+                }
+                t.signing.check().map_err(usage)
+            }
+            None => match self.sign.given() {
+                Some(name) => Err(usage(format!(
+                    "{name} applies to shipping: pass --ship too (or a [ship] table in the config file)"
+                ))),
+                None => Ok(()),
+            },
+        }
     }
 }
 
@@ -60,6 +117,8 @@ pub struct ShipArgs {
     #[command(flatten)]
     pub nats: NatsFlags,
     #[command(flatten)]
+    pub sign: SignFlags,
+    #[command(flatten)]
     pub dir: DataDir,
 }
 
@@ -68,6 +127,9 @@ pub async fn run(a: ShipArgs) -> Result<()> {
         return Err(usage("name the sessions to ship, or pass --all"));
     }
     crate::ship::check_urls(&a.to).map_err(|e| usage(format!("--to: {e}")))?;
+    a.nats.check().map_err(usage)?;
+    let signing = a.sign.signing()?;
+    signing.check().map_err(usage)?;
     // The cursor is written, so the data dir is opened for change (not while a relay records).
     let store = Store::open_for_change(&a.dir.data_dir).map_err(|e| anyhow!("{e}"))?;
     let ids = if a.all {
@@ -87,6 +149,7 @@ pub async fn run(a: ShipArgs) -> Result<()> {
         urls: a.to.clone(),
         flags: a.nats.clone(),
         host: crate::ship::host_name(),
+        signing,
     };
     let status = Arc::new(ShipStatus::new(&a.to));
     let mut frames = 0;

@@ -35,10 +35,15 @@ pub async fn run(a: WrapArgs) -> Result<i32> {
     let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
     let game_port = free_port()?;
     let game_token = crate::auth::generate_token();
-    let name = a
-        .route_name
-        .or(env.game_id.clone())
-        .unwrap_or_else(|| "default".into());
+    let (name, from) = match (a.route_name, env.game_id.clone()) {
+        (Some(n), _) => (n, "--route-name"),
+        (None, Some(g)) => (g, "GABS_GAME_ID"),
+        (None, None) => ("default".into(), "the default"),
+    };
+    crate::config::check_route_name(&name).map_err(|m| {
+        let shown = crate::config::shown_route_name(&name);
+        usage(format!("{from} {shown:?} as the route name: {m}"))
+    })?;
     let mut route = toml::Table::new();
     route.insert("name".into(), name.clone().into());
     route.insert("upstream".into(), format!("127.0.0.1:{game_port}").into());

@@ -480,6 +480,10 @@ impl FileConfig {
     }
 
     fn route(&self, index: usize, r: &FileRoute, file: &str) -> Result<RouteConfig, ConfigError> {
+        if let Err(m) = super::check_route_name(&r.name) {
+            let shown = super::shown_route_name(&r.name);
+            return Err(self.field_error(file, Some((index, &shown)), "name", m));
+        }
         let err = |field: &str, m: String| self.field_error(file, Some((index, &r.name)), field, m);
         // Bridge tokens the file wrote get a warning when short (the command line's are seen by
         // its command); the mod's token is the mod's choice.

@@ -46,6 +46,45 @@ pub mod limits {
     pub const MAX_MARKS: u32 = 1_000_000;
 }
 
+/// Longest route name, in bytes. Route names become metric labels, log fields, the `route=`
+/// directory of a Parquet export (escaped, up to three bytes for one) and archive entries.
+pub const MAX_ROUTE_NAME: usize = 64;
+
+/// Checks a route name where it enters (config file, flags, `wrap`'s launcher, a collected
+/// archive): 1 to [`MAX_ROUTE_NAME`] bytes, no control or invisible formatting characters
+/// (line breaks, escapes, bidirectional overrides), no whitespace at either end. Anything else
+/// goes (`lab/a`, `lab b`, `é`): paths escape it.
+pub fn check_route_name(name: &str) -> Result<(), String> {
+    let rule =
+        "route names are 1 to 64 bytes of printable characters without whitespace at either end";
+    if name.is_empty() {
+        return Err(format!("empty: {rule}"));
+    }
+    if name.len() > MAX_ROUTE_NAME {
+        return Err(format!("{} bytes, too long: {rule}", name.len()));
+    }
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if let Some(c) = name.chars().find(|&c| invisible(c)) {
+        return Err(format!("holds the character {c:?}: {rule}"));
+    }
+    if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
+        return Err(format!("whitespace at an end: {rule}"));
+    }
+    Ok(())
+}
+
+/// A route name as an error shows it (quoted with `{:?}`): its first 32 characters and `…`
+/// when longer.
+pub fn shown_route_name(name: &str) -> String {
+    match name.char_indices().nth(32) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_string(),
+    }
+}
+
 /// What happens when a bridge's outbox is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -349,5 +388,42 @@ mod tests {
             .parse::<Retention>()
             .expect_err("too large")
             .contains("at most 1.0 PiB"));
+    }
+
+    #[test]
+    fn route_names_are_bounded_printable_and_trimmed() {
+        for good in [
+            "default",
+            "lab/a",
+            "lab b",
+            "é",
+            &"é".repeat(32),
+            &"a".repeat(64),
+        ] {
+            assert!(check_route_name(good).is_ok(), "{good}");
+        }
+        for (bad, says) in [
+            ("", "empty"),
+            (&*"a".repeat(65), "65 bytes"),
+            (&*"é".repeat(33), "66 bytes"),
+            ("a\nb", "'\\n'"),
+            ("a\u{7f}", "character"),
+            ("a\u{202e}b", "character"),
+            ("a\u{200b}", "character"),
+            (" a", "whitespace"),
+            ("a\t", "character"),
+            ("a ", "whitespace"),
+        ] {
+            let e = check_route_name(bad).expect_err(bad);
+            assert!(
+                e.contains(says) && e.contains("1 to 64 bytes"),
+                "{bad:?}: {e}"
+            );
+        }
+        assert_eq!(shown_route_name("short"), "short");
+        assert_eq!(
+            shown_route_name(&"é".repeat(40)),
+            format!("{}…", "é".repeat(32))
+        );
     }
 }

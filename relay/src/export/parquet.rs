@@ -321,16 +321,42 @@ pub struct Written {
     pub rows: u64,
 }
 
+/// The longest escaped route a `route=` directory holds whole; every valid route name fits
+/// (64 bytes, three escaped bytes each at most), and the name stays under the file systems'
+/// 255-byte limit.
+const MAX_ESCAPED_ROUTE: usize = 200;
+
 /// Where a session's file goes in a Hive directory: `route=R/date=YYYY-MM-DD/session=ID.parquet`
-/// (the route escaped, the date the session's start in UTC).
+/// (the route escaped, the date the session's start in UTC). A route too long for a file
+/// name (only a data dir from before route names were bounded has one) is cut and told apart
+/// by a hash of the whole: `route=PREFIX~HASH`.
 pub fn hive_path(meta: &SessionMeta) -> PathBuf {
     let date = jiff::Timestamp::from_nanosecond(i128::from(meta.started_ns))
         .ok()
         .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).date().to_string())
         .unwrap_or_else(|| "1970-01-01".into());
-    PathBuf::from(format!("route={}", escape(&meta.route)))
+    PathBuf::from(format!("route={}", route_component(&meta.route)))
         .join(format!("date={date}"))
         .join(format!("session={}.parquet", meta.id))
+}
+
+/// A route as a `route=` directory names it: escaped, and cut with a hash when too long.
+fn route_component(route: &str) -> String {
+    let escaped = escape(route);
+    if escaped.len() <= MAX_ESCAPED_ROUTE {
+        return escaped;
+    }
+    // Cut before a `%XX`, never inside one.
+    let mut cut = MAX_ESCAPED_ROUTE - 20;
+    while escaped[..cut].rfind('%').is_some_and(|p| p + 3 > cut) {
+        cut -= 1;
+    }
+    let sum = ring::digest::digest(&ring::digest::SHA256, route.as_bytes());
+    let hash: String = sum.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}~{hash}", &escaped[..cut])
 }
 
 /// Hive's escaping of a partition value: `%XX` for every byte outside `[A-Za-z0-9._-]`, so a
@@ -486,6 +512,35 @@ mod tests {
             p.to_str().expect("utf-8"),
             format!("route=x%2Fy/date=2026-11-30/session={}.parquet", meta.id)
         );
+        // The longest valid names fit whole; longer ones are cut to a file name, apart.
+        for whole in ["é".repeat(32), "a".repeat(64)] {
+            assert_eq!(route_component(&whole), escape(&whole));
+        }
+        let dir = |route: String| {
+            let m = SessionMeta {
+                route,
+                ..meta.clone()
+            };
+            hive_path(&m)
+                .components()
+                .next()
+                .expect("route=")
+                .as_os_str()
+                .len()
+        };
+        for long in ["é".repeat(150), "a".repeat(300), "%/".repeat(200)] {
+            let c = route_component(&long);
+            assert!(c.len() <= MAX_ESCAPED_ROUTE, "{c}");
+            assert!(dir(long.clone()) <= 255);
+            let mut other = long.clone();
+            other.push('x');
+            assert_ne!(c, route_component(&other), "told apart");
+            // Cut between escapes: every `%` is followed by two hex digits.
+            let body = c.split('~').next().expect("body");
+            for (i, _) in body.match_indices('%') {
+                assert!(body.len() >= i + 3, "{body}");
+            }
+        }
     }
 
     /// A store with no sessions in `dir/data`: exporting none still places a directory.

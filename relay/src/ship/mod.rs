@@ -1,26 +1,34 @@
-//! Shipping recordings to a NATS JetStream stream and collecting them from it (issue 14).
+//! Shipping recordings to a NATS JetStream stream and collecting them from it.
 //!
-//! - this module: the connection options every command shares, connecting, making sure the
-//!   stream exists, and the message format.
+//! - this module: the connection options every command shares (credentials, TLS, inboxes),
+//!   connecting, making sure the stream exists, and the message format.
+//! - [`fleet`]: the fleet key, the signature each message carries, and the message id.
 //! - [`shipper`]: the relay's shipping task and `gabp-relay ship`'s backfill: committed chunks
 //!   and catalog snapshots, per session in order, the cursor advanced on JetStream's ack.
-//! - [`collect`]: `gabp-relay collect`, a durable pull consumer writing an archive.
+//! - [`collect`]: `gabp-relay collect`, a durable pull consumer writing an archive of what the
+//!   fleet signed.
 //!
-//! Messages go to `PREFIX.SESSION`, each with `Nats-Msg-Id` = session id and first frame
-//! number (`SESSION-FIRST` for a chunk, `SESSION-cSEQ` for the SEQth catalog snapshot), so the
-//! stream drops a re-sent message, and the collector's idempotent ingest drops what gets past
-//! its dedup window. The header `Gabp-Kind` says `chunk` (the body is the stored chunk
-//! unchanged, `Gabp-First` its first frame) or `catalog` (a JSON catalog snapshot).
+//! Messages go to `PREFIX.SESSION`. The header `Gabp-Kind` says `chunk` (the body is the
+//! stored chunk unchanged, `Gabp-First` its first frame) or `catalog` (a JSON catalog
+//! snapshot); `Gabp-Key` and `Gabp-Mac` carry the fleet key's id and the HMAC-SHA256 over
+//! session, kind, first frame and body. `Nats-Msg-Id` is the session and first frame
+//! (`SESSION-FIRST-…`, `SESSION-cSEQ-…` for a snapshot) followed by 128 bits of that MAC (of a
+//! SHA-256 when shipping unsigned): the same content always gets the same id, so the stream
+//! drops a re-sent message and the collector's idempotent ingest drops what gets past its
+//! dedup window, and nobody without the key can take the id a genuine message will have.
 
 pub mod collect;
+pub mod fleet;
 pub mod shipper;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
+use async_nats::jetstream::message::PublishMessage as Publish;
 use async_nats::jetstream::{self, stream};
 use clap::Args;
+use fleet::{Covered, FleetKey, Kind};
 use gabp_storage::ship::Destination;
 
 /// How long the stream drops a message whose `Nats-Msg-Id` it has seen.
@@ -32,7 +40,8 @@ pub const KIND: &str = "Gabp-Kind";
 pub const FIRST: &str = "Gabp-First";
 
 /// How to reach the NATS cluster and which stream to use (shared by serve, ship, collect).
-#[derive(Args, Debug, Clone, Default)]
+/// Its `Debug` leaves the token and password out.
+#[derive(Args, Clone, Default)]
 pub struct NatsFlags {
     /// NATS credentials file (.creds) for the connection.
     #[arg(long, value_name = "FILE")]
@@ -61,6 +70,48 @@ pub struct NatsFlags {
     /// The stream keeps at most this many bytes when created, e.g. 50GiB [default: no limit].
     #[arg(long, value_parser = size)]
     pub stream_max_bytes: Option<u64>,
+    /// NATS user name (with --nats-password, or as nats://USER:PASSWORD@HOST:PORT).
+    #[arg(long, env = "GABP_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// NATS password; better from the environment than on the command line, which `ps` shows.
+    #[arg(long, env = "GABP_NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// NATS nkey seed file (`SU…`, as `nk -gen user` writes it) to sign the server's challenge.
+    #[arg(long, value_name = "FILE")]
+    pub nats_nkey: Option<PathBuf>,
+    /// TLS client certificate (PEM) for servers that verify clients; implies TLS.
+    #[arg(long, value_name = "PEM")]
+    pub nats_cert: Option<PathBuf>,
+    /// The TLS client certificate's private key (PEM).
+    #[arg(long, value_name = "PEM")]
+    pub nats_key: Option<PathBuf>,
+    /// Subject prefix of this client's reply inboxes; a user of its own per role lets the
+    /// servers' permissions keep each role's replies from the others.
+    #[arg(long, default_value = "_INBOX", value_parser = inbox_prefix)]
+    pub nats_inbox_prefix: String,
+}
+
+impl std::fmt::Debug for NatsFlags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "<hidden>");
+        f.debug_struct("NatsFlags")
+            .field("nats_creds", &self.nats_creds)
+            .field("nats_token", &hidden(&self.nats_token))
+            .field("nats_ca", &self.nats_ca)
+            .field("nats_tls", &self.nats_tls)
+            .field("stream", &self.stream)
+            .field("subject_prefix", &self.subject_prefix)
+            .field("replicas", &self.replicas)
+            .field("stream_max_age", &self.stream_max_age)
+            .field("stream_max_bytes", &self.stream_max_bytes)
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &hidden(&self.nats_password))
+            .field("nats_nkey", &self.nats_nkey)
+            .field("nats_cert", &self.nats_cert)
+            .field("nats_key", &self.nats_key)
+            .field("nats_inbox_prefix", &self.nats_inbox_prefix)
+            .finish()
+    }
 }
 
 impl NatsFlags {
@@ -81,11 +132,94 @@ impl NatsFlags {
             ("--replicas", self.replicas != 1),
             ("--stream-max-age", self.stream_max_age.is_some()),
             ("--stream-max-bytes", self.stream_max_bytes.is_some()),
+            (
+                "--nats-user",
+                self.nats_user.is_some() && self.nats_user != std::env::var("GABP_NATS_USER").ok(),
+            ),
+            (
+                "--nats-password",
+                self.nats_password.is_some()
+                    && self.nats_password != std::env::var("GABP_NATS_PASSWORD").ok(),
+            ),
+            ("--nats-nkey", self.nats_nkey.is_some()),
+            ("--nats-cert", self.nats_cert.is_some()),
+            ("--nats-key", self.nats_key.is_some()),
+            ("--nats-inbox-prefix", self.nats_inbox_prefix != "_INBOX"),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
         .collect()
     }
+
+    /// Checks what can be checked before connecting (a usage error otherwise, one line,
+    /// without any secret): a user goes with a password, a certificate with its key, and an
+    /// nkey seed file holds a user seed.
+    pub fn check(&self) -> Result<(), String> {
+        match (&self.nats_user, &self.nats_password) {
+            (Some(_), None) => {
+                return Err("--nats-user needs --nats-password (or GABP_NATS_PASSWORD)".into())
+            }
+            (None, Some(_)) => {
+                return Err("--nats-password needs --nats-user (or GABP_NATS_USER)".into())
+            }
+            _ => {}
+        }
+        match (&self.nats_cert, &self.nats_key) {
+            (Some(_), None) => return Err("--nats-cert needs --nats-key, its private key".into()),
+            (None, Some(_)) => return Err("--nats-key needs --nats-cert, its certificate".into()),
+            _ => {}
+        }
+        if let Some(p) = &self.nats_nkey {
+            nkey_seed(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// The user seed in an nkey seed file: `SU` and 56 more base32 characters, alone on a line
+/// (surrounding whitespace ignored); never echoed in an error.
+fn nkey_seed(p: &std::path::Path) -> Result<String, String> {
+    let at = |m: String| format!("--nats-nkey {}: {m}", p.display());
+    let meta = std::fs::metadata(p).map_err(|e| at(e.to_string()))?;
+    if meta.len() > 4096 {
+        return Err(at("not an nkey seed file (over 4 KiB)".into()));
+    }
+    let text = std::fs::read_to_string(p).map_err(|e| at(e.to_string()))?;
+    let seed = text
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("SU"))
+        .ok_or_else(|| at("no user seed (a line starting SU…, as `nk -gen user` writes)".into()))?;
+    if seed.len() != 58
+        || !seed
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+    {
+        return Err(at(
+            "the seed line is not an nkey seed (58 base32 characters)".into(),
+        ));
+    }
+    Ok(seed.to_string())
+}
+
+/// `%XX` escapes of a URL's user or password decoded (as the NATS tools read them).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A JetStream stream or consumer name: 1 to 255 printable ASCII characters without
@@ -117,6 +251,22 @@ fn subject_prefix(s: &str) -> Result<String, String> {
     if s.starts_with('$') || s.split('.').next() == Some("_INBOX") {
         return Err(format!(
             "{s:?}: subjects under '$…' and '_INBOX' belong to the NATS server; pick another prefix"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// A reply inbox prefix: dot-separated tokens without whitespace or wildcards, up to 100
+/// characters (`_INBOX`, or one per role such as `_INBOX_relay`).
+fn inbox_prefix(s: &str) -> Result<String, String> {
+    let ok_token = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_graphic() && c != '*' && c != '>')
+    };
+    if s.len() > 100 || !s.split('.').all(ok_token) {
+        return Err(format!(
+            "{s:?}: expected dot-separated tokens (like _INBOX or _INBOX_relay) without whitespace, '*' or '>'"
         ));
     }
     Ok(s.to_string())
@@ -188,6 +338,63 @@ pub fn check_urls(urls: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How a shipper signs its messages: with the fleet key, or, only when told so, not at all.
+#[derive(Debug, Clone, Default)]
+pub struct Signing {
+    /// The fleet key.
+    pub key: Option<FleetKey>,
+    /// Ship unsigned messages (`--insecure-unsigned`): a collector cannot tell them from
+    /// forged ones.
+    pub insecure_unsigned: bool,
+}
+
+impl Signing {
+    /// The signing a key file and the insecure flag describe (the key file read and checked).
+    pub fn new(key: Option<&std::path::Path>, insecure_unsigned: bool) -> Result<Signing, String> {
+        if key.is_some() && insecure_unsigned {
+            return Err(
+                "a fleet key and --insecure-unsigned (insecure_unsigned) exclude each other".into(),
+            );
+        }
+        Ok(Signing {
+            key: key.map(FleetKey::load).transpose()?,
+            insecure_unsigned,
+        })
+    }
+
+    /// An error unless messages can be shipped: signed, or unsigned on purpose.
+    pub fn check(&self) -> Result<(), String> {
+        if self.key.is_none() && !self.insecure_unsigned {
+            return Err(format!("shipping needs {NO_KEY}"));
+        }
+        Ok(())
+    }
+
+    /// The message id and headers of a message covering `c`; `label` is the id's readable
+    /// part (session and first frame, or session and catalog number).
+    pub fn message(&self, c: &Covered<'_>, label: &str) -> Publish {
+        let (sum, signed) = match &self.key {
+            Some(k) => (k.sign(c), Some(k)),
+            None => (c.digest(), None),
+        };
+        let mut msg = Publish::build()
+            .message_id(format!("{label}-{}", fleet::hex(&sum[..16])))
+            .header(KIND, c.kind.as_str());
+        if c.kind == Kind::Chunk {
+            msg = msg.header(FIRST, c.first.to_string().as_str());
+        }
+        if let Some(k) = signed {
+            msg = msg
+                .header(fleet::KEY_ID, k.id().to_string().as_str())
+                .header(fleet::MAC, fleet::hex(&sum).as_str());
+        }
+        msg
+    }
+}
+
+/// What a missing fleet key is told with (shipping or collecting "needs …").
+pub const NO_KEY: &str = "the fleet key every relay and collector of the fleet share: --fleet-key FILE (fleet_key in a config's [ship] table); make one with `gabp-relay fleet-key new -o FILE`, or pass --insecure-unsigned to go without (anyone who can publish on the subjects could then write into the archive)";
+
 /// A JetStream connection with a stream that exists, and that stream's identity as a ship
 /// destination (cursors are kept per destination).
 pub struct Connected {
@@ -199,12 +406,20 @@ pub struct Connected {
 
 /// Connects (one attempt, bounded) and makes sure the stream exists.
 pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected> {
+    f.check().map_err(|e| anyhow!("{e}"))?;
     let mut o = async_nats::ConnectOptions::new()
         .name(name)
+        .custom_inbox_prefix(&f.nats_inbox_prefix)
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(Duration::from_secs(10)));
     if let Some(t) = &f.nats_token {
         o = o.token(t.clone());
+    }
+    if let (Some(u), Some(p)) = (&f.nats_user, &f.nats_password) {
+        o = o.user_and_password(u.clone(), p.clone());
+    }
+    if let Some(p) = &f.nats_nkey {
+        o = o.nkey(nkey_seed(p).map_err(|e| anyhow!("{e}"))?);
     }
     if let Some(p) = &f.nats_creds {
         o = o
@@ -217,24 +432,29 @@ pub async fn connect(urls: &str, f: &NatsFlags, name: &str) -> Result<Connected>
     } else if f.nats_tls {
         o = o.require_tls(true);
     }
+    if let (Some(cert), Some(key)) = (&f.nats_cert, &f.nats_key) {
+        o = o
+            .add_client_certificate(cert.clone(), key.clone())
+            .require_tls(true);
+    }
     let mut addrs: Vec<async_nats::ServerAddr> = addresses(urls)
         .iter()
         .map(|u| u.parse())
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
-    // `nats://TOKEN@host` is how the NATS tools take a token: the client would send it as a
-    // user name, so it goes as the token (a --nats-token given as well wins).
-    if f.nats_token.is_none() {
-        if let Some(token) = addrs
-            .iter()
-            .find(|a| a.username().is_some() && a.password().is_none())
-            .and_then(|a| a.username().map(str::to_string))
-        {
-            o = o.token(token);
+    // The client ignores credentials in an address; the NATS tools take `nats://TOKEN@host`
+    // as a token and `nats://USER:PASSWORD@host` as a user (flags given as well win).
+    if f.nats_token.is_none() && f.nats_user.is_none() {
+        if let Some(a) = addrs.iter().find(|a| a.username().is_some()) {
+            let user = percent_decoded(a.username().unwrap_or_default());
+            o = match a.password() {
+                Some(p) => o.user_and_password(user, percent_decoded(p)),
+                None => o.token(user),
+            };
         }
     }
     for a in &mut addrs {
-        if a.username().is_some() && a.password().is_none() {
+        if a.username().is_some() {
             *a = shown(a.as_url_str())
                 .parse()
                 .map_err(|e| anyhow!("invalid NATS address {}: {e}", shown(urls)))?;
@@ -372,26 +592,45 @@ pub struct FileShip {
     pub stream_max_bytes: Option<String>,
     /// Let retention delete sessions not fully shipped.
     pub retain_unshipped: Option<bool>,
+    /// NATS user name (with `nats_password_file`).
+    pub nats_user: Option<String>,
+    /// A file holding the NATS password (kept out of the config itself).
+    pub nats_password_file: Option<PathBuf>,
+    /// NATS nkey seed file.
+    pub nats_nkey: Option<PathBuf>,
+    /// TLS client certificate (PEM), with `nats_key`.
+    pub nats_cert: Option<PathBuf>,
+    /// The TLS client certificate's private key (PEM).
+    pub nats_key: Option<PathBuf>,
+    /// Subject prefix of the reply inboxes (default `_INBOX`).
+    pub nats_inbox_prefix: Option<String>,
+    /// The fleet key file every message is signed with.
+    pub fleet_key: Option<PathBuf>,
+    /// Ship unsigned (anyone who can publish could forge what a collector takes).
+    pub insecure_unsigned: Option<bool>,
 }
 
 impl FileShip {
     /// The shipping target this table describes (the message is one line).
     pub fn target(&self) -> Result<shipper::Target, String> {
         check_urls(&self.to)?;
-        let token = match &self.nats_token_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?
-                    .trim()
-                    .to_string(),
-            ),
-            None => None,
+        let secret = |p: &Option<PathBuf>| match p {
+            Some(p) => std::fs::read_to_string(p)
+                .map(|t| Some(t.trim().to_string()))
+                .map_err(|e| format!("cannot read {}: {e}", p.display())),
+            None => Ok(None),
+        };
+        let token = secret(&self.nats_token_file)?;
+        let password = secret(&self.nats_password_file)?;
+        let inbox = match &self.nats_inbox_prefix {
+            Some(p) => inbox_prefix(p)?,
+            None => "_INBOX".into(),
         };
         let replicas = self.replicas.unwrap_or(1);
         if !(1..=5).contains(&replicas) {
             return Err(format!("replicas {replicas}: expected 1 to 5"));
         }
-        Ok(shipper::Target {
+        let target = shipper::Target {
             urls: self.to.clone(),
             flags: NatsFlags {
                 nats_creds: self.nats_creds.clone(),
@@ -403,9 +642,21 @@ impl FileShip {
                 replicas,
                 stream_max_age: self.stream_max_age.as_deref().map(age).transpose()?,
                 stream_max_bytes: self.stream_max_bytes.as_deref().map(size).transpose()?,
+                nats_user: self.nats_user.clone(),
+                nats_password: password,
+                nats_nkey: self.nats_nkey.clone(),
+                nats_cert: self.nats_cert.clone(),
+                nats_key: self.nats_key.clone(),
+                nats_inbox_prefix: inbox,
             },
             host: host_name(),
-        })
+            signing: Signing::new(
+                self.fleet_key.as_deref(),
+                self.insecure_unsigned.unwrap_or(false),
+            )?,
+        };
+        target.flags.check()?;
+        Ok(target)
     }
 }
 
@@ -431,6 +682,65 @@ mod tests {
         ] {
             let e = check_urls(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_addresses_are_decoded_and_never_shown() {
+        assert_eq!(percent_decoded("p%40ss%3Aw%2Fd"), "p@ss:w/d");
+        assert_eq!(percent_decoded("100%"), "100%");
+        assert_eq!(percent_decoded("%zz%4"), "%zz%4");
+        assert_eq!(
+            shown("nats://user:p%40ss@a:1,tls://TOKEN@b:2"),
+            "nats://a:1,tls://b:2"
+        );
+        assert!(check_urls("tls://user:pass@nats1:4222,nats2:4222").is_ok());
+        for good in ["_INBOX", "_INBOX_relay", "a.b"] {
+            assert!(inbox_prefix(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a.*", "a..b", "a b", ">"] {
+            assert!(inbox_prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_user_goes_with_a_password_and_a_certificate_with_its_key() {
+        let f = |user: bool, pass: bool, cert: bool, key: bool| NatsFlags {
+            nats_user: user.then(|| "u".into()),
+            nats_password: pass.then(|| "p".into()),
+            nats_cert: cert.then(|| "c.pem".into()),
+            nats_key: key.then(|| "k.pem".into()),
+            ..NatsFlags::default()
+        };
+        assert!(f(true, true, true, true).check().is_ok());
+        let shown = format!("{:?}", f(true, true, false, false));
+        assert!(
+            shown.contains("<hidden>") && !shown.contains("\"p\""),
+            "{shown}"
+        );
+        assert!(f(false, false, false, false).check().is_ok());
+        assert!(f(true, false, false, false).check().is_err());
+        assert!(f(false, true, false, false).check().is_err());
+        assert!(f(false, false, true, false).check().is_err());
+        assert!(f(false, false, false, true).check().is_err());
+        let dir = tempfile::tempdir().expect("tmp");
+        let seed = dir.path().join("s.nk");
+        let good = format!("SU{}", "A".repeat(56));
+        for (text, ok) in [
+            (
+                format!("-----BEGIN USER NKEY SEED-----\n{good}\n------END------\n"),
+                true,
+            ),
+            (format!("{good}\n"), true),
+            ("SUshort\n".to_string(), false),
+            ("nothing\n".to_string(), false),
+        ] {
+            std::fs::write(&seed, &text).expect("write");
+            let r = nkey_seed(&seed);
+            assert_eq!(r.is_ok(), ok, "{r:?}");
+            if let Err(e) = r {
+                assert!(!e.contains("SUshort"), "no seed in the error: {e}");
+            }
         }
     }
 

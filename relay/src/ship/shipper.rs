@@ -12,14 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
-use async_nats::jetstream::{self, message::PublishMessage as Publish};
+use async_nats::jetstream;
 use gabp_storage::ship::{CatalogSnapshot, Destination, Oversize, ShipCursor, SplitError};
 use gabp_storage::{SessionId, SessionMeta, SessionState, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{one_line, Connected, NatsFlags, FIRST, KIND};
+use super::fleet::{Covered, Kind};
+use super::{one_line, Connected, NatsFlags};
 
 /// Chunks read and sent per round trip of acknowledgements.
 const WINDOW_CHUNKS: usize = 64;
@@ -130,6 +131,8 @@ pub struct Target {
     pub flags: NatsFlags,
     /// This machine's name, the sessions' origin.
     pub host: String,
+    /// How messages are signed.
+    pub signing: super::Signing,
 }
 
 /// A running shipping task. It outlives the relay's other tasks: once the recorder has
@@ -182,6 +185,12 @@ async fn run(
     finish: CancellationToken,
     stop: CancellationToken,
 ) {
+    match &target.signing.key {
+        Some(k) => tracing::info!("shipping signed with fleet key {}", k.id()),
+        None => tracing::warn!(
+            "shipping unsigned (--insecure-unsigned): collectors cannot tell these messages from forged ones"
+        ),
+    }
     let mut backoff = Duration::from_millis(200);
     let mut last_logged: Option<String> = None;
     // Sessions this destination has whole, and that destination.
@@ -378,6 +387,8 @@ pub async fn ship_session(
     target: &Target,
     status: &ShipStatus,
 ) -> Result<(bool, ShipCursor)> {
+    // Never unsigned unless told so, whoever built the target.
+    target.signing.check().map_err(|e| anyhow!("{e}"))?;
     let (js, to) = (&conn.js, conn.to);
     let subject = format!("{}.{}", target.flags.subject_prefix, id);
     let turn = std::time::Instant::now();
@@ -399,7 +410,7 @@ pub async fn ship_session(
         if cursor.catalog_seq == 0
             || (chunks.is_empty() && snap.fingerprint() != cursor.catalog_hash)
         {
-            send_catalog(js, &subject, &mut snap, &mut cursor).await?;
+            send_catalog(js, &target.signing, &subject, &mut snap, &mut cursor).await?;
             save(store, id, to, cursor).await?;
         }
         if chunks.is_empty() {
@@ -430,10 +441,15 @@ pub async fn ship_session(
         // Send the window, then wait for every ack in order.
         let mut acks = Vec::with_capacity(chunks.len());
         for c in &chunks {
-            let msg = Publish::build()
-                .message_id(format!("{id}-{}", c.first))
-                .header(KIND, "chunk")
-                .header(FIRST, c.first.to_string().as_str())
+            let covered = Covered {
+                session: id,
+                kind: Kind::Chunk,
+                first: c.first,
+                body: &c.data,
+            };
+            let msg = target
+                .signing
+                .message(&covered, &format!("{id}-{}", c.first))
                 .payload(c.data.clone());
             acks.push(
                 js.send_publish(subject.clone(), msg)
@@ -458,6 +474,7 @@ pub async fn ship_session(
 
 async fn send_catalog(
     js: &jetstream::Context,
+    signing: &super::Signing,
     subject: &str,
     snap: &mut CatalogSnapshot,
     cursor: &mut ShipCursor,
@@ -466,9 +483,14 @@ async fn send_catalog(
     // and then another (a cluster replaced) applies the newer snapshot, not the higher count.
     snap.seq = (cursor.catalog_seq + 1).max(gabp_rt::clock::now_ns());
     let body = serde_json::to_vec(&snap).map_err(|e| anyhow!("catalog snapshot: {e}"))?;
-    let msg = Publish::build()
-        .message_id(format!("{}-c{}", snap.meta.id, snap.seq))
-        .header(KIND, "catalog")
+    let covered = Covered {
+        session: snap.meta.id,
+        kind: Kind::Catalog,
+        first: 0,
+        body: &body,
+    };
+    let msg = signing
+        .message(&covered, &format!("{}-c{}", snap.meta.id, snap.seq))
         .payload(body.into());
     js.send_publish(subject.to_string(), msg)
         .await
