@@ -7,11 +7,15 @@
 //! anyone's at the total) that is not served, so connections that sent nothing, trickle, or
 //! fail authentication never keep out a client that sends its request. When every connection in
 //! the way is served, the new one gets no place: [`Conns::admit`] says so, and [`Conns::freed`]
-//! waits for a place to end. This module only keeps the books: it never touches a socket, and
-//! a connection closed to make room learns it from [`Place::closed`].
+//! waits for a place to end. Among unserved connections, one whose request is already waiting
+//! in the kernel (sent, not yet read by its task on a busy relay) is closed last: an idle flood
+//! must not evict a client only because the relay was slow to read it. This module keeps the
+//! books and asks the kernel how many bytes wait on a socket; it never reads or writes one,
+//! and a connection closed to make room learns it from [`Place::closed`].
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -38,6 +42,24 @@ struct Entry {
     peer: IpAddr,
     close: CancellationToken,
     served: Served,
+    /// Its socket, to ask how many bytes wait unread (a number the kernel may since have
+    /// given to another socket once the connection ended: only ever used for that question).
+    fd: Option<RawFd>,
+}
+
+impl Entry {
+    /// Whether bytes the peer sent wait unread on its socket.
+    fn has_waiting_bytes(&self) -> bool {
+        let Some(fd) = self.fd else {
+            return false;
+        };
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int through the pointer, which points at `n`; on a
+        // descriptor that is no longer a socket it fails and changes nothing.
+        #[allow(unsafe_code)]
+        let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+        r == 0 && n > 0
+    }
 }
 
 impl Entry {
@@ -103,7 +125,15 @@ impl Conns {
     /// A place for a connection from `peer`, closing the oldest unserved connection in its way
     /// (from `peer` when it holds `per_peer`, from anyone when all `max` are taken); `None` when
     /// every connection in the way is served.
+    #[cfg(test)]
     pub fn admit(&self, peer: IpAddr) -> Option<Place> {
+        self.admit_socket(peer, None)
+    }
+
+    /// A place for a connection from `peer` on socket `fd`, as `admit` gives one: while its request waits unread
+    /// in the kernel, it is closed to make room only after every unserved connection that
+    /// sent nothing.
+    pub fn admit_socket(&self, peer: IpAddr, fd: Option<RawFd>) -> Option<Place> {
         let mut open = self.open.lock();
         let from_peer = open
             .by_age
@@ -126,6 +156,7 @@ impl Conns {
                 peer,
                 close: close.clone(),
                 served: served.clone(),
+                fd,
             },
         );
         Some(Place {
@@ -143,12 +174,17 @@ impl Conns {
     }
 }
 
-/// Tells the oldest open, unserved connection (of `peer`, if given) to close; false if none.
+/// Tells the oldest open, unserved connection (of `peer`, if given) to close, preferring one
+/// with nothing waiting unread; false if none.
 fn close_oldest_unserved(open: &Open, peer: Option<IpAddr>) -> bool {
-    let victim = open
-        .by_age
-        .values()
-        .find(|e| e.open() && !e.served.get() && peer.is_none_or(|p| e.peer == p));
+    let unserved = || {
+        open.by_age
+            .values()
+            .filter(move |e| e.open() && !e.served.get() && peer.is_none_or(|p| e.peer == p))
+    };
+    let victim = unserved()
+        .find(|e| !e.has_waiting_bytes())
+        .or_else(|| unserved().next());
     match victim {
         Some(e) => {
             e.close.cancel();
@@ -221,5 +257,42 @@ mod tests {
         });
         drop(a);
         assert!(waiter.await.expect("joined"));
+    }
+
+    #[test]
+    fn a_connection_whose_request_waits_unread_is_closed_after_the_idle_ones() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        let (waiting, _) = listener.accept().expect("accept");
+        let idle_client = std::net::TcpStream::connect(addr).expect("connect");
+        let (idle, _) = listener.accept().expect("accept");
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").expect("write");
+        // The bytes are in the kernel once FIONREAD says so (loopback: at once, in practice).
+        let probe = Entry {
+            peer: ip(1),
+            close: CancellationToken::new(),
+            served: Served::default(),
+            fd: Some(waiting.as_raw_fd()),
+        };
+        while !probe.has_waiting_bytes() {
+            std::thread::yield_now();
+        }
+        let conns = Conns::new(2, 2);
+        let first = conns
+            .admit_socket(ip(1), Some(waiting.as_raw_fd()))
+            .expect("room");
+        let second = conns
+            .admit_socket(ip(1), Some(idle.as_raw_fd()))
+            .expect("room");
+        let _third = conns.admit(ip(1)).expect("the idle one makes room");
+        assert!(second.close.is_cancelled(), "the idle one goes first");
+        assert!(
+            !first.close.is_cancelled(),
+            "the older one's request waits unread"
+        );
+        drop(idle_client);
     }
 }

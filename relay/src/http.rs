@@ -105,8 +105,9 @@ pub async fn serve(
         };
         // Full: the oldest connection still without a request was closed to make room; when
         // every one is being answered, wait (each ends within CONN_TIMEOUT).
+        let sock_fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         let place = loop {
-            if let Some(p) = conns.admit(peer.ip()) {
+            if let Some(p) = conns.admit_socket(peer.ip(), Some(sock_fd)) {
                 break p;
             }
             tokio::select! {

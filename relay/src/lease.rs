@@ -65,14 +65,19 @@ fn time(ns: u64) -> String {
 #[derive(Debug, Default)]
 struct State {
     holder: Option<Holder>,
-    /// Bumped at every change, so a stale expiry timer does nothing.
+    /// Bumped at every change.
     generation: u64,
+    /// Whether the route's one expiry timer is running: a renewal moves the holder's expiry
+    /// and leaves the timer to find it, so a flood of renewals costs no task each.
+    timer: bool,
 }
 
 /// A route's lease.
 #[derive(Debug, Default)]
 pub struct Lease {
     state: Mutex<State>,
+    /// Wakes the expiry timer when the holder's expiry moved.
+    moved: Arc<tokio::sync::Notify>,
     /// Seq of the `relay/lease` channel.
     seq: AtomicU64,
 }
@@ -171,13 +176,18 @@ impl Lease {
                     };
                     st.holder = Some(h.clone());
                     st.generation += 1;
-                    expire_later(route, st.generation, h.until);
+                    if std::mem::replace(&mut st.timer, true) {
+                        lease.moved.notify_one();
+                    } else {
+                        expire_later(route);
+                    }
                     events.push((change, h.clone()));
                     json!({"held": true, "holder": h.name, "conn": conn, "untilNs": until_ns, "ttlMs": ttl.as_millis() as u64})
                 }
                 Some("release") => match st.holder.take() {
                     Some(h) if h.conn == conn => {
                         st.generation += 1;
+                        lease.moved.notify_one();
                         events.push(("released", h));
                         json!({"held": false})
                     }
@@ -220,6 +230,7 @@ impl Lease {
             match st.holder.take() {
                 Some(h) if h.conn == conn => {
                     st.generation += 1;
+                    route.lease.moved.notify_one();
                     Some(h)
                 }
                 other => {
@@ -283,24 +294,48 @@ fn held(h: &Holder, what: &str) -> Refusal {
     )
 }
 
-/// Ends the lease at `until` unless it changed meanwhile (generation) or the relay stops.
-fn expire_later(route: &Arc<Route>, generation: u64, until: Instant) {
+/// The route's expiry timer: sleeps until the holder's expiry and ends the lease then; a
+/// change wakes it to look again, and it stops once nobody holds the lease. One task per
+/// route, however often the lease changes.
+fn expire_later(route: &Arc<Route>) {
     let route = Arc::downgrade(route);
     tokio::spawn(async move {
-        tokio::time::sleep_until(until.into()).await;
-        let Some(route) = route.upgrade() else {
-            return;
-        };
-        let gone = {
-            let mut st = route.lease.state.lock();
-            if st.generation != generation {
+        loop {
+            let Some(r) = route.upgrade() else {
                 return;
+            };
+            // The holder's expiry while it holds, or the holder whose lease has ended.
+            let next: Result<Instant, Option<Holder>> = {
+                let mut st = r.lease.state.lock();
+                match st.holder.as_ref().map(|h| h.until) {
+                    Some(until) if until > Instant::now() => Ok(until),
+                    Some(_) => {
+                        st.generation += 1;
+                        st.timer = false;
+                        Err(st.holder.take())
+                    }
+                    None => {
+                        st.timer = false;
+                        Err(None)
+                    }
+                }
+            };
+            let until = match next {
+                Ok(until) => until,
+                Err(ended) => {
+                    if let Some(h) = ended {
+                        r.lease.announce(&r, "expired", &h, h.conn).await;
+                    }
+                    return;
+                }
+            };
+            let moved = r.lease.moved.clone();
+            // Holds no strong reference while it sleeps: a relay that stops is not kept.
+            drop(r);
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = moved.notified() => {}
             }
-            st.generation += 1;
-            st.holder.take()
-        };
-        if let Some(h) = gone {
-            route.lease.announce(&route, "expired", &h, h.conn).await;
         }
     });
 }

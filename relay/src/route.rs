@@ -52,7 +52,15 @@ pub struct SessionInfo {
     advertised_set: rustc_hash::FxHashSet<String>,
     /// Marks taken in this session (bounded by the route's `max_marks`).
     marks: std::sync::atomic::AtomicU32,
+    /// Bytes of refused and invalid bridge frames recorded in this session, with their
+    /// count (the high 16 bits): bounded by [`REFUSALS_RECORDED`], whatever the connections.
+    refusals: AtomicU64,
 }
+
+/// What one session records of refused and invalid bridge frames, all bridges and
+/// connections together: 1,024 frames or 16 MiB, whichever comes first. Later ones are
+/// answered and counted, not recorded, so refusals cannot fill the disk by reconnecting.
+pub const REFUSALS_RECORDED: (u64, u64) = (1024, 16 << 20);
 
 impl SessionInfo {
     /// A session with the channels the mod advertised (already de-duplicated and capped).
@@ -70,6 +78,7 @@ impl SessionInfo {
             welcome_result,
             advertised_set: advertised.iter().cloned().collect(),
             marks: Default::default(),
+            refusals: Default::default(),
             advertised,
             started_ns,
             upstream,
@@ -81,6 +90,19 @@ impl SessionInfo {
         self.marks
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < most).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Takes room to record a refused or invalid frame of `len` bytes (and its answer);
+    /// false when the session's [`REFUSALS_RECORDED`] are spent.
+    pub fn take_refusal_room(&self, len: usize) -> bool {
+        let (frames, bytes) = REFUSALS_RECORDED;
+        self.refusals
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                let (n, b) = (v >> 48, v & ((1 << 48) - 1));
+                let b = b + len as u64;
+                (n < frames && b <= bytes).then_some(((n + 1) << 48) | b)
             })
             .is_ok()
     }

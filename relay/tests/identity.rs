@@ -523,11 +523,23 @@ async fn marks_are_small_and_bounded_per_session() {
     let (code, msg, _) = refused(&mut watcher, "relay/mark", json!({"label": "ep"})).await;
     assert_eq!(code, -32002, "{msg}");
     assert!(msg.contains("max_marks"), "{msg}");
+    // Reconnecting buys no new room: what a session records of refusals is bounded for
+    // all its connections together (16 MiB).
+    for _ in 0..40 {
+        let (mut again, _) = bridge(&relay.addr, WATCHER).await;
+        for _ in 0..16 {
+            let (code, _, _) = refused(&mut again, "relay/mark", big.clone()).await;
+            assert_eq!(code, -32602);
+        }
+        let (code, _, _) = refused(&mut again, "tools/call", call("sim/echo")).await;
+        assert_eq!(code, FORBIDDEN);
+    }
     let (code, _) = relay.stop().await;
     assert_eq!(code, Some(0));
-    // 200 refused 200 KB marks: at most the first 16 are recorded, not 40 MB of them.
+    // 840 refused 200 KB marks: what was recorded stays within the session's bound, not the
+    // 168 MB they weigh.
     let size = dir_size(&data);
-    assert!(size < 8 << 20, "the data dir holds {size} bytes");
+    assert!(size < 24 << 20, "the data dir holds {size} bytes");
     let out = output(&[
         "export",
         "--data-dir",

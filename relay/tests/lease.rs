@@ -262,6 +262,7 @@ async fn a_renew_flood_leaves_each_slow_subscriber_one_lease_notice() {
         .call("relay/lease", json!({"action": "acquire", "ttlMs": 60000}))
         .await
         .expect("acquired");
+    let rss_before = relay.peak_rss_mib();
     // Pipelined renewals, written while their answers are read.
     let (mut frames, mut write, _) = alpha.into_parts();
     let writer = tokio::spawn(async move {
@@ -294,6 +295,12 @@ async fn a_renew_flood_leaves_each_slow_subscriber_one_lease_notice() {
     }
     let _write = writer.await.expect("writer");
     drop(frames);
+    // A renewal costs nothing that lasts (no timer per change, no notice per subscriber).
+    let grown = relay.peak_rss_mib().saturating_sub(rss_before);
+    assert!(
+        grown < 48,
+        "the relay grew {grown} MiB over {RENEWS} renewals"
+    );
 
     // What the relay holds for the two subscribers that read nothing yet.
     let out = output(&[

@@ -310,7 +310,8 @@ impl BridgeReader {
     /// counted for the recording instead, so garbage cannot fill the disk.
     async fn bad_frame(&mut self, body: &Bytes, id: Option<&str>, code: ErrorCode, msg: &str) {
         self.route.metrics.bad_frames.increment(1);
-        let record = self.authed && self.bad_recorded < MAX_BAD_RECORDED;
+        let record =
+            self.authed && self.bad_recorded < MAX_BAD_RECORDED && self.refusal_room(body.len());
         if self.authed && !record {
             self.bridge
                 .bad_unrecorded
@@ -322,6 +323,33 @@ impl BridgeReader {
             self.record(Direction::BridgeToRelay, rec, json_ok).await;
         }
         self.error_reply(id, code, msg, record).await;
+    }
+
+    /// Whether the session has room left to record a refused or invalid frame of `len` bytes
+    /// (see [`crate::route::REFUSALS_RECORDED`]).
+    fn refusal_room(&self, len: usize) -> bool {
+        self.route
+            .current()
+            .is_some_and(|s| s.take_refusal_room(len))
+    }
+
+    /// Answers a request its bridge's rights refuse: the request and its answer are recorded
+    /// while the session's budget for refusals lasts, then only counted.
+    pub(super) async fn refused(
+        &mut self,
+        body: &Bytes,
+        id: &str,
+        (code, why, data): crate::lease::Refusal,
+    ) {
+        if self.refusal_room(body.len()) {
+            self.record(Direction::BridgeToRelay, body.clone(), true)
+                .await;
+            self.reply_error_data(Some(id), code, &why, data).await;
+        } else {
+            self.bridge.bad_unrecorded.fetch_add(1, Ordering::Relaxed);
+            let answer = message::error_response(Some(id), code, &why, data);
+            self.bridge.outbox.push_control(frame_bytes(&answer));
+        }
     }
 
     async fn on_frame(&mut self, body: Bytes) {
@@ -422,6 +450,12 @@ impl BridgeReader {
         if method == crate::export::MARK && !self.admit_mark(&id, &body, &params_value()).await {
             return;
         }
+        let answered_by_relay = method.starts_with("relay/") || method.starts_with("events/");
+        if !answered_by_relay || method == "relay/lease" {
+            if let Some(refusal) = self.rights_refusal(&method, params_value) {
+                return self.refused(&body, &id, refusal).await;
+            }
+        }
         let waited = Instant::now();
         let held = self
             .record(Direction::BridgeToRelay, body.clone(), true)
@@ -447,9 +481,6 @@ impl BridgeReader {
                     .await;
             }
             _ => {
-                if self.refuse(&id, &method, params_value).await {
-                    return;
-                }
                 let req = Request {
                     bridge: &self.bridge,
                     id: &id,

@@ -95,46 +95,58 @@ impl BridgeReader {
         Some(why)
     }
 
-    /// Checks a request bound for the mod (or `relay/lease`) against the bridge's rights, the
-    /// lease and its rate; on refusal the error is sent and `true` returned.
-    pub(super) async fn refuse(
-        &mut self,
-        id: &str,
+    /// Why the bridge's rights refuse a request bound for the mod (or `relay/lease`): its
+    /// role and globs, the lease over leased tools, and who may hold the lease. Counted and
+    /// logged here; the caller answers ([`BridgeReader::refused`]).
+    pub(super) fn rights_refusal(
+        &self,
         method: &str,
         params: impl Fn() -> Value,
-    ) -> bool {
-        let route = self.route.clone();
-        let Some(me) = self.bridge.access.identity() else {
-            return false;
-        };
+    ) -> Option<crate::lease::Refusal> {
+        let route = &self.route;
+        let me = self.bridge.access.identity()?;
         let table = route.access.table();
         let wants_tool =
             method == "tools/call" && (me.tools != Default::default() || table.has_leased());
         let tool = wants_tool
             .then(|| params()["name"].as_str().map(String::from))
             .flatten();
-        if let Err(Denial::Forbidden(why)) = me.check(method, tool.as_deref()) {
+        let denied = match me.check(method, tool.as_deref()) {
+            Err(Denial::Forbidden(why)) => Some(why),
+            Ok(()) if method == "relay/lease" => {
+                let taking = matches!(params()["action"].as_str(), Some("acquire" | "renew"));
+                (taking && !table.may_hold_lease(&me)).then(|| {
+                    let leased: Vec<String> =
+                        table.leased_globs().iter().map(|g| format!("{g:?}")).collect();
+                    format!(
+                        "bridge {:?} may not hold the lease: it may call none of the leased tools (leased = [{}])",
+                        me.label(),
+                        leased.join(", ")
+                    )
+                })
+            }
+            Ok(()) => None,
+        };
+        if let Some(why) = denied {
             self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
-            refused(&route, &self.bridge, "denied");
+            refused(route, &self.bridge, "denied");
             static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(10);
             if let Some(earlier_unlogged) = LOG.admit() {
                 tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %me.label(), %method, earlier_unlogged, "request refused: {why}");
             }
-            self.reply_error(Some(id), ErrorCode::Forbidden, &why).await;
-            return true;
+            return Some((ErrorCode::Forbidden, why, None));
         }
         if let Some(tool) = tool.as_deref().filter(|t| table.leased(t)) {
-            if let Err((code, why, data)) = route.lease.check(self.bridge.conn, tool) {
+            if let Err(refusal) = route.lease.check(self.bridge.conn, tool) {
                 self.bridge
                     .access
                     .lease_refused
                     .fetch_add(1, Ordering::Relaxed);
-                refused(&route, &self.bridge, "lease_held");
-                self.reply_error_data(Some(id), code, &why, data).await;
-                return true;
+                refused(route, &self.bridge, "lease_held");
+                return Some(refusal);
             }
         }
-        false
+        None
     }
 
     /// Takes one request from the bridge's identity's rate (every request after the hello
@@ -170,30 +182,10 @@ impl BridgeReader {
         true
     }
 
-    /// `relay/lease {action, ttlMs?}`: see `crate::lease`.
+    /// `relay/lease {action, ttlMs?}`: see `crate::lease` (the bridge's rights to it were
+    /// checked before it was recorded).
     pub(super) async fn lease(&mut self, id: &str, params: &Value) {
-        if self.refuse(id, "relay/lease", || Value::Null).await {
-            return;
-        }
         let table = self.route.access.table();
-        let taking = matches!(params["action"].as_str(), Some("acquire" | "renew"));
-        if let Some(me) = self.bridge.access.identity().filter(|_| taking) {
-            if !table.may_hold_lease(&me) {
-                self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
-                refused(&self.route, &self.bridge, "denied");
-                let leased: Vec<String> = table
-                    .leased_globs()
-                    .iter()
-                    .map(|g| format!("{g:?}"))
-                    .collect();
-                let why = format!(
-                    "bridge {:?} may not hold the lease: it may call none of the leased tools (leased = [{}])",
-                    me.label(),
-                    leased.join(", ")
-                );
-                return self.reply_error(Some(id), ErrorCode::Forbidden, &why).await;
-            }
-        }
         let name = self.bridge.access.label();
         let max_ttl = table.lease_max_ttl();
         match Lease::request(&self.route.clone(), &self.bridge, &name, params, max_ttl).await {

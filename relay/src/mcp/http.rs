@@ -335,7 +335,8 @@ pub async fn listen(
                     continue;
                 }
             };
-            let Some(place) = conns.admit(peer.ip()) else {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+            let Some(place) = conns.admit_socket(peer.ip(), Some(fd)) else {
                 // Every connection in the way is authenticated: closed at once, so a flood
                 // never holds descriptors.
                 drop(stream);
