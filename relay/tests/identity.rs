@@ -69,6 +69,11 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     let me = &welcome["capabilities"]["extensions"]["relay"]["bridge"];
     assert_eq!(me["name"], "watcher", "{welcome}");
     assert_eq!(me["role"], "observe", "{welcome}");
+    assert_eq!(
+        welcome["capabilities"]["extensions"]["relay"]["methods"],
+        json!(["relay/status", "relay/mark"]),
+        "an observer is offered no lease: {welcome}"
+    );
     watcher
         .call("tools/list", json!({}))
         .await

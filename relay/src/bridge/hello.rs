@@ -182,7 +182,13 @@ impl BridgeReader {
                 "outboxBytes": route.cfg.outbox_bytes,
                 "droppedChannel": "relay/dropped",
             },
-            "methods": if relay_only { json!(["relay/status"]) } else { json!(["relay/status", "relay/mark", "relay/lease"]) },
+            "methods": if relay_only {
+                json!(["relay/status"])
+            } else if identity.role == crate::identity::Role::Observe {
+                json!(["relay/status", "relay/mark"])
+            } else {
+                json!(["relay/status", "relay/mark", "relay/lease"])
+            },
             "bridge": {"name": identity.name, "role": identity.role.as_str()},
             "maxBodyBytes": route.cfg.max_body,
         });

@@ -65,7 +65,9 @@ pub fn description(s: &str) -> String {
     bounded(s, true, TEXT_BYTES)
 }
 
-/// A JSON Schema with its human-readable texts cleaned and bounded; everything else as given.
+/// A JSON Schema with its human-readable texts cleaned and bounded, and every other string in
+/// it (property names, `enum`, `default`, `examples`, …) stripped of control and invisible
+/// characters: all of it reaches the model.
 fn schema(v: &Value) -> Value {
     match v {
         Value::Object(o) => Value::Object(
@@ -77,11 +79,12 @@ fn schema(v: &Value) -> Value {
                         }
                         _ => schema(v),
                     };
-                    (k.clone(), v)
+                    (crate::display::strip(k, false), v)
                 })
                 .collect(),
         ),
         Value::Array(a) => Value::Array(a.iter().map(schema).collect()),
+        Value::String(s) => Value::String(crate::display::strip(s, false)),
         v => v.clone(),
     }
 }
@@ -201,5 +204,21 @@ mod tests {
         // A non-object output schema is never passed on.
         let t = json!({"name": "a/b", "outputSchema": {"type": "string"}});
         assert!(entry(&t, "a_b", "a/b", &Offer::default())["outputSchema"].is_null());
+    }
+
+    #[test]
+    fn every_string_of_a_schema_is_stripped() {
+        let v = serde_json::json!({"properties": {"a\u{0}\u{1b}b\u{202e}": {"enum": ["x\u{9b}y\u{2066}", 1],
+            "default": "d\u{200f}", "examples": ["e\u{061c}\u{34f}"]}}});
+        let clean = schema(&v).to_string();
+        for bad in [
+            '\u{0}', '\u{1b}', '\u{9b}', '\u{202e}', '\u{2066}', '\u{200f}', '\u{61c}', '\u{34f}',
+        ] {
+            assert!(!clean.contains(bad), "{bad:?} in {clean}");
+        }
+        assert!(
+            clean.contains("\"ab\"") && clean.contains("\"xy\"") && clean.contains("\"d\""),
+            "{clean}"
+        );
     }
 }
