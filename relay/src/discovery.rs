@@ -14,12 +14,19 @@ use crate::config::RouteConfig;
 use crate::server::Relay;
 
 /// The default location: `$XDG_CONFIG_HOME/gabp-relay/bridge-{route}.json`, or under
-/// `~/.config` when `XDG_CONFIG_HOME` is unset.
+/// `~/.config` when `XDG_CONFIG_HOME` is unset. A `/` or `%` in the route name is written
+/// `%2F` or `%25`, so every route's file is one file in that directory.
 pub fn default_path(route: &str) -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("gabp-relay").join(format!("bridge-{route}.json")))
+    Some(base.join("gabp-relay").join(file_name(route)))
+}
+
+/// `bridge-{route}.json`, the route name escaped to stay one path component.
+fn file_name(route: &str) -> String {
+    let name = route.replace('%', "%25").replace('/', "%2F");
+    format!("bridge-{name}.json")
 }
 
 /// The file's contents for a route.
@@ -199,6 +206,14 @@ pub fn write_all(relay: &Relay, paths: &[(usize, PathBuf)]) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_route_name_is_one_file_name() {
+        assert_eq!(file_name("default"), "bridge-default.json");
+        assert_eq!(file_name("../lab/a"), "bridge-..%2Flab%2Fa.json");
+        assert_eq!(file_name("50%/b"), "bridge-50%25%2Fb.json");
+        assert_ne!(file_name("a/b"), file_name("a%2Fb"));
+    }
 
     #[test]
     fn holder_tells_own_dead_and_foreign_pids_apart() {

@@ -491,3 +491,129 @@ async fn sessions_rm_reports_an_ambiguous_prefix_even_while_a_relay_records() {
     assert_eq!(session_ids(d).await.len(), 2, "nothing was removed");
     sim.stop();
 }
+
+/// `gabp-relay mark` records a mark with its data in the session a running route records,
+/// under the name it was given, found through the route's discovery file; bad input is a
+/// one-line usage error (exit 2) and a relay with no mod connected says why (exit 1).
+#[tokio::test]
+async fn mark_records_an_episode_boundary_from_the_shell() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("bridge.json");
+    let f = file.to_str().expect("utf-8");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    let sim = start_mod(Some(200.0));
+    let s = serve(&[
+        "--upstream",
+        &sim.addr().to_string(),
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--route-name",
+        "lab",
+        "--data-dir",
+        d,
+        "--bridge-file",
+        f,
+    ])
+    .await;
+    let out = output(&[
+        "mark",
+        "episode-start",
+        "--data",
+        r#"{"episode":3,"seed":7}"#,
+        "--bridge-file",
+        f,
+        "--name",
+        "trainer",
+        "--json",
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["label"], "episode-start", "{v}");
+    assert_eq!(v["data"]["seed"], 7, "{v}");
+    let session = v["session"]
+        .as_str()
+        .expect("the session marked")
+        .to_string();
+    let out = output(&["mark", "episode-end", "--bridge-file", f]).await;
+    assert_eq!(out.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("marked \"episode-end\" in session ") && said.contains(&session),
+        "{said}"
+    );
+    // Bad input: one line, exit 2, nothing sent.
+    for bad in [
+        vec!["mark", "x", "--data", "{not json", "--bridge-file", f],
+        vec!["mark", "", "--bridge-file", f],
+    ] {
+        let out = output(&bad).await;
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        one_line(&out);
+    }
+    let big = format!("{{\"blob\":\"{}\"}}", "x".repeat(4096));
+    let out = output(&["mark", "x", "--data", &big, "--bridge-file", f]).await;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(one_line(&out).contains("at most 2048"));
+    s.stop_cleanly().await;
+    sim.stop();
+    // Both marks are in the session's recording, with their data and who sent them.
+    let out = output(&["export", &session, "--data-dir", d]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = String::from_utf8_lossy(&out.stdout);
+    let marks: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line"))
+        .filter(|v| v["kind"] == "mark")
+        .collect();
+    assert_eq!(marks.len(), 2, "{marks:?}");
+    assert_eq!(marks[0]["label"], "episode-start");
+    assert_eq!(
+        marks[0]["data"],
+        serde_json::json!({"episode": 3, "seed": 7})
+    );
+    assert_eq!(marks[1]["label"], "episode-end");
+    // Who marked: the connection's hello carries the name given.
+    let hello = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line"))
+        .find(|v| v["conn"] == marks[0]["conn"] && v["msg"]["method"] == "session/hello")
+        .expect("the marking connection's hello");
+    assert_eq!(hello["msg"]["params"]["clientInfo"]["name"], "trainer");
+    // With no mod connected there is no session to mark: exit 1, one line that says so.
+    let upstream = free_addr().to_string();
+    let file2 = dir.path().join("idle.json");
+    let f2 = file2.to_str().expect("utf-8");
+    let idle = serve(&[
+        "--upstream",
+        &upstream,
+        "--upstream-token",
+        MOD_TOKEN,
+        "--listen",
+        "127.0.0.1:0",
+        "--route-name",
+        "idle",
+        "--no-record",
+        "--bridge-file",
+        f2,
+    ])
+    .await;
+    let out = output(&["mark", "x", "--bridge-file", f2, "--wait", "3s"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = one_line(&out);
+    assert!(err.contains("did not welcome"), "{err}");
+    idle.stop_cleanly().await;
+}

@@ -648,13 +648,18 @@ async fn stdio_with(args: &[&str]) -> Stdio_ {
 
 /// `gabp-relay mcp --name NAME ARGS`, initialized.
 async fn stdio_named(name: &str, args: &[&str]) -> Stdio_ {
+    stdio_logged(name, args, Stdio::null()).await
+}
+
+/// `gabp-relay mcp --name NAME ARGS`, initialized, its log written to `log`.
+async fn stdio_logged(name: &str, args: &[&str], log: impl Into<Stdio>) -> Stdio_ {
     let mut child = Command::new(BIN)
         .args(["mcp", "--name", name])
         .args(args)
         .env_remove("GABP_RELAY_TOKEN")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn gabp-relay mcp");
@@ -1375,6 +1380,7 @@ async fn each_stdio_assistant_shows_under_the_name_it_gave() {
 fn hostile_sim() -> ModSim {
     sim_with(ModSimConfig {
         hostile_tool: true,
+        app_name: "Sim\u{202e}\u{200b}\u{1b}[2JGame\u{e0041}".to_string(),
         ..ModSimConfig::default()
     })
 }
@@ -1447,6 +1453,71 @@ async fn a_hostile_mods_tool_texts_reach_the_assistant_cleaned_and_bounded() {
         !failed && text.contains("\"area\":\"a\""),
         "still callable: {text}"
     );
+    // The welcome resource (the mod's app name, its texts) is cleaned the same way.
+    m.send(&json!({"jsonrpc":"2.0","id":4,"method":"resources/list"}).to_string())
+        .await;
+    let listed = m.answer_to(4).await;
+    let uri = listed["result"]["resources"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == "welcome"))
+        .and_then(|r| r["uri"].as_str())
+        .unwrap_or_else(|| panic!("a welcome resource in {listed}"))
+        .to_string();
+    m.send(
+        &json!({"jsonrpc":"2.0","id":5,"method":"resources/read","params":{"uri": uri}})
+            .to_string(),
+    )
+    .await;
+    let read = m.answer_to(5).await;
+    let text = read["result"]["contents"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the welcome's text in {read}"));
+    let welcome: Value = serde_json::from_str(text).expect("the welcome is JSON");
+    assert_eq!(welcome["app"]["name"], "Sim[2JGame", "{text}");
+    for c in ['\u{1b}', '\u{202e}', '\u{200b}', '\u{e0041}'] {
+        assert!(
+            !text.contains(c),
+            "{c:?} reached the assistant in the welcome"
+        );
+    }
+}
+
+/// A mod whose tool list is larger than the relay accepts (`--max-body`): the assistant still
+/// gets the relay's own tools, and the front's log says why the game's are missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_tool_list_is_logged_and_the_relays_own_tools_stay() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = hostile_sim();
+    let s = serve_with(
+        &sim,
+        dir.path(),
+        &[],
+        &["--no-record", "--max-body", "128KiB"],
+    )
+    .await;
+    let file = s.bridge_file.to_str().expect("utf-8");
+    let log = dir.path().join("mcp.stderr");
+    let mut m = stdio_logged(
+        "big",
+        &["--bridge-file", file],
+        std::fs::File::create(&log).expect("log file"),
+    )
+    .await;
+    let names = m.tool_names(2).await;
+    assert!(
+        names.iter().any(|n| n == "events_poll") && names.iter().any(|n| n == "mark"),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n.starts_with("sim_")), "{names:?}");
+    wait_for(
+        "the front to log why",
+        Duration::from_secs(10),
+        async || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("the game's tools cannot be listed") && text.contains("--max-body")
+        },
+    )
+    .await;
 }
 
 /// `--mcp-tools` narrows the mod's tools (listed and callable; the relay's own stay) and

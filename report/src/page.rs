@@ -53,9 +53,12 @@ figure{margin:8px 0}figcaption{font-size:13px;color:#555}p.note{color:#555;font-
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px}dt{color:#555}dd{margin:0}";
 
 /// In `<head>`, before anything else runs: collects script errors and blocked loads.
+/// A violation is reported by a task queued after the parser moved on, so an error seen after the
+/// verdict was written writes it again.
 const WATCH: &str = r#"window.reportErrors=[];
-window.addEventListener('error',function(e){window.reportErrors.push(String(e.message));});
-document.addEventListener('securitypolicyviolation',function(e){window.reportErrors.push('blocked '+e.blockedURI);});"#;
+window.reportError=function(m){window.reportErrors.push(m);if(window.reportVerdict)window.reportVerdict();};
+window.addEventListener('error',function(e){window.reportError(String(e.message));});
+document.addEventListener('securitypolicyviolation',function(e){window.reportError('blocked '+e.blockedURI);});"#;
 
 /// At the end of `<body>`: checks every chart and writes the verdict on `<body>`.
 const SCRIPT: &str = r#"(function(){
@@ -67,8 +70,11 @@ for(var i=0;i<figs.length;i++){
 }
 var want=Number(document.body.getAttribute('data-charts'));
 if(figs.length!==want)bad.push('expected '+want+' charts, found '+figs.length);
-var all=bad.concat(window.reportErrors||['the error watch never ran']);
-document.body.setAttribute('data-check',all.length?'fail: '+all.join(', '):'ok');
+window.reportVerdict=function(){
+ var all=bad.concat(window.reportErrors||['the error watch never ran']);
+ document.body.setAttribute('data-check',all.length?'fail: '+all.join(', '):'ok');
+};
+window.reportVerdict();
 })();"#;
 
 impl Page {

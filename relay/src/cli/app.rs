@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Parser, Subcommand};
 
 use super::{
-    collect, demo, export, fleet_key, mod_sim, reload, repair, replay, report, serve, sessions,
-    ship, stats, status, wrap,
+    collect, demo, export, fleet_key, mark, mod_sim, reload, repair, replay, report, serve,
+    sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -34,6 +34,8 @@ enum Cmd {
     Reload(reload::ReloadArgs),
     /// Run a simulated mod, the relay and simulated bridges for a few seconds.
     Demo(demo::DemoArgs),
+    /// Mark the session a running route records (an episode's start or end, a note).
+    Mark(mark::MarkArgs),
     /// List, check or remove recorded sessions.
     Sessions(sessions::SessionsArgs),
     /// Per-channel and per-method figures of a recorded session.
@@ -156,6 +158,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Status(a) => status::run(a).await?,
         Cmd::Reload(a) => reload::run(a).await?,
         Cmd::Demo(a) => demo::run(a).await?,
+        Cmd::Mark(a) => mark::run(a).await?,
         Cmd::Sessions(a) => sessions::run(a)?,
         Cmd::Stats(a) => stats::run(a)?,
         Cmd::Export(a) => export::run(a)?,

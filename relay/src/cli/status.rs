@@ -43,8 +43,8 @@ pub struct StatusArgs {
 /// One relay to ask.
 pub(super) struct Target {
     pub(super) route: String,
-    addr: String,
-    token: String,
+    pub(super) addr: String,
+    pub(super) token: String,
     pub(super) pid: Option<u32>,
 }
 
@@ -292,7 +292,11 @@ fn render(docs: &[Value]) -> Result<()> {
             "{:<16} {:>5} {:<16} {:<20} {:<8} {:<24} {:<22} {:>5} {:>14} {:>12} {:>9} {:>10} {:>7}",
             s(route),
             n(&b["conn"]),
-            s(&b["name"]),
+            // A welcomed bridge without a name holds the route's token: the implicit identity.
+            match (&b["name"], b["role"].is_string()) {
+                (Value::Null, true) => crate::identity::DEFAULT_NAME.to_string(),
+                (name, _) => s(name),
+            },
             s(&b["label"]),
             s(&b["role"]),
             s(&b["bridgeVersion"]),

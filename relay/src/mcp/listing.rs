@@ -89,6 +89,19 @@ fn schema(v: &Value) -> Value {
     }
 }
 
+/// Any JSON from the mod shown to a model as it is (its welcome): every key and string
+/// stripped of control (but `\n` and `\t`) and invisible characters, nothing cut.
+pub fn plain(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (strip(k, false), plain(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.iter().map(plain).collect()),
+        Value::String(s) => Value::String(strip(s, true)),
+        v => v.clone(),
+    }
+}
+
 /// MCP's tool annotations: its known hints only, the title cleaned.
 fn annotations(v: &Value) -> Option<Value> {
     let o = v.as_object()?;
@@ -204,6 +217,15 @@ mod tests {
         // A non-object output schema is never passed on.
         let t = json!({"name": "a/b", "outputSchema": {"type": "string"}});
         assert!(entry(&t, "a_b", "a/b", &Offer::default())["outputSchema"].is_null());
+    }
+
+    #[test]
+    fn plain_json_keeps_its_shape_and_loses_hidden_characters() {
+        let v = json!({"app\u{202e}": {"name": "Ga\u{200b}me\u{1b}[2J\nline", "n": 3, "l": ["\u{2066}x"]}});
+        assert_eq!(
+            plain(&v),
+            json!({"app": {"name": "Game[2J\nline", "n": 3, "l": ["x"]}})
+        );
     }
 
     #[test]

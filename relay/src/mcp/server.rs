@@ -359,11 +359,35 @@ impl ServerHandler for Front {
         // The relay's own tools are listed even when the mod's cannot be (the mod is down, or
         // the relay itself is, until it is back): `tools/list_changed` follows when the mod's
         // session starts.
-        let mut tools = self.mod_tools().await.unwrap_or_default();
+        static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(5);
+        let mut tools = match self.mod_tools().await {
+            Ok(tools) => tools,
+            // The mod's answer is refused (over --max-body, say) or the mod is not there: the
+            // assistant still gets the relay's own tools, and the operator is told why the
+            // game's are missing.
+            Err(e) => {
+                if let Some(earlier_unlogged) = LOG.admit() {
+                    tracing::warn!(
+                        earlier_unlogged,
+                        "the game's tools cannot be listed, only the relay's are: {e}"
+                    );
+                }
+                Vec::new()
+            }
+        };
         tools.extend(own_tools());
         let tools: Vec<Tool> = tools
             .into_iter()
-            .filter_map(|t| serde_json::from_value(t).ok())
+            .filter_map(|t| {
+                let name = t["name"].as_str().unwrap_or_default().to_string();
+                serde_json::from_value(t)
+                    .map_err(|e| {
+                        if let Some(earlier_unlogged) = LOG.admit() {
+                            tracing::warn!(earlier_unlogged, tool = %name, "a game tool is left out of the listing: {e}");
+                        }
+                    })
+                    .ok()
+            })
             .collect();
         serde_json::from_value(json!({ "tools": tools })).map_err(|e| internal(e.to_string()))
     }
@@ -464,8 +488,9 @@ impl ServerHandler for Front {
             return Err(McpError::resource_not_found("no such resource", None));
         };
         let text = if rest == "welcome" {
-            let mut w = link.welcome.clone();
-            // The welcome as this bridge got it; it carries no token, but be sure.
+            // The welcome as this bridge got it, its texts cleaned as the tool list's are; it
+            // carries no token, but be sure.
+            let mut w = listing::plain(&link.welcome);
             if let Some(o) = w.as_object_mut() {
                 o.remove("token");
             }
