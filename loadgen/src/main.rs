@@ -23,13 +23,61 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use gabp_sim::{Addr, ModSim, ModSimConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::args::{Cli, Cmd, RunArgs};
+use crate::args::{
+    BridgesArgs, CallArgs, ChaosArgs, CompareArgs, ForwarderArgs, ModArgs, PipeArgs, RunArgs,
+    SoakArgs,
+};
 use crate::run::Which;
 use crate::target::RelayCommand;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gabp-loadgen",
+    version,
+    about = "Load generator for GABP relays and mods"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Cmd {
+    /// Run a scenario end to end against the relay (and with --baseline, the raw forwarder).
+    Run(RunArgs),
+    /// Run a scenario against the raw forwarder only: the ceiling on this machine.
+    Baseline(RunArgs),
+    /// Run the simulated mod.
+    Mod(ModArgs),
+    /// Run N bridges against a relay or mod and report what they receive.
+    Bridges(BridgesArgs),
+    /// Drive tools/call at a fixed rate or concurrency against a relay or mod.
+    Call(CallArgs),
+    /// The change of every figure between two --json results (A then B).
+    Compare(CompareArgs),
+    /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
+    /// ordering and the recording afterwards.
+    Soak(SoakArgs),
+    /// Honest bridges measured alone, then beside hostile clients of every kind; reports
+    /// latency, drops, the relay's memory, descriptors and metrics size in both phases.
+    Chaos(ChaosArgs),
+    /// One bridge resumes (`relay.resume`) after missing --missed events, in alternate phases;
+    /// reports the other bridges' delivery with and without it.
+    Resume(crate::resume::ResumeArgs),
+    /// A relay without and with --ship (NATS JetStream) in alternate phases: throughput ratio,
+    /// shipping lag, and `gabp-relay collect`'s ingest rate.
+    Ship(crate::ship::ShipArgs),
+    /// A byte pipe to --upstream: each connection gets its own upstream connection and bytes
+    /// are copied unread. What it adds to a call is the floor for any proxy on this machine.
+    Pipe(PipeArgs),
+    /// The baseline forwarder process (started by `run --baseline`).
+    #[command(hide = true)]
+    Forwarder(ForwarderArgs),
+}
 
 fn main() {
     let cli = match Cli::try_parse() {

@@ -314,16 +314,26 @@ impl Decoder for SkippingCodec {
 /// The size of a whole wire frame (header and body) for a body of `len` bytes.
 pub fn frame_len(len: usize) -> usize {
     let mut digits = [0u8; 20];
-    LENGTH_PREFIX.len()
-        + crate::rewrite::decimal(len as u64, &mut digits).len()
-        + TYPE_AND_END.len()
-        + len
+    LENGTH_PREFIX.len() + decimal(len as u64, &mut digits).len() + TYPE_AND_END.len() + len
+}
+
+/// Writes `n` in decimal into `buf` and returns the digits.
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
 }
 
 /// Appends the header for a body of `len` bytes to `dst`, reserving room for the body too.
 pub fn encode_header(len: usize, dst: &mut BytesMut) {
     let mut digits = [0u8; 20];
-    let digits = crate::rewrite::decimal(len as u64, &mut digits);
+    let digits = decimal(len as u64, &mut digits);
     dst.reserve(LENGTH_PREFIX.len() + digits.len() + TYPE_AND_END.len() + len);
     dst.put_slice(LENGTH_PREFIX);
     dst.put_slice(digits);

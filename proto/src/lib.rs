@@ -19,7 +19,7 @@ pub mod codes;
 pub mod envelope;
 pub mod error;
 pub mod message;
-pub mod params;
+pub use envelope::params;
 pub mod rewrite;
 pub mod scan;
 pub mod splice;

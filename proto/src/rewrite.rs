@@ -8,18 +8,7 @@ use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// Writes `n` in decimal into `buf` and returns the digits.
-pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
-    }
-}
+pub use crate::codec::decimal;
 
 /// Overwrites the string value at `span` (quotes included) with `new_id`, which must have the
 /// same length as the old value's contents. Returns false, leaving `body` untouched, otherwise.

@@ -36,13 +36,12 @@ use gabp_rt::net::Conn;
 
 pub use accept::accept_loop;
 pub use rights::{reload, Reloaded};
-pub use writer::write_from_reader;
 
+use crate::outbox::socket::BridgeSocket;
 use crate::outbox::Outbox;
 use crate::pending::{self, ByteBudget};
 use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route};
-use crate::socket::BridgeSocket;
 use reader::BridgeReader;
 
 /// Failed frames tolerated before a successful hello; then the connection is closed.
@@ -162,7 +161,7 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     route.bridges.lock().remove(&conn_id);
     route.metrics.bridges.decrement(1.0);
     route.backend.left(&route, &bridge).await;
-    crate::lease::Lease::holder_left(&route, conn_id).await;
+    crate::route::lease::Lease::holder_left(&route, conn_id).await;
     rights::left(&route, &bridge);
     // At shutdown the session's end recorded this already (see `upstream::session`).
     if let (Some(info), Some(rec), Some(s)) =

@@ -33,6 +33,11 @@ use tokio_util::sync::CancellationToken;
 
 /// What the implicit identity (the route's single token) is called in metrics and messages.
 pub const DEFAULT_NAME: &str = "default";
+/// The longest time to live a route may allow for the lease (`lease_max_ttl`).
+pub const MAX_TTL_MS: u64 = 3_600_000;
+/// The longest time to live one lease request may ask for, unless the route sets
+/// `lease_max_ttl`.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(300);
 /// Mod methods an `observe` bridge may call: reads only.
 pub const OBSERVE_METHODS: &[&str] = &[
     "tools/list",
@@ -481,18 +486,6 @@ impl std::fmt::Debug for Table {
 }
 
 impl Table {
-    /// The table of a route's implicit identity (its `token`) and its named ones, with the
-    /// mod's token among the secrets and the route's leased globs.
-    pub fn of(cfg: &crate::config::RouteConfig) -> Table {
-        Table::new(
-            &cfg.token,
-            &cfg.identities,
-            &cfg.upstream_token,
-            &cfg.leased,
-        )
-        .with_lease_max_ttl(cfg.lease_max_ttl)
-    }
-
     /// The same table with `ttl` the longest a lease may be taken for at once.
     pub fn with_lease_max_ttl(mut self, ttl: Duration) -> Table {
         self.lease_max_ttl = ttl;
@@ -526,7 +519,7 @@ impl Table {
             list,
             secrets,
             leased: leased.to_vec(),
-            lease_max_ttl: crate::lease::DEFAULT_MAX_TTL,
+            lease_max_ttl: DEFAULT_MAX_TTL,
         }
     }
 
@@ -588,10 +581,10 @@ pub struct RouteAccess {
 }
 
 impl RouteAccess {
-    /// Access for a route's configuration.
-    pub fn new(cfg: &crate::config::RouteConfig) -> RouteAccess {
+    /// Access under `table` (a route's, [`crate::config::RouteConfig::access_table`]).
+    pub fn new(table: Table) -> RouteAccess {
         RouteAccess {
-            table: Mutex::new(Arc::new(Table::of(cfg))),
+            table: Mutex::new(Arc::new(table)),
             reloads: Mutex::new(serde_json::json!({"count": 0})),
             buckets: Mutex::new(std::collections::HashMap::new()),
         }
@@ -806,7 +799,7 @@ mod tests {
             "t".repeat(32),
         );
         cfg.identities = vec![Identity::named("a".into(), "a".repeat(32), Role::Control)];
-        let access = RouteAccess::new(&cfg);
+        let access = RouteAccess::new(cfg.access_table());
         access.replace(Table::new(&"t".repeat(32), &[], "mod", &[]));
         assert!(access.table().secrets().contains(&"a".repeat(32).as_str()));
         assert!(access.table().find(&"a".repeat(32)).is_none());

@@ -6,6 +6,7 @@
 //! needs. The modules still `pub` below serve the command line, the benches and the
 //! integration tests; the modules named without a link are internal (`pub(crate)`).
 //!
+//! No module imports one that imports it back (a child module and its parent aside).
 //! Modules, in the direction data flows:
 //! - [`cli`]: the command line (`gabp-relay`'s parsing, dispatch and one module per command).
 //! - [`config`]: routes and policies, from flags or TOML.
@@ -14,11 +15,13 @@
 //! - [`hub`]: per-channel relay seq and fan-out of one shared frame.
 //! - `window`: the route's recent events, kept for bridges that resume after a drop.
 //! - [`outbox`]: each bridge's bounded queue and its slow-consumer policy.
-//! - `socket`: each bridge's socket, the frames on their way into it, and the slot that
-//!   decides who writes (the mod reader directly when the bridge's writer is idle).
+//!   Its `socket`: each bridge's socket, the frames on their way into it, and the slot that
+//!   decides who writes.
+//! - `direct`: the mod reader's direct write to a bridge whose writer is idle.
 //! - [`bridge`]: a bridge connection (strict reading, handshake, forwarding, writers).
 //! - [`pending`]: forwarded requests awaiting the mod's answer.
-//! - [`route`]: one route's shared state and status.
+//! - [`route`]: one route's shared state and status, the [`route::Backend`] trait the
+//!   upstreams implement, and the route's controller lease ([`route::lease`], `relay/lease`).
 //! - `recorder`: the recorder thread in front of `gabp-storage`.
 //! - [`metrics`]: metric names, bounded labels and per-route handles.
 //! - `log_budget`: log lines a peer can cause, sampled per call site.
@@ -26,45 +29,51 @@
 //! - `conns`: places on an HTTP listener (metrics, MCP): totals, per-peer caps, and which
 //!   connection is closed to make room.
 //! - `server`: starting and stopping a relay.
-//! - [`replay`], [`export`], [`stats`], [`report`]: reading recordings back.
+//! - [`replay`], [`export`], [`stats`], [`report`]: reading recordings back; `calls`: what
+//!   `stats` and the report share when they match answers to requests.
 //! - `transport`: the stdio upstream (a mod started as a child process).
 //! - `discovery`: the bridge discovery file.
 //! - `display`: untrusted names made safe for tables.
 //! - `wrap`: running the relay invisibly between a launcher and a game.
 //! - `mcp`: the MCP front (an MCP server attached to a route as a bridge).
-//! - [`identity`]: bridge identities, roles, tool globs and rates; [`lease`]: the controller
-//!   lease (`relay/lease`).
+//! - [`identity`]: bridge identities, roles, tool globs and rates, and who may hold the lease.
+//! - [`units`], [`route_name`], [`usage`], `private_files`: leaves every layer may use (sizes
+//!   and durations, route names, usage errors, the file creation mode).
 //! - [`ship`]: shipping recordings to NATS JetStream and collecting them into an archive.
 //! - `demo`: the built-in demo (simulated mod, relay, bridges in one process).
 
 pub(crate) mod auth;
 pub mod bridge;
+pub(crate) mod calls;
 pub mod cli;
 pub mod config;
 pub(crate) mod conns;
 pub(crate) mod demo;
+pub(crate) mod direct;
 pub(crate) mod discovery;
 pub(crate) mod display;
 pub mod export;
 pub(crate) mod http;
 pub mod hub;
 pub mod identity;
-pub mod lease;
 pub(crate) mod log_budget;
 pub(crate) mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod pending;
+pub(crate) mod private_files;
 pub(crate) mod recorder;
 pub mod replay;
 pub mod report;
 pub mod route;
+pub mod route_name;
 pub(crate) mod server;
 pub mod ship;
-pub(crate) mod socket;
 pub mod stats;
 pub(crate) mod transport;
+pub mod units;
 pub(crate) mod upstream;
+pub mod usage;
 pub(crate) mod window;
 pub(crate) mod wrap;
 

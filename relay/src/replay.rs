@@ -26,6 +26,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{OnSlow, RouteConfig, Upstream};
 use crate::route::Route;
+pub use crate::upstream::Speed;
 use crate::upstream::{Recorded, ReplayPlan};
 
 /// How long a stopping replay waits for its bridges to finish.
@@ -33,30 +34,6 @@ const SHUTDOWN: Duration = Duration::from_secs(5);
 /// Frames read before the one bisection finds for `--from`: receive times of concurrent
 /// writers interleave slightly, so events just at the offset are not missed.
 const FROM_SLACK: u64 = 1024;
-
-/// Replay pace.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Speed {
-    /// Recorded timeline times this factor (2.0 is twice as fast).
-    Factor(f64),
-    /// As fast as possible.
-    Max,
-}
-
-impl std::str::FromStr for Speed {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "max" {
-            return Ok(Speed::Max);
-        }
-        match s.trim_end_matches('x').parse::<f64>() {
-            Ok(f) if f > 0.0 && f.is_finite() => Ok(Speed::Factor(f)),
-            _ => Err(format!(
-                "invalid speed {s:?}: expected a positive factor like 1, 10 or 0.5, or max"
-            )),
-        }
-    }
-}
 
 /// Replay settings.
 #[derive(Debug, Clone)]

@@ -27,7 +27,11 @@ use crate::metrics::RouteMetrics;
 use crate::outbox::Outbox;
 use crate::pending::{Entry, Origin, Pending};
 use crate::recorder::{RecMsg, Recorder};
-use crate::upstream::Backend;
+
+pub mod backend;
+pub mod lease;
+
+pub use backend::{Backend, Refusal, Request};
 
 /// The relay's version, reported in welcomes and status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -186,7 +190,7 @@ pub struct Route {
     /// Bridge identities (replaced on reload).
     pub access: crate::identity::RouteAccess,
     /// The controller lease.
-    pub lease: crate::lease::Lease,
+    pub lease: crate::route::lease::Lease,
     next_conn: AtomicU32,
     /// Seq of the route's `relay/session` channel.
     session_notices: std::sync::atomic::AtomicU64,
@@ -203,7 +207,7 @@ impl Route {
         let metrics = RouteMetrics::new(&cfg.name);
         let recorder = if cfg.record { recorder } else { None };
         let hub = Hub::with_window(cfg.resume_window_frames, cfg.resume_window_bytes);
-        let access = crate::identity::RouteAccess::new(&cfg);
+        let access = crate::identity::RouteAccess::new(cfg.access_table());
         Arc::new(Route {
             access,
             lease: Default::default(),

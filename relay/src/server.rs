@@ -16,8 +16,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::RelayConfig;
 use crate::recorder::{Recorder, RecorderThread};
+use crate::route::Backend;
 use crate::route::Route;
-use crate::upstream::{Backend, Connector, Live, SocketConnector};
+use crate::upstream::{Connector, Live, SocketConnector};
 
 /// Why a relay could not start.
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use serde::Serialize;
 
-use crate::report::collect::{latency_at, new_latency, MAX_METHODS, MAX_OPEN, OTHER_METHODS};
+use crate::calls::{latency_at, new_latency, take_answered, MAX_METHODS, MAX_OPEN, OTHER_METHODS};
 
 /// A sparse log-linear histogram: values below 32 exactly, larger ones in buckets of 1/16 of
 /// their power of two; only buckets that occur are stored (a channel's payload sizes and a
@@ -344,20 +344,6 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
             })
             .collect(),
     })
-}
-
-/// Takes the awaited request (what, sent at, conn) with upstream id `id` if a mod response to
-/// it recorded with `conn` is its answer: routed to the bridge that sent it (or to the relay,
-/// conn 0, for its own). A late answer, recorded with no conn, leaves it awaited.
-pub(crate) fn take_answered<T>(
-    open: &mut HashMap<String, (T, u64, u32)>,
-    id: &str,
-    conn: u32,
-) -> Option<(T, u64, u32)> {
-    if open.get(id)?.2 != conn {
-        return None;
-    }
-    open.remove(id)
 }
 
 /// A latency cell of the table: milliseconds to the microsecond, `-` when none was measured.

@@ -22,17 +22,19 @@
 pub mod catalog;
 pub mod check;
 pub mod chunk;
+pub mod destination;
 pub mod dir;
 pub mod error;
 pub mod keys;
 pub mod mark;
 pub mod reader;
 pub mod repair;
-pub mod retention;
 pub mod sessions;
 pub mod ship;
 pub mod store;
 pub mod writer;
+
+pub use store::retention;
 
 pub use catalog::{check_tag, parse_tag, BridgeInfo, EndReason, Gap, SessionMeta, SessionState};
 pub use chunk::{Direction, FrameRecord};

@@ -28,10 +28,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{Counters, Gap, SessionMeta, SessionState};
 use crate::chunk::{self, Direction, FrameRecord};
+use crate::destination::Fnv;
 use crate::error::StoreError;
 use crate::keys::{self, Detail, IndexEntry, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
 use crate::store::{Durability, Store};
 use crate::SessionId;
+
+pub use crate::destination::Destination;
 
 const PART_INGESTED: u8 = 4;
 const PART_ORIGIN: u8 = 5;
@@ -49,43 +52,6 @@ fn cursor_key(id: SessionId, to: Destination) -> [u8; 25] {
     k[..17].copy_from_slice(&part_key(id, PART_SHIP_TO));
     k[17..].copy_from_slice(&to.0.to_be_bytes());
     k
-}
-
-/// Where sessions are shipped to, as an identity: the stream (its name and when it was
-/// created, so a stream deleted and made again, or one of the same name on another cluster,
-/// is another destination) and the subject prefix the messages go under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Destination(pub u64);
-
-impl Destination {
-    /// The destination of messages under `subject_prefix` in stream `stream`, created at
-    /// `created_ns` (nanoseconds since the epoch, as the server reports it).
-    pub fn new(stream: &str, created_ns: i128, subject_prefix: &str) -> Destination {
-        let mut h = Fnv::default();
-        h.write(stream.as_bytes());
-        h.write(&[0]);
-        h.write(&created_ns.to_be_bytes());
-        h.write(subject_prefix.as_bytes());
-        Destination(h.0)
-    }
-}
-
-/// FNV-1a: a fingerprint that stays the same across versions and machines (std's hasher
-/// does not promise to).
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
 }
 
 /// How far a session has been shipped: what the destination acknowledged.

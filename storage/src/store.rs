@@ -16,8 +16,10 @@ pub use crate::dir::lock_holder;
 use crate::dir::{make_private, prepare_writable_dir, DirHold};
 use crate::error::StoreError;
 use crate::keys::{self, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
-use crate::retention::Reclaimer;
+pub mod retention;
+
 use crate::SessionId;
+use retention::Reclaimer;
 
 /// When a group commit is durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

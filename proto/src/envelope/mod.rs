@@ -24,6 +24,7 @@ use crate::error::EnvelopeError;
 use crate::scan::{self, LooseScan, Member};
 
 mod fields;
+pub mod params;
 mod tape;
 mod view;
 

@@ -5,10 +5,10 @@
 use simd_json::{Node, StaticNode};
 
 use super::fields::{borrow_or_own, error_code, truncate_key, Field, Known, Val};
+use super::params;
 use super::tape::{check_error_object, check_whole_tape, object_members};
 use super::{invalid_json, is_method_name, is_uuid, EnvelopeView, Mode, MsgType};
 use crate::error::EnvelopeError;
-use crate::params;
 use crate::scan::{self, Member};
 use crate::PROTOCOL_VERSION;
 

@@ -20,8 +20,8 @@ use super::MAX_PREHELLO_ERRORS;
 use crate::auth;
 use crate::log_budget::LogBudget;
 use crate::pending::ByteBudget;
+use crate::route::Request;
 use crate::route::{BridgeState, Route};
-use crate::upstream::Request;
 
 /// Relay replies a bridge may leave unread before the relay stops reading its requests (a
 /// bridge that never reads is then cut by the write deadline, never queued without bound).
@@ -339,7 +339,7 @@ impl BridgeReader {
         &mut self,
         body: &Bytes,
         id: &str,
-        (code, why, data): crate::lease::Refusal,
+        (code, why, data): crate::route::lease::Refusal,
     ) {
         if self.refusal_room(body.len()) {
             self.record(Direction::BridgeToRelay, body.clone(), true)

@@ -19,7 +19,7 @@ use super::reader::BridgeReader;
 use crate::auth;
 use crate::config::RouteConfig;
 use crate::identity::{Denial, Identity, Table};
-use crate::lease::Lease;
+use crate::route::lease::Lease;
 use crate::route::{BridgeState, Route};
 
 /// The per-bridge notice sent just before a revoked bridge is closed.
@@ -102,7 +102,7 @@ impl BridgeReader {
         &self,
         method: &str,
         params: impl Fn() -> Value,
-    ) -> Option<crate::lease::Refusal> {
+    ) -> Option<crate::route::lease::Refusal> {
         let route = &self.route;
         let me = self.bridge.access.identity()?;
         let table = route.access.table();
@@ -182,7 +182,7 @@ impl BridgeReader {
         true
     }
 
-    /// `relay/lease {action, ttlMs?}`: see `crate::lease` (the bridge's rights to it were
+    /// `relay/lease {action, ttlMs?}`: see `crate::route::lease` (the bridge's rights to it were
     /// checked before it was recorded).
     pub(super) async fn lease(&mut self, id: &str, params: &Value) {
         let table = self.route.access.table();

@@ -5,7 +5,6 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::anyhow;
 use clap::Args;
 
 /// `println!` for a command's output that returns an error instead of panicking when stdout
@@ -38,15 +37,7 @@ pub(crate) mod wrap;
 
 pub use app::main;
 
-/// A usage problem found after parsing (exit code 2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
-
-/// A usage error (exit 2) with `msg` as its line.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
-    anyhow!(UsageError(msg.into()))
-}
+pub use crate::usage::{usage, UsageError};
 
 /// The data dir and output form shared by the commands that read recordings.
 #[derive(Args, Debug, Clone)]

@@ -612,7 +612,7 @@ impl FileConfig {
         }
         if let Some(d) = &r.lease_max_ttl {
             let d = units::parse_duration(d).map_err(|m| err("lease_max_ttl", m))?;
-            let most = Duration::from_millis(crate::lease::MAX_TTL_MS);
+            let most = Duration::from_millis(crate::identity::MAX_TTL_MS);
             if d < Duration::from_millis(1) || d > most {
                 return Err(err(
                     "lease_max_ttl",

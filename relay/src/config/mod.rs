@@ -7,7 +7,7 @@
 
 pub mod file;
 mod trust;
-pub mod units;
+pub use crate::units;
 
 pub use file::{ConfigError, FileConfig, FileRoute};
 pub use units::{parse_duration, parse_size, parse_timeout};
@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use gabp_rt::Addr;
 use gabp_storage::{Compression, Durability};
-use serde::Deserialize;
 
 /// The largest bounds an operator may set, flags and config file alike: what a production relay
 /// on one machine would ever need. Anything bigger is a typo (`1TiB` for `1MiB`) that would let
@@ -46,104 +45,10 @@ pub mod limits {
     pub const MAX_MARKS: u32 = 1_000_000;
 }
 
-/// Longest route name, in bytes. Route names become metric labels, log fields, the `route=`
-/// directory of a Parquet export (escaped, up to three bytes for one) and archive entries.
-pub const MAX_ROUTE_NAME: usize = 64;
+pub use crate::route_name::{check_route_name, shown_route_name, MAX_ROUTE_NAME};
 
-/// Checks a route name where it enters (config file, flags, `wrap`'s launcher, a collected
-/// archive): 1 to [`MAX_ROUTE_NAME`] bytes, no control or invisible formatting characters
-/// (line breaks, escapes, bidirectional overrides), no whitespace at either end. Anything else
-/// goes (`lab/a`, `lab b`, `é`): paths escape it.
-pub fn check_route_name(name: &str) -> Result<(), String> {
-    let rule =
-        "route names are 1 to 64 bytes of printable characters without whitespace at either end";
-    if name.is_empty() {
-        return Err(format!("empty: {rule}"));
-    }
-    if name.len() > MAX_ROUTE_NAME {
-        return Err(format!("{} bytes, too long: {rule}", name.len()));
-    }
-    let invisible = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
-    };
-    if let Some(c) = name.chars().find(|&c| invisible(c)) {
-        return Err(format!("holds the character {c:?}: {rule}"));
-    }
-    if name.starts_with(char::is_whitespace) || name.ends_with(char::is_whitespace) {
-        return Err(format!("whitespace at an end: {rule}"));
-    }
-    Ok(())
-}
-
-/// A route name as an error shows it (quoted with `{:?}`): its first 32 characters and `…`
-/// when longer.
-pub fn shown_route_name(name: &str) -> String {
-    match name.char_indices().nth(32) {
-        Some((at, _)) => format!("{}…", &name[..at]),
-        None => name.to_string(),
-    }
-}
-
-/// What happens when a bridge's outbox is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnSlow {
-    /// Drop that bridge's oldest queued events; it sees a seq gap and a `relay/dropped` event.
-    #[default]
-    DropOldest,
-    /// Disconnect that bridge.
-    Disconnect,
-    /// Wait for that bridge (lossless; stalls the whole route). For trusted consumers only.
-    Block,
-}
-
-impl OnSlow {
-    /// The flag spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OnSlow::DropOldest => "drop-oldest",
-            OnSlow::Disconnect => "disconnect",
-            OnSlow::Block => "block",
-        }
-    }
-}
-
-impl std::str::FromStr for OnSlow {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "drop-oldest" => Ok(OnSlow::DropOldest),
-            "disconnect" => Ok(OnSlow::Disconnect),
-            "block" => Ok(OnSlow::Block),
-            _ => Err(format!(
-                "unknown policy {s:?}: expected drop-oldest, disconnect or block"
-            )),
-        }
-    }
-}
-
-/// What the recorder does when a write fails (disk full, I/O error).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OnRecordError {
-    /// Keep retrying; the relay stops reading from the mod meanwhile (nothing is lost).
-    #[default]
-    Stall,
-    /// Drop the failed batch (counted in the session's `lost_frames`) and keep relaying.
-    Continue,
-}
-
-impl std::str::FromStr for OnRecordError {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stall" => Ok(OnRecordError::Stall),
-            "continue" => Ok(OnRecordError::Continue),
-            _ => Err(format!("unknown policy {s:?}: expected stall or continue")),
-        }
-    }
-}
+pub use crate::outbox::OnSlow;
+pub use crate::recorder::OnRecordError;
 
 /// Where the mod is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +128,18 @@ pub struct RouteConfig {
 }
 
 impl RouteConfig {
+    /// The table of the route's implicit identity (its `token`) and its named ones, with the
+    /// mod's token among the secrets and the route's leased globs.
+    pub fn access_table(&self) -> crate::identity::Table {
+        crate::identity::Table::new(
+            &self.token,
+            &self.identities,
+            &self.upstream_token,
+            &self.leased,
+        )
+        .with_lease_max_ttl(self.lease_max_ttl)
+    }
+
     /// The route's secrets: what redaction removes from anything recorded.
     pub fn secrets(&self) -> [&str; 2] {
         [&self.token, &self.upstream_token]
@@ -255,7 +172,7 @@ impl RouteConfig {
             tags: Default::default(),
             identities: Vec::new(),
             leased: Vec::new(),
-            lease_max_ttl: crate::lease::DEFAULT_MAX_TTL,
+            lease_max_ttl: crate::identity::DEFAULT_MAX_TTL,
             max_marks: 10_000,
         }
     }

@@ -63,7 +63,7 @@ impl OfferArgs {
             .map(|g| g.trim().to_string())
             .collect();
         let tools = identity::ToolRules::parse(&globs)
-            .map_err(|e| crate::cli::usage(format!("--mcp-tools: {e}")))?;
+            .map_err(|e| crate::usage::usage(format!("--mcp-tools: {e}")))?;
         Ok(Offer {
             tools,
             strip_output_schema: self.mcp_strip_output_schema,

@@ -29,8 +29,9 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::OnSlow;
-use crate::socket::SocketSlot;
+pub(crate) mod socket;
+
+use socket::SocketSlot;
 
 mod frame;
 mod runs;
@@ -152,7 +153,7 @@ pub struct Outbox {
     /// Cancelled when the bridge is cut: its connection task resets the socket at once.
     cut: CancellationToken,
     cut_reason: Mutex<Option<CutReason>>,
-    /// The bridge's socket, while nobody is writing to it (see [`crate::socket`]).
+    /// The bridge's socket, while nobody is writing to it (see [`socket`]).
     socket: SocketSlot,
     /// Bytes taken from here that the socket has not accepted yet, as the writer last saw
     /// them: a resume's history counts them against the bound too.
@@ -204,7 +205,7 @@ impl Outbox {
 
     /// Offers an event. Neither writes nor wakes the writer: the mod reader marks the outbox
     /// ([`Outbox::mark_for_wake`]) and, once per burst, writes directly or wakes the writer
-    /// (`bridge::write_from_reader`), so one write covers many events.
+    /// (`direct::write_from_reader`), so one write covers many events.
     pub fn offer(&self, ev: &Arc<EventFrame>) -> Offer {
         self.offer_all(std::slice::from_ref(ev)).outcome
     }
@@ -669,6 +670,44 @@ fn record_drop(drops: &mut Vec<DropRun>, channel: &Arc<str>, seq: u64) {
         count: 1,
         policy: DROP_OLDEST,
     });
+}
+
+/// What happens when a bridge's outbox is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnSlow {
+    /// Drop that bridge's oldest queued events; it sees a seq gap and a `relay/dropped` event.
+    #[default]
+    DropOldest,
+    /// Disconnect that bridge.
+    Disconnect,
+    /// Wait for that bridge (lossless; stalls the whole route). For trusted consumers only.
+    Block,
+}
+
+impl OnSlow {
+    /// The flag spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnSlow::DropOldest => "drop-oldest",
+            OnSlow::Disconnect => "disconnect",
+            OnSlow::Block => "block",
+        }
+    }
+}
+
+impl std::str::FromStr for OnSlow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drop-oldest" => Ok(OnSlow::DropOldest),
+            "disconnect" => Ok(OnSlow::Disconnect),
+            "block" => Ok(OnSlow::Block),
+            _ => Err(format!(
+                "unknown policy {s:?}: expected drop-oldest, disconnect or block"
+            )),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,11 +27,9 @@ use gabp_storage::{
 };
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::config::OnRecordError;
-
 mod thread;
 
-pub use thread::private_file_modes;
+pub use crate::private_files::private_file_modes;
 use thread::run;
 
 /// Messages to the recorder thread, applied in order.
@@ -447,6 +445,28 @@ impl RecorderThread {
             let _ = h.join();
         }
         self.shared.health.lock().unrecorded_at_shutdown
+    }
+}
+
+/// What the recorder does when a write fails (disk full, I/O error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnRecordError {
+    /// Keep retrying; the relay stops reading from the mod meanwhile (nothing is lost).
+    #[default]
+    Stall,
+    /// Drop the failed batch (counted in the session's `lost_frames`) and keep relaying.
+    Continue,
+}
+
+impl std::str::FromStr for OnRecordError {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "stall" => Ok(OnRecordError::Stall),
+            "continue" => Ok(OnRecordError::Continue),
+            _ => Err(format!("unknown policy {s:?}: expected stall or continue")),
+        }
     }
 }
 

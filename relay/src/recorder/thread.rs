@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use gabp_storage::SessionWriter;
 use tokio::sync::{mpsc, oneshot};
 
+use super::OnRecordError;
 use super::{RecBatch, RecMsg, Shared, COMMIT_INTERVAL, MAX_BATCH};
-use crate::config::OnRecordError;
 
 /// Applies one message to the session writer; flush requests are answered after the commit,
 /// and a mark request (`mark` set) is met after it too.
@@ -123,16 +123,6 @@ pub(super) fn nap(shared: &Shared, d: Duration) {
             return;
         }
         std::thread::sleep((until - now).min(Duration::from_millis(20)));
-    }
-}
-
-/// Makes every file this process creates from now on private (umask 077): RocksDB creates its
-/// tables, logs and manifests 0644 otherwise, readable by anyone who can reach the data dir.
-pub fn private_file_modes() {
-    // SAFETY: umask(2) only sets the process's file mode creation mask; no pointers.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::umask(0o077);
     }
 }
 

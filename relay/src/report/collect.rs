@@ -10,16 +10,13 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use hdrhistogram::Histogram;
 
+pub use crate::calls::{latency_at, MAX_METHODS, MAX_OPEN, OTHER_METHODS};
+use crate::calls::{new_latency, take_answered};
+
 /// Time buckets across the session.
 pub const BUCKETS: usize = 120;
-/// Methods with their own latency histogram; later ones are pooled.
-pub const MAX_METHODS: usize = 64;
 /// Marks kept with their labels; later ones are only counted.
 pub const MAX_MARKS: usize = 1000;
-/// Requests awaiting an answer that are tracked for latency.
-pub const MAX_OPEN: usize = 1 << 16;
-/// The pool of methods beyond [`MAX_METHODS`].
-pub const OTHER_METHODS: &str = "(other methods)";
 
 /// One channel's events.
 #[derive(Debug, Clone)]
@@ -92,18 +89,6 @@ pub struct Collected {
     pub marks_total: u64,
     /// Answers whose request was not tracked (past [`MAX_OPEN`] awaiting at once).
     pub untracked: u64,
-}
-
-/// A method's latency histogram (ns), as the report and `stats` keep it.
-pub(crate) fn new_latency() -> Histogram<u64> {
-    // 1 ns to one hour at 2 significant figures: ~40 KB per method.
-    Histogram::new_with_bounds(1, 3_600_000_000_000, 2).expect("valid bounds")
-}
-
-/// A method's latency at quantile `q` (ns), as the report and `stats` both show it: a bucket's
-/// upper end can pass the exact longest call, so it is capped there.
-pub(crate) fn latency_at(h: &Histogram<u64>, max_ns: u64, q: f64) -> u64 {
-    h.value_at_quantile(q).min(max_ns)
 }
 
 /// A JSON value's field as text, from a span of `body`.
@@ -232,7 +217,7 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                 let Some((ix, sent, _)) = view
                     .id
                     .as_deref()
-                    .and_then(|id| crate::stats::take_answered(&mut open, id, rec.conn))
+                    .and_then(|id| take_answered(&mut open, id, rec.conn))
                 else {
                     c.untracked += 1;
                     continue;

@@ -206,10 +206,10 @@ fn valid_catalog(snap: &CatalogSnapshot) -> Result<(), String> {
         ("route", &snap.meta.route),
         ("origin route", &snap.origin.route),
     ] {
-        crate::config::check_route_name(route).map_err(|m| {
+        crate::route_name::check_route_name(route).map_err(|m| {
             format!(
                 "a catalog snapshot whose {what} {:?} is not a valid route name: {m}",
-                crate::config::shown_route_name(route)
+                crate::route_name::shown_route_name(route)
             )
         })?;
     }
@@ -235,7 +235,7 @@ impl Collector {
     /// Collects until `cancel`, reconnecting with backoff; fails only if the archive cannot be
     /// opened or written. `tally` counts what it took and refused.
     pub async fn run(&self, cancel: CancellationToken, tally: &Tally) -> Result<()> {
-        crate::recorder::private_file_modes();
+        crate::private_files::private_file_modes();
         // No crash recovery: sessions still recording at their source stay `recording` here.
         let store =
             Store::reopen(&self.data_dir, StoreOptions::default()).map_err(|e| anyhow!("{}", e))?;

@@ -273,11 +273,11 @@ fn inbox_prefix(s: &str) -> Result<String, String> {
 }
 
 fn age(s: &str) -> Result<Duration, String> {
-    crate::config::units::parse_duration(s)
+    crate::units::parse_duration(s)
 }
 
 fn size(s: &str) -> Result<u64, String> {
-    crate::config::units::parse_size(s)
+    crate::units::parse_size(s)
 }
 
 /// `nats://user:pass@host:4222,…` as it may be shown: without credentials.

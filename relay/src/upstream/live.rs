@@ -15,10 +15,11 @@ use gabp_storage::{Direction, FrameRecord};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Backend, Connector, Refusal, Request};
+use super::Connector;
 use crate::auth;
 use crate::config::RouteConfig;
 use crate::pending::{self, Entry, Origin};
+use crate::route::{Backend, Refusal, Request};
 use crate::route::{BridgeState, Route};
 
 /// The mod, connected to (and reconnected) through `connector`.

@@ -21,9 +21,9 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::recorded::ReplayPlan;
-use crate::bridge::write_from_reader;
+use super::Speed;
+use crate::direct::write_from_reader;
 use crate::outbox::{EventFrame, Offer, Outbox};
-use crate::replay::Speed;
 use crate::route::{BridgeState, Route};
 
 /// Events per batch handed from the reader to the pacer.

@@ -225,7 +225,7 @@ impl Reader<'_> {
         let delivering = !self.runs.is_empty();
         self.fan_out().await;
         for o in self.touched.drain(..) {
-            crate::bridge::write_from_reader(self.route, &o);
+            crate::direct::write_from_reader(self.route, &o);
         }
         // Records the recorder had no room for wait now, once the bridges have their events,
         // so this reader is in the recorder's queue before anything they send back.

@@ -26,10 +26,33 @@ use tokio::task::JoinHandle;
 
 use super::answers::{answer_from, request_key, Answers};
 use super::player::{self, Shared};
-use super::{Backend, Refusal, Request};
 use crate::config::RouteConfig;
-use crate::replay::Speed;
+use crate::route::{Backend, Refusal, Request};
 use crate::route::{BridgeState, Route, SessionInfo};
+
+/// Replay pace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Speed {
+    /// Recorded timeline times this factor (2.0 is twice as fast).
+    Factor(f64),
+    /// As fast as possible.
+    Max,
+}
+
+impl std::str::FromStr for Speed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "max" {
+            return Ok(Speed::Max);
+        }
+        match s.trim_end_matches('x').parse::<f64>() {
+            Ok(f) if f > 0.0 && f.is_finite() => Ok(Speed::Factor(f)),
+            _ => Err(format!(
+                "invalid speed {s:?}: expected a positive factor like 1, 10 or 0.5, or max"
+            )),
+        }
+    }
+}
 
 /// What to play and how (built by `replay` from its options).
 #[derive(Debug, Clone)]

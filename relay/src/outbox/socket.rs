@@ -29,7 +29,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 
-use crate::outbox::{Batch, Frame};
+use super::{Batch, Frame};
 
 /// Linux takes at most 1024 buffers per `writev` (IOV_MAX).
 const MAX_IOV: usize = 512;

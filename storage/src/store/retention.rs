@@ -14,9 +14,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use rocksdb::{BottommostLevelCompaction, CompactOptions, DB};
 
 use crate::catalog::{SessionMeta, SessionState};
+use crate::destination::Destination;
 use crate::error::StoreError;
 use crate::keys::{self, CF_CATALOG, CF_CHAN_INDEX, CF_DETAILS, CF_FRAMES};
-use crate::ship::Destination;
 use crate::store::Store;
 use crate::SessionId;
 

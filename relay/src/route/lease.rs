@@ -24,16 +24,13 @@ use gabp_storage::Direction;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
-use crate::route::{BridgeState, Route};
+use super::{BridgeState, Route};
 
 /// The channel lease changes are sent on.
 pub const CHANNEL: &str = "relay/lease";
 /// A lease's time to live when the request gives none.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The longest time to live a route may allow (`lease_max_ttl`).
-pub const MAX_TTL_MS: u64 = 3_600_000;
-/// The longest time to live one request may ask for, unless the route sets `lease_max_ttl`.
-pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(300);
+pub use crate::identity::{DEFAULT_MAX_TTL, MAX_TTL_MS};
 
 #[derive(Debug, Clone)]
 struct Holder {
