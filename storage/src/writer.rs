@@ -63,7 +63,29 @@ impl Open {
             self.bridges_dirty.push(conn);
         }
     }
+
+    /// Past [`BRIDGES_IN_MEMORY`] entries (plus a quarter, so this runs rarely), forgets the
+    /// oldest bridges that have left and whose entry is committed: each stays in the catalog on
+    /// disk, and a session that bridges keep joining and leaving holds no more memory for it.
+    fn forget_departed(&mut self) {
+        if self.meta.bridges.len() <= BRIDGES_IN_MEMORY + BRIDGES_IN_MEMORY / 4 {
+            return;
+        }
+        let mut excess = self.meta.bridges.len() - BRIDGES_IN_MEMORY;
+        let dirty = &self.bridges_dirty;
+        self.meta.bridges.retain(|b| {
+            let forget = excess > 0 && b.detached_ns.is_some() && !dirty.contains(&b.conn);
+            if forget {
+                excess -= 1;
+            }
+            !forget
+        });
+    }
 }
+
+/// Bridge entries an open session keeps in memory: those still attached, and the latest that
+/// left up to this many in all (every entry is kept in the catalog on disk).
+pub const BRIDGES_IN_MEMORY: usize = 1024;
 
 /// Writes sessions into a [`Store`]. Not thread-safe by design: one recorder thread owns it.
 pub struct SessionWriter {
@@ -204,7 +226,13 @@ impl SessionWriter {
                 None => o.meta.bridges.push(info),
             }
             o.bridge_changed(conn);
+            o.forget_departed();
         }
+    }
+
+    /// Bridge entries held in memory for an open session (see [`BRIDGES_IN_MEMORY`]).
+    pub fn bridges_held(&self, session: SessionId) -> usize {
+        self.open.get(&session).map_or(0, |o| o.meta.bridges.len())
     }
 
     /// Counts a mod frame that could not be routed.

@@ -336,3 +336,42 @@ fn listing_10000_sessions_reads_the_catalog_only() {
     );
     assert!(took.as_secs() < 5, "listing took {took:?}");
 }
+
+/// A session that bridges keep joining and leaving holds a bounded number of bridge entries in
+/// the writer's memory; every one of them is in the catalog on disk.
+#[test]
+fn bridges_that_left_are_kept_on_disk_not_in_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let store = Store::open(&data, StoreOptions::default()).expect("open");
+    let mut w = SessionWriter::new(store.clone());
+    let m = SessionMeta {
+        id: uuid::Uuid::now_v7(),
+        route: "r".into(),
+        started_ns: 1,
+        ..SessionMeta::default()
+    };
+    let id = m.id;
+    w.begin(m);
+    let bound = gabp_storage::writer::BRIDGES_IN_MEMORY;
+    let n = 6 * bound as u32;
+    let mut most = 0;
+    for conn in 1..=n {
+        w.upsert_bridge(id, bridge(conn));
+        w.commit().expect("commit");
+        let mut gone = bridge(conn);
+        gone.detached_ns = Some(10 + u64::from(conn));
+        w.upsert_bridge(id, gone);
+        most = most.max(w.bridges_held(id));
+    }
+    assert!(
+        most <= bound + bound / 4 + 1,
+        "{most} entries held (bound {bound})"
+    );
+    w.end(id, EndReason::Clean, 10 + u64::from(n) + 1);
+    w.commit().expect("commit");
+    drop(w);
+    let meta = store.session(id).expect("read").expect("the session");
+    assert_eq!(meta.bridges.len(), n as usize);
+    assert!(meta.bridges.iter().all(|b| b.detached_ns.is_some()));
+}

@@ -38,6 +38,9 @@ fn time_marks(c: &Collected) -> Vec<TimeMark> {
         .collect()
 }
 
+/// Bridges listed in the page's table.
+const BRIDGE_ROWS: usize = 200;
+
 fn bridge_name(meta: &SessionMeta, conn: u32) -> String {
     meta.bridges
         .iter()
@@ -219,9 +222,12 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
     );
 
     p.heading("Bridges");
+    // A session that thousands of bridges joined keeps the page readable (and small): the
+    // first ones are listed, the count of the rest is said.
     let rows: Vec<Vec<String>> = meta
         .bridges
         .iter()
+        .take(BRIDGE_ROWS)
         .map(|b| {
             vec![
                 b.conn.to_string(),
@@ -252,6 +258,12 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
         ],
         &rows,
     );
+    if meta.bridges.len() > BRIDGE_ROWS {
+        p.note(&format!(
+            "{} more bridges are not listed; every frame's conn is in `gabp-relay export`.",
+            meta.bridges.len() - BRIDGE_ROWS
+        ));
+    }
 
     p.heading("Marks");
     if c.marks_total as usize > c.marks.len() {
