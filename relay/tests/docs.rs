@@ -152,7 +152,11 @@ fn every_relative_link_and_anchor_resolves() {
     let mut checked = 0;
     for file in markdown_files() {
         let text = read(&file);
-        let shown = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+        let shown = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
         for (n, line) in prose_lines(&text) {
             for target in link_targets(line) {
                 if target.is_empty()
@@ -178,16 +182,23 @@ fn every_relative_link_and_anchor_resolves() {
                 }
                 if let Some(anchor) = anchor {
                     if dest.extension().is_none_or(|e| e != "md") {
-                        broken.push(format!("{shown}:{n}: {target}: an anchor into a non-Markdown file"));
+                        broken.push(format!(
+                            "{shown}:{n}: {target}: an anchor into a non-Markdown file"
+                        ));
                     } else if !anchors(&read(&dest)).contains(anchor) {
-                        broken.push(format!("{shown}:{n}: {target}: no heading has the anchor #{anchor}"));
+                        broken.push(format!(
+                            "{shown}:{n}: {target}: no heading has the anchor #{anchor}"
+                        ));
                     }
                 }
             }
         }
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
-    assert!(checked > 50, "only {checked} relative links found: is the parser still reading them?");
+    assert!(
+        checked > 50,
+        "only {checked} relative links found: is the parser still reading them?"
+    );
 }
 
 #[test]
@@ -196,7 +207,10 @@ fn the_link_checker_knows_github_anchors_and_code_spans() {
     assert_eq!(slug(&"`[[route.bridge]]`".replace('`', "")), "routebridge");
     let text = "# A\n## Notes\n```sh\n# not a heading\n```\n## Notes\n";
     let a = anchors(text);
-    assert!(a.contains("notes") && a.contains("notes-1") && !a.contains("not-a-heading"), "{a:?}");
+    assert!(
+        a.contains("notes") && a.contains("notes-1") && !a.contains("not-a-heading"),
+        "{a:?}"
+    );
     assert_eq!(link_targets("see [x](a.md#b) and `[y](c.md)`"), ["a.md#b"]);
 }
 
@@ -224,13 +238,21 @@ fn no_page_tells_the_history_of_its_making() {
             for word in ["session ", "issue "] {
                 for (at, _) in line.match_indices(word) {
                     if bytes.get(at + word.len()).is_some_and(u8::is_ascii_digit) {
-                        found.push(format!("{}:{}: {line}", file.strip_prefix(&root).unwrap_or(file).display(), i + 1));
+                        found.push(format!(
+                            "{}:{}: {line}",
+                            file.strip_prefix(&root).unwrap_or(file).display(),
+                            i + 1
+                        ));
                     }
                 }
             }
         }
     }
-    assert!(found.is_empty(), "history in the docs (say what is, not how it came to be):\n{}", found.join("\n"));
+    assert!(
+        found.is_empty(),
+        "history in the docs (say what is, not how it came to be):\n{}",
+        found.join("\n")
+    );
 }
 
 /// The `sh` blocks of a guide, in order.
@@ -259,7 +281,10 @@ fn sh_blocks(text: &str) -> Vec<String> {
 /// Where the release binaries are: beside the `gabp-relay` this test was built with.
 fn bin_dir() -> PathBuf {
     let relay = Path::new(env!("CARGO_BIN_EXE_gabp-relay"));
-    let dir = relay.parent().expect("the binary is in a directory").to_path_buf();
+    let dir = relay
+        .parent()
+        .expect("the binary is in a directory")
+        .to_path_buf();
     let loadgen = dir.join("gabp-loadgen");
     assert!(
         loadgen.exists(),
@@ -272,8 +297,10 @@ fn bin_dir() -> PathBuf {
 /// The Python environment `scripts/setup --test` makes (the guides read it from `GABP_VENV`).
 fn venv() -> PathBuf {
     let home = std::env::var_os("HOME").expect("HOME is set");
-    let venv = std::env::var_os("GABP_VENV")
-        .map_or_else(|| Path::new(&home).join(".cache/gabp-relay/venv"), PathBuf::from);
+    let venv = std::env::var_os("GABP_VENV").map_or_else(
+        || Path::new(&home).join(".cache/gabp-relay/venv"),
+        PathBuf::from,
+    );
     let ok = Command::new(venv.join("bin/python"))
         .args(["-c", "import duckdb, polars, mcp"])
         .stderr(Stdio::null())
@@ -366,12 +393,15 @@ fn guide_recording_experiments_runs() {
 fn guide_many_agents_runs() {
     let out = run_guide("many-agents.md");
     for said in [
-        "-32008",                         // the builder, while the planner holds the lease
-        "has role observe",               // the dashboard's tool call
+        "-32008",                            // the builder, while the planner holds the lease
+        "has role observe",                  // the dashboard's tool call
         "refused by tools = [\"sim/echo\"]", // the assistant's sim_emit
         "assistant-checked",
     ] {
-        assert!(out.contains(said), "the guide's output lacks {said:?}:\n{out}");
+        assert!(
+            out.contains(said),
+            "the guide's output lacks {said:?}:\n{out}"
+        );
     }
 }
 
@@ -379,7 +409,10 @@ fn guide_many_agents_runs() {
 fn guide_measuring_a_mod_runs() {
     let out = run_guide("measuring-a-mod.md");
     assert!(out.contains("latency_us.p50"), "{out}");
-    assert!(out.contains("ratio (relay delivered / baseline delivered)"), "{out}");
+    assert!(
+        out.contains("ratio (relay delivered / baseline delivered)"),
+        "{out}"
+    );
 }
 
 /// The keys a config table accepts, as serde's own "unknown field" error lists them.
@@ -478,11 +511,18 @@ fn completions_are_scripts_their_shells_accept() {
         String::from_utf8(out.stdout).expect("UTF-8")
     };
     let bash = script("bash");
-    assert!(bash.contains("complete -F") && bash.contains("gabp-relay"), "{bash}");
+    assert!(
+        bash.contains("complete -F") && bash.contains("gabp-relay"),
+        "{bash}"
+    );
     let dir = tempfile::tempdir().expect("a temp dir");
     let file = dir.path().join("gabp-relay.bash");
     std::fs::write(&file, &bash).expect("write the script");
-    let checked = Command::new("bash").arg("-n").arg(&file).status().expect("bash runs");
+    let checked = Command::new("bash")
+        .arg("-n")
+        .arg(&file)
+        .status()
+        .expect("bash runs");
     assert!(checked.success(), "bash -n refuses the completion script");
     assert!(script("zsh").starts_with("#compdef gabp-relay"));
     assert!(script("fish").contains("complete -c gabp-relay"));
@@ -490,5 +530,9 @@ fn completions_are_scripts_their_shells_accept() {
         .args(["completions", "tcsh"])
         .output()
         .expect("gabp-relay runs");
-    assert_eq!(refused.status.code(), Some(2), "an unknown shell is a usage error");
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
 }

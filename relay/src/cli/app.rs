@@ -236,10 +236,10 @@ mod tests {
             clap_markdown::help_markdown_custom::<Cli>(&options)
         );
         // The clone this runs in, not the one that compiled it (see relay/tests/deploy.rs).
-        let path = std::path::Path::new(
-            &std::env::var_os("CARGO_MANIFEST_DIR")
-                .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), std::path::PathBuf::from),
-        )
+        let path = std::path::Path::new(&std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+            || env!("CARGO_MANIFEST_DIR").into(),
+            std::path::PathBuf::from,
+        ))
         .join("../docs/reference/cli.md");
         if std::env::var_os("UPDATE_DOCS").is_some() {
             std::fs::write(&path, &rendered).expect("write docs/reference/cli.md");
