@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
     collect, demo, export, fleet_key, mark, mod_sim, reload, repair, replay, report, serve,
@@ -62,6 +62,34 @@ enum Cmd {
     FleetKey(fleet_key::FleetKeyArgs),
     /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
     Mcp(crate::mcp::McpArgs),
+    /// Print a shell completion script, e.g. `gabp-relay completions bash > /etc/bash_completion.d/gabp-relay`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// The shell the script is for.
+    shell: Shell,
+}
+
+/// The shells `completions` writes for.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The completion script for `shell`, generated from the same definitions the parser uses.
+fn completions(shell: Shell) -> Vec<u8> {
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "gabp-relay", &mut script);
+    script
 }
 
 impl Cmd {
@@ -175,6 +203,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
             use std::io::Write;
             writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;
         }
+        Cmd::Completions(a) => std::io::stdout().write_all(&completions(a.shell))?,
     }
     Ok(0)
 }
@@ -193,6 +222,49 @@ mod tests {
         let line = usage_line(&["gabp-relay", "sessions", "tag"]);
         assert!(line.contains("<SESSION>"), "{line}");
         assert!(!line.contains('\n') && !line.contains("Usage"), "{line}");
+    }
+
+    /// docs/reference/cli.md, rendered from the definitions above: every command and flag with
+    /// its help, so the reference cannot drift from the binary.
+    #[test]
+    fn the_command_reference_is_the_one_these_definitions_render() {
+        let options = clap_markdown::MarkdownOptions::new()
+            .title("Command reference".into())
+            .show_footer(false);
+        let rendered = format!(
+            "<!-- Generated from relay/src/cli by `UPDATE_DOCS=1 cargo test --release -p gabp-relay --lib cli::`; do not edit. -->\n\n{}",
+            clap_markdown::help_markdown_custom::<Cli>(&options)
+        );
+        // The clone this runs in, not the one that compiled it (see relay/tests/deploy.rs).
+        let path = std::path::Path::new(&std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+            || env!("CARGO_MANIFEST_DIR").into(),
+            std::path::PathBuf::from,
+        ))
+        .join("../docs/reference/cli.md");
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(&path, &rendered).expect("write docs/reference/cli.md");
+            return;
+        }
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == rendered,
+            "docs/reference/cli.md does not match the command line's definitions: regenerate it with \
+             `UPDATE_DOCS=1 cargo test --release -p gabp-relay --lib cli::` and commit it"
+        );
+    }
+
+    #[test]
+    fn completions_cover_every_command() {
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let script = String::from_utf8(completions(shell)).expect("UTF-8");
+            for cmd in Cli::command().get_subcommands() {
+                assert!(
+                    script.contains(cmd.get_name()),
+                    "{shell:?} completions lack {}",
+                    cmd.get_name()
+                );
+            }
+        }
     }
 
     #[test]
