@@ -353,3 +353,58 @@ async fn a_renew_flood_leaves_each_slow_subscriber_one_lease_notice() {
     let (code, _) = relay.stop().await;
     assert_eq!(code, Some(0));
 }
+
+/// A bridge that keeps asking for a lease another holds is answered every time, but its
+/// requests and their refusals are recorded within the session's refusal budget (1,024
+/// frames), like any refused request: asking cannot fill the disk.
+#[tokio::test]
+async fn asking_for_a_held_lease_is_recorded_within_the_refusal_budget() {
+    const ASKS: usize = 3000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let md = quiet_mod();
+    let bridges = format!(
+        "[[route.bridge]]\nname = \"alpha\"\ntoken = \"{ALPHA}\"\n\n[[route.bridge]]\nname = \"beta\"\ntoken = \"{BETA}\"\n"
+    );
+    let cfg = config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(md.addr(), "leased = [\"sim/echo\"]", &bridges),
+    );
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf8");
+    let file = dir.path().join("bridge.json");
+    let relay = serve_config(&cfg, file.to_str().expect("utf8"), &["--data-dir", d]).await;
+    let (mut alpha, w) = bridge(&relay.addr, ALPHA).await;
+    let session = w["capabilities"]["extensions"]["relay"]["sessionId"]
+        .as_str()
+        .expect("session id")
+        .to_string();
+    alpha
+        .call("relay/lease", json!({"action": "acquire", "ttlMs": 60000}))
+        .await
+        .expect("acquired");
+    let (mut beta, _) = bridge(&relay.addr, BETA).await;
+    for _ in 0..ASKS {
+        let (code, msg, _) = refused(&mut beta, "relay/lease", json!({"action": "acquire"})).await;
+        assert_eq!(code, LEASE_HELD, "{msg}");
+    }
+    drop(beta);
+    drop(alpha);
+    relay.stop().await;
+    let out = support::hostile::run(&["export", &session, "--data-dir", d]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let asks = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("\"bridge->relay\"") && l.contains("\"relay/lease\""))
+        .count();
+    // Alpha's acquire, and at most the budget's 1,024 of beta's refused asks.
+    assert!(
+        (2..=1 + 1024).contains(&asks),
+        "{asks} lease requests recorded for {ASKS} asked"
+    );
+}

@@ -136,6 +136,21 @@ impl BridgeReader {
             }
             return Some((ErrorCode::Forbidden, why, None));
         }
+        if method == "relay/lease" {
+            let refusal = route
+                .lease
+                .refusal(self.bridge.conn, &params(), table.lease_max_ttl());
+            if let Some(refusal) = refusal {
+                if refusal.0 == ErrorCode::LeaseHeld {
+                    self.bridge
+                        .access
+                        .lease_refused
+                        .fetch_add(1, Ordering::Relaxed);
+                    refused(route, &self.bridge, "lease_held");
+                }
+                return Some(refusal);
+            }
+        }
         if let Some(tool) = tool.as_deref().filter(|t| table.leased(t)) {
             if let Err(refusal) = route.lease.check(self.bridge.conn, tool) {
                 self.bridge

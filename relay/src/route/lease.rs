@@ -101,6 +101,29 @@ impl Lease {
         }
     }
 
+    /// The refusal a `relay/lease` request of bridge `conn` with `params` gets as things stand,
+    /// if any: bad params, or the lease held by another bridge (or by nobody, for `renew` and
+    /// `release`). Known before the request is recorded, so a bridge that keeps asking is
+    /// answered within the session's refusal budget like any refused request; [`Lease::request`]
+    /// decides again under the lock.
+    pub fn refusal(&self, conn: u32, params: &Value, max_ttl: Duration) -> Option<Refusal> {
+        if let Err(bad) = ttl_of(params, max_ttl) {
+            return Some(bad);
+        }
+        let state = self.state.lock();
+        let holder = state.holder.as_ref().filter(|h| h.until > Instant::now());
+        match (params["action"].as_str(), holder) {
+            (Some("acquire" | "renew"), Some(h)) if h.conn != conn => Some(held(h, "the lease is")),
+            (Some("renew"), None) => Some(not_held("the lease is not held: acquire it first")),
+            (Some("release"), Some(h)) if h.conn != conn => {
+                Some(held(h, "this bridge does not hold the lease; it is"))
+            }
+            (Some("release"), None) => Some(not_held("the lease is not held")),
+            (Some("acquire" | "renew" | "release"), _) => None,
+            _ => Some(no_action()),
+        }
+    }
+
     /// The lease as `relay/status` shows it.
     pub fn status(&self) -> Value {
         match &self.state.lock().holder {
@@ -119,19 +142,7 @@ impl Lease {
         params: &Value,
         max_ttl: Duration,
     ) -> Result<Value, Refusal> {
-        let bad = |m: &str| (ErrorCode::InvalidParams, m.to_string(), None);
-        let most = max_ttl.as_millis() as u64;
-        let ttl = match &params["ttlMs"] {
-            Value::Null => DEFAULT_TTL.min(max_ttl),
-            v => match v.as_u64() {
-                Some(ms) if (1..=most).contains(&ms) => Duration::from_millis(ms),
-                _ => {
-                    return Err(bad(&format!(
-                        "ttlMs must be a whole number from 1 to {most} (this route's lease_max_ttl)"
-                    )))
-                }
-            },
-        };
+        let ttl = ttl_of(params, max_ttl)?;
         let lease = &route.lease;
         let now = Instant::now();
         let conn = bridge.conn;
@@ -151,11 +162,7 @@ impl Lease {
                             return Err(held(h, "the lease is"));
                         }
                         None if action == "renew" => {
-                            return Err((
-                                ErrorCode::LeaseHeld,
-                                "the lease is not held: acquire it first".into(),
-                                Some(json!({"holder": null})),
-                            ))
+                            return Err(not_held("the lease is not held: acquire it first"))
                         }
                         _ => {}
                     }
@@ -192,15 +199,11 @@ impl Lease {
                         st.holder = other;
                         return Err(match &st.holder {
                             Some(h) => held(h, "this bridge does not hold the lease; it is"),
-                            None => (
-                                ErrorCode::LeaseHeld,
-                                "the lease is not held".into(),
-                                Some(json!({"holder": null})),
-                            ),
+                            None => not_held("the lease is not held"),
                         });
                     }
                 },
-                _ => return Err(bad("relay/lease needs action: acquire, renew or release")),
+                _ => return Err(no_action()),
             }
         };
         for (change, h) in events {
@@ -281,6 +284,41 @@ impl Lease {
             .record_current(Direction::RelayToBridge, conn, body, true)
             .await;
     }
+}
+
+/// The time to live `params` ask for: `ttlMs` from 1 to `max_ttl`, [`DEFAULT_TTL`] (at most
+/// `max_ttl`) when absent.
+fn ttl_of(params: &Value, max_ttl: Duration) -> Result<Duration, Refusal> {
+    let most = max_ttl.as_millis() as u64;
+    match &params["ttlMs"] {
+        Value::Null => Ok(DEFAULT_TTL.min(max_ttl)),
+        v => match v.as_u64() {
+            Some(ms) if (1..=most).contains(&ms) => Ok(Duration::from_millis(ms)),
+            _ => Err((
+                ErrorCode::InvalidParams,
+                format!(
+                    "ttlMs must be a whole number from 1 to {most} (this route's lease_max_ttl)"
+                ),
+                None,
+            )),
+        },
+    }
+}
+
+fn no_action() -> Refusal {
+    (
+        ErrorCode::InvalidParams,
+        "relay/lease needs action: acquire, renew or release".into(),
+        None,
+    )
+}
+
+fn not_held(why: &str) -> Refusal {
+    (
+        ErrorCode::LeaseHeld,
+        why.into(),
+        Some(json!({"holder": null})),
+    )
 }
 
 fn held(h: &Holder, what: &str) -> Refusal {
