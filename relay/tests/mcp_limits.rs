@@ -343,17 +343,52 @@ async fn idle_http_sessions_expire_and_free_their_bridge() {
     assert_eq!(status, 404, "the expired session is gone: {resp}");
 }
 
-/// At most 32 sessions at once: the next initialize gets a clear 503.
+/// At most 8 sessions per identity and 32 at once: the next initialize gets a clear 503, and an
+/// identity holding its share keeps no other identity out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http_sessions_are_capped() {
+async fn http_sessions_are_capped_per_identity_and_in_all() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
-    let s = serve(&sim, dir.path(), &[]).await;
-    for i in 0..32 {
-        let (status, _, resp) = open_session(&s).await;
+    let names = ["a", "b", "c", "d", "e"];
+    let token = |n: &str| format!("{n}-token-0123456789abcdef0123");
+    let mut text = format!(
+        "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\n",
+        sim.addr()
+    );
+    for n in names {
+        let role = if n == "a" { "observe" } else { "control" };
+        text.push_str(&format!(
+            "\n[[route.bridge]]\nname = \"{n}\"\ntoken = \"{}\"\nrole = \"{role}\"\n",
+            token(n)
+        ));
+    }
+    let cfg = dir.path().join("relay.toml");
+    std::fs::write(&cfg, text).expect("config");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let s = serve_with(
+        &sim,
+        dir.path(),
+        &[],
+        &["--config", cfg.to_str().expect("utf-8")],
+    )
+    .await;
+    // An observe identity takes its 8, then is refused; a control identity still gets in.
+    for i in 0..8 {
+        let (status, _, resp) = open_session_as(&s, &token("a"), "obs").await;
         assert_eq!(status, 200, "session {i}: {resp}");
     }
-    let (status, _, resp) = open_session(&s).await;
+    let (status, _, resp) = open_session_as(&s, &token("a"), "obs").await;
+    assert_eq!(status, 503, "{resp}");
+    assert!(resp.contains("as many as one identity may"), "{resp}");
+    for n in ["b", "c", "d"] {
+        for i in 0..8 {
+            let (status, _, resp) = open_session_as(&s, &token(n), n).await;
+            assert_eq!(status, 200, "{n} session {i}: {resp}");
+        }
+    }
+    // 32 in all: the next one is refused whoever asks.
+    let (status, _, resp) = open_session_as(&s, &token("e"), "e").await;
     assert_eq!(status, 503, "{resp}");
     assert!(resp.contains("too many MCP sessions (32)"), "{resp}");
 }
@@ -497,13 +532,21 @@ struct IdleFlood {
 
 impl IdleFlood {
     fn start(host: &str, n: usize) -> IdleFlood {
+        IdleFlood::sending(host, n, String::new())
+    }
+
+    /// The same, each connection sending `first` (and nothing after it) once connected.
+    fn sending(host: &str, n: usize, first: String) -> IdleFlood {
         let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let tasks = (0..n)
             .map(|_| {
-                let (host, opened) = (host.to_string(), opened.clone());
+                let (host, opened, first) = (host.to_string(), opened.clone(), first.clone());
                 tokio::spawn(async move {
                     loop {
                         if let Ok(mut c) = TcpStream::connect(&host).await {
+                            if !first.is_empty() && c.write_all(first.as_bytes()).await.is_err() {
+                                continue;
+                            }
                             opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             let mut buf = [0u8; 64];
                             while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
@@ -606,6 +649,41 @@ async fn idle_connections_never_keep_out_a_client_with_the_token() {
         .expect("an idle connection is closed after the header timeout");
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
     assert!(t.elapsed() < Duration::from_secs(15));
+}
+
+/// A client with a good token that sends a request's headers and then holds its body back
+/// keeps no one out: its connection counts as authenticated only once the request is whole
+/// (and is answered 408 after 10 s), so 200 such connections from the same address are closed
+/// to make room for clients that send whole requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_holder_holding_back_a_body_keeps_no_one_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve(&sim, dir.path(), &[]).await;
+    let held = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n{}\r\nContent-Length: 4000000\r\n\r\n{{",
+        s.mcp,
+        bearer(&s)
+    );
+    let flood = IdleFlood::sending(&s.mcp, 200, held);
+    wait_for(
+        "200 connections holding a body back",
+        Duration::from_secs(30),
+        async || flood.opened() >= 200,
+    )
+    .await;
+    let mut failures = Vec::new();
+    for _ in 0..20 {
+        if let Err(e) = visit(&s, Duration::from_secs(5)).await {
+            failures.push(e);
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20 visits failed: {failures:?}",
+        failures.len()
+    );
+    drop(flood);
 }
 
 /// A malformed body gets a short JSON-RPC parse error, without the parser's internals.
@@ -1381,6 +1459,7 @@ fn hostile_sim() -> ModSim {
     sim_with(ModSimConfig {
         hostile_tool: true,
         app_name: "Sim\u{202e}\u{200b}\u{1b}[2JGame\u{e0041}".to_string(),
+        channels: vec!["world/tick".into(), "c/\u{202e}evil\u{1b}[2J\u{85}".into()],
         ..ModSimConfig::default()
     })
 }
@@ -1480,6 +1559,31 @@ async fn a_hostile_mods_tool_texts_reach_the_assistant_cleaned_and_bounded() {
             "{c:?} reached the assistant in the welcome"
         );
     }
+    // The mod's channel names: escaped in resource URIs, stripped in names and titles, and the
+    // escaped URI reads that channel.
+    let listing = listed["result"]["resources"].to_string();
+    for c in ['\u{1b}', '\u{202e}', '\u{85}'] {
+        assert!(
+            !listing.contains(c),
+            "{c:?} reached the assistant: {listing}"
+        );
+    }
+    let evil = listed["result"]["resources"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == "channel c/evil[2J"))
+        .unwrap_or_else(|| panic!("the hostile channel, cleaned, in {listing}"));
+    let uri = evil["uri"].as_str().expect("uri").to_string();
+    assert!(
+        uri.ends_with("/channels/c/%E2%80%AEevil%1B%5B2J%C2%85"),
+        "{uri}"
+    );
+    m.send(
+        &json!({"jsonrpc":"2.0","id":6,"method":"resources/read","params":{"uri": uri}})
+            .to_string(),
+    )
+    .await;
+    let read = m.answer_to(6).await;
+    assert!(read["result"]["contents"][0]["text"].is_string(), "{read}");
 }
 
 /// A mod whose tool list is larger than the relay accepts (`--max-body`): the assistant still
@@ -1503,12 +1607,23 @@ async fn an_oversized_tool_list_is_logged_and_the_relays_own_tools_stay() {
         std::fs::File::create(&log).expect("log file"),
     )
     .await;
-    let names = m.tool_names(2).await;
+    m.send(&json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}).to_string())
+        .await;
+    let listed = m.answer_to(2).await;
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+        .unwrap_or_default();
     assert!(
-        names.iter().any(|n| n == "events_poll") && names.iter().any(|n| n == "mark"),
+        names.contains(&"events_poll") && names.contains(&"mark"),
         "{names:?}"
     );
     assert!(!names.iter().any(|n| n.starts_with("sim_")), "{names:?}");
+    // The listing itself says why the game's tools are missing.
+    let why = listed["result"]["_meta"]["gabp-relay/gameToolsMissing"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a reason in the listing: {listed}"));
+    assert!(why.contains("--max-body"), "{why}");
     wait_for(
         "the front to log why",
         Duration::from_secs(10),

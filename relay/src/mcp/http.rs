@@ -15,8 +15,10 @@
 //! either bound closes the oldest connection in its way that has not yet sent an authenticated
 //! request ([`crate::conns`]), so idle connections never keep out a client with a token (when
 //! all are authenticated, the new one is closed at once). [`HEADER_TIMEOUT`] to send a request's
-//! headers (an idle keep-alive connection is closed after it), [`MAX_SESSIONS`] MCP sessions
-//! (and bridge connections) at once, a session closed after [`IDLE`] without a request
+//! headers (an idle keep-alive connection is closed after it) and [`BODY_TIMEOUT`] for its body
+//! (a connection counts as authenticated only once its request is whole), [`MAX_SESSIONS`] MCP
+//! sessions (and bridge connections) at once and [`SESSIONS_PER_IDENTITY`] of one identity's,
+//! a session closed after [`IDLE`] without a request
 //! (`GABP_RELAY_MCP_IDLE_MS` shortens it, for tests), bodies up to [`MAX_BODY`]; a body that is
 //! not a JSON-RPC message gets a short JSON-RPC error.
 
@@ -56,8 +58,12 @@ pub const MAX_CONNS: usize = 128;
 pub const PER_PEER: usize = 64;
 /// How long a connection may take to send a request's headers (or sit idle between requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request's body may take to arrive once its headers have.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// MCP sessions (each a bridge connection) at once.
 pub const MAX_SESSIONS: usize = 32;
+/// MCP sessions one identity may hold at once.
+pub const SESSIONS_PER_IDENTITY: usize = 8;
 /// A session without a request for this long is closed (its bridge with it).
 pub const IDLE: Duration = Duration::from_secs(300);
 /// The largest request body.
@@ -175,6 +181,18 @@ impl Shared {
             .is_none_or(|owner| *owner == identity.name)
     }
 
+    /// Live sessions `identity` opened.
+    async fn held_by(&self, identity: &Identity) -> usize {
+        let live = self.sessions.sessions.read().await;
+        self.owners
+            .lock()
+            .iter()
+            .filter(|(id, owner)| {
+                **owner == identity.name && live.keys().any(|k| k.as_ref() == id.as_str())
+            })
+            .count()
+    }
+
     /// Notes that `identity` opened `session`, forgetting sessions that have ended.
     async fn opened(&self, session: &str, identity: &Identity) {
         let live = self.sessions.sessions.read().await;
@@ -213,8 +231,6 @@ async fn respond(
         }
     };
     shared.gate.succeed(&peer);
-    // A connection with a good token is never closed to make room for another.
-    served.mark();
     let session = req
         .headers()
         .get("mcp-session-id")
@@ -229,18 +245,33 @@ async fn respond(
     req.extensions_mut()
         .insert(SessionToken(identity.token().to_string()));
     if req.method() != Method::POST {
+        // A connection with a good token and a whole request is never closed to make room.
+        served.mark();
         return shared.service.handle(req).await;
     }
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            return plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the request body is larger than {MAX_BODY} bytes or was cut off\n"),
-            )
-        }
-    };
+    // The body, whole, within BODY_TIMEOUT: a token holder trickling a body holds no place
+    // for longer, and until it is whole the connection may be closed to make room.
+    let body =
+        match tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_BODY).collect()).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            Ok(Err(_)) => {
+                return plain(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("the request body is larger than {MAX_BODY} bytes or was cut off\n"),
+                )
+            }
+            Err(_) => {
+                let mut r = plain(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!("the request body did not arrive within {BODY_TIMEOUT:?}\n"),
+                );
+                r.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+                return r;
+            }
+        };
+    served.mark();
     // A body rmcp cannot take gets a JSON-RPC error here, without the parser's internals.
     let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
         return match serde_json::from_slice::<Value>(&body) {
@@ -269,6 +300,20 @@ async fn respond(
         return plain(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("too many MCP sessions ({MAX_SESSIONS}); close one (HTTP DELETE) or wait for idle ones to expire\n"),
+        );
+    }
+    // One identity holds at most a share of the sessions: its assistants cannot keep every
+    // other identity's out.
+    if initialize
+        && !parts.headers.contains_key("mcp-session-id")
+        && shared.held_by(&identity).await >= SESSIONS_PER_IDENTITY
+    {
+        return plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!(
+                "bridge {:?} holds {SESSIONS_PER_IDENTITY} MCP sessions, as many as one identity may; close one (HTTP DELETE) or wait for idle ones to expire\n",
+                identity.label()
+            ),
         );
     }
     let resp = shared

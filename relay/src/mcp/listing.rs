@@ -102,6 +102,36 @@ pub fn plain(v: &Value) -> Value {
     }
 }
 
+/// A mod-chosen name (a channel) as one piece of a resource URI: bytes outside RFC 3986's
+/// unreserved set and `/` written `%XX`, so no control or invisible character reaches the URI
+/// and [`uri_unescape`] gives the name back exactly.
+pub fn uri_escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The name [`uri_escape`] wrote, or `None` for a piece that is not such an escape.
+pub fn uri_unescape(piece: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(piece.len());
+    let mut bytes = piece.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// MCP's tool annotations: its known hints only, the title cleaned.
 fn annotations(v: &Value) -> Option<Value> {
     let o = v.as_object()?;
@@ -226,6 +256,26 @@ mod tests {
             plain(&v),
             json!({"app": {"name": "Game[2J\nline", "n": 3, "l": ["x"]}})
         );
+    }
+
+    #[test]
+    fn channel_names_round_trip_through_a_uri_without_hidden_characters() {
+        for name in [
+            "world/tick",
+            "c/\u{202e}evil\u{1b}[2J",
+            "a b%2F",
+            "é/\u{e0041}",
+        ] {
+            let piece = uri_escape(name);
+            assert!(
+                piece.bytes().all(|b| b.is_ascii_graphic() && b != b' '),
+                "{piece}"
+            );
+            assert_eq!(uri_unescape(&piece).as_deref(), Some(name));
+        }
+        assert_eq!(uri_escape("world/tick"), "world/tick");
+        assert_eq!(uri_unescape("%zz"), None);
+        assert_eq!(uri_unescape("%4"), None);
     }
 
     #[test]

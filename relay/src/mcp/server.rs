@@ -22,6 +22,9 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 
+/// The `_meta` key of a tool listing without the game's tools: why they are missing.
+pub const GAME_TOOLS_MISSING: &str = "gabp-relay/gameToolsMissing";
+
 /// The relay's own tools (a mod tool mapping to one of these gets a suffix).
 pub const OWN_TOOLS: [&str; 7] = [
     "events_poll",
@@ -360,11 +363,12 @@ impl ServerHandler for Front {
         // the relay itself is, until it is back): `tools/list_changed` follows when the mod's
         // session starts.
         static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(5);
+        let mut missing = None;
         let mut tools = match self.mod_tools().await {
             Ok(tools) => tools,
             // The mod's answer is refused (over --max-body, say) or the mod is not there: the
-            // assistant still gets the relay's own tools, and the operator is told why the
-            // game's are missing.
+            // assistant still gets the relay's own tools, the listing's `_meta` says why the
+            // game's are missing, and so does the log.
             Err(e) => {
                 if let Some(earlier_unlogged) = LOG.admit() {
                     tracing::warn!(
@@ -372,6 +376,7 @@ impl ServerHandler for Front {
                         "the game's tools cannot be listed, only the relay's are: {e}"
                     );
                 }
+                missing = Some(e.to_string());
                 Vec::new()
             }
         };
@@ -389,7 +394,11 @@ impl ServerHandler for Front {
                     .ok()
             })
             .collect();
-        serde_json::from_value(json!({ "tools": tools })).map_err(|e| internal(e.to_string()))
+        let mut listing = json!({ "tools": tools });
+        if let Some(why) = missing {
+            listing["_meta"][GAME_TOOLS_MISSING] = Value::String(why);
+        }
+        serde_json::from_value(listing).map_err(|e| internal(e.to_string()))
     }
 
     async fn call_tool(
@@ -467,10 +476,13 @@ impl ServerHandler for Front {
             json!({ "uri": format!("gabp://{route}/stats"), "name": "stats", "title": "The route's session and channel counts", "mimeType": "application/json" }),
         ];
         for c in link.channels() {
+            // The mod names its channels: the URI escapes what is not plainly printable, and
+            // the texts a model reads are stripped like the tool list's.
+            let shown = crate::display::strip(&c, false);
             list.push(json!({
-                "uri": format!("gabp://{route}/channels/{c}"),
-                "name": format!("channel {c}"),
-                "title": format!("Latest events on {c}"),
+                "uri": format!("gabp://{route}/channels/{}", listing::uri_escape(&c)),
+                "name": format!("channel {shown}"),
+                "title": format!("Latest events on {shown}"),
                 "mimeType": "application/json",
             }));
         }
@@ -507,6 +519,9 @@ impl ServerHandler for Front {
                 Err(e) => return Err(internal(e.to_string())),
             }
         } else if let Some(channel) = rest.strip_prefix("channels/") {
+            let channel = listing::uri_unescape(channel)
+                .ok_or_else(|| McpError::resource_not_found("no such channel", None))?;
+            let channel = channel.as_str();
             if !link.channels().iter().any(|c| c == channel) {
                 return Err(McpError::resource_not_found("no such channel", None));
             }

@@ -313,7 +313,7 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
             .await;
     }
     route.metrics.upstream_connected.set(1.0);
-    tracing::info!(route = %route.cfg.name, session = %id, app = %welcome["app"]["name"], channels = info.advertised.len(), "mod connected; session started");
+    tracing::info!(route = %route.cfg.name, session = %id, app = %crate::display::name(welcome["app"]["name"].as_str().unwrap_or("-")), channels = info.advertised.len(), "mod connected; session started");
 
     let reason = super::reader::read_loop(route, &info, &mut frames).await;
 
