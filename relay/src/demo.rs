@@ -223,7 +223,12 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
         );
         let stats = crate::stats::compute(&store, &meta).map_err(err("computing stats"))?;
         let _ = writeln!(out, "\n{}", crate::stats::render(&stats));
-        let _ = writeln!(out, "next: gabp-relay sessions --data-dir {0} | stats latest --data-dir {0} | export latest --data-dir {0} | replay latest --data-dir {0} --listen 127.0.0.1:0", opts.data_dir.display());
+        // One command per line: a `|` between them would read as a shell pipe.
+        let _ = writeln!(
+            out,
+            "next, to look at what was recorded:\n  gabp-relay sessions --data-dir {0}\n  gabp-relay stats latest --data-dir {0}\n  gabp-relay export latest --data-dir {0}\n  gabp-relay replay latest --data-dir {0} --listen 127.0.0.1:0",
+            opts.data_dir.display()
+        );
     }
     Ok(())
 }

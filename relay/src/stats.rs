@@ -434,7 +434,9 @@ pub fn render(s: &SessionStats) -> String {
             o,
             "{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
             b.conn,
-            b.name.as_deref().map_or_else(|| "-".into(), name),
+            b.name
+                .as_deref()
+                .map_or_else(|| crate::identity::DEFAULT_NAME.into(), name),
             b.label.as_deref().map_or_else(|| "-".into(), name),
             name(&b.bridge_version),
             b.dropped,

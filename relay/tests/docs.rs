@@ -1,7 +1,7 @@
 //! The docs cannot drift from the product: every relative link and `#anchor` in the Markdown
 //! resolves; each guide's `sh` blocks run, in order, against the built binaries; the config
 //! reference lists exactly the keys the config file accepts, and `deploy/relay.toml` names them
-//! all and parses; and no page tells the history of its making ("session 12", "issue 4").
+//! all and parses; and no page tells the history of its making (a numbered work session or issue).
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::Read;

@@ -1,4 +1,4 @@
-//! Shipping to NATS JetStream and collecting an archive (issue 14), with real `nats-server`
+//! Shipping to NATS JetStream and collecting an archive, with real `nats-server`
 //! processes on loopback: a three-node JetStream cluster (replicas 3), relays in front of
 //! simulated mods shipping at once, and `gabp-relay collect`. The archive must equal the
 //! sources frame for frame (exports compared byte for byte, `sessions check` clean) through

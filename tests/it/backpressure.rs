@@ -1,4 +1,4 @@
-//! The relay's backpressure policies (DESIGN.md, Semantics): a stalled bridge under
+//! The relay's backpressure policies (docs/concepts.md): a stalled bridge under
 //! drop-oldest and disconnect, a bridge that pauses reading, and the lossless block policy.
 
 use std::collections::HashSet;

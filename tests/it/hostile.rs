@@ -1,4 +1,4 @@
-//! Hostile and broken input from real sockets (DESIGN.md, Wire): an error reply while the
+//! Hostile and broken input from real sockets (docs/reference/wire.md): an error reply while the
 //! stream is in sync, a close when it is not, no internals in any message, and nobody else
 //! affected.
 

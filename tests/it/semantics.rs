@@ -1,4 +1,4 @@
-//! The relay's semantics (DESIGN.md, Semantics): handshake, multiplexing, fan-out, seq,
+//! The relay's semantics (docs/concepts.md): handshake, multiplexing, fan-out, seq,
 //! backpressure policies, mod failures and restarts.
 
 use std::collections::HashSet;

@@ -6,7 +6,7 @@
 //! where the params, payload, result and error sit in the *original* body, found by
 //! [`crate::scan`]). Nothing is re-serialized.
 //!
-//! Two modes follow DESIGN.md. [`Mode::Strict`] is for bridges (untrusted): the full envelope
+//! Two modes, one per side of the relay. [`Mode::Strict`] is for bridges (untrusted): the full envelope
 //! schema, UUID ids, the method pattern, no duplicate keys anywhere, no unknown envelope fields,
 //! no non-finite numbers, and the parameter checks of [`crate::params`]. [`Mode::Tolerant`] is
 //! for the mod (trusted, quirky): `"result": null` / `"error": null` count as absent, extra fields

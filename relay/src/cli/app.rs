@@ -40,7 +40,7 @@ enum Cmd {
     Sessions(sessions::SessionsArgs),
     /// Per-channel and per-method figures of a recorded session.
     Stats(stats::StatsArgs),
-    /// Write a recorded session as JSON lines.
+    /// Write recorded sessions as JSON lines or Parquet (one session, a selection, or all).
     Export(export::ExportArgs),
     /// Write a recorded session as one self-contained HTML report with charts.
     Report(report::ReportArgs),

@@ -231,7 +231,9 @@ pub fn render(meta: &SessionMeta, c: &Collected) -> Result<String, ChartError> {
         .map(|b| {
             vec![
                 b.conn.to_string(),
-                b.name.clone().unwrap_or_else(|| "-".into()),
+                b.name
+                    .clone()
+                    .unwrap_or_else(|| crate::identity::DEFAULT_NAME.into()),
                 b.label.clone().unwrap_or_else(|| "-".into()),
                 b.bridge_version.clone(),
                 b.platform.clone(),
