@@ -348,11 +348,27 @@ impl Route {
     /// the events around it (so "ended" follows the session's last event and "started" precedes
     /// the next session's first).
     pub fn notify_bridges(&self, payload: Value) {
+        let listeners = self.session_listeners();
+        self.notify(&listeners, payload);
+    }
+
+    /// The outboxes of the bridges that subscribe to anything now: the bridges a session
+    /// notice is for, taken before a new session is published and told after it, so that a
+    /// bridge told "started" finds the session there (and one welcomed into it is not told).
+    pub fn session_listeners(&self) -> Vec<Arc<Outbox>> {
+        self.bridges
+            .lock()
+            .values()
+            .filter(|b| !b.subs.lock().is_empty())
+            .map(|b| b.outbox.clone())
+            .collect()
+    }
+
+    /// Sends a `relay/session` notice to `listeners`.
+    pub fn notify(&self, listeners: &[Arc<Outbox>], payload: Value) {
         let notice = self.session_notice(payload);
-        for b in self.bridges.lock().values() {
-            if !b.subs.lock().is_empty() {
-                b.outbox.push_notice(notice.clone());
-            }
+        for outbox in listeners {
+            outbox.push_notice(notice.clone());
         }
     }
 

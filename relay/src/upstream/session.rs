@@ -285,10 +285,12 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
     // subscribing meanwhile either is in the hub's list read below or sees this session and
     // subscribes upstream itself (the set of upstream channels decides who sends, under its
     // lock), so no subscription falls between two sessions.
-    // Bridges of an earlier session hear of this one before it is published: one welcomed
-    // into this session (it waits for the publication) must not be told it started again.
-    route.notify_bridges(json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
+    // Bridges of an earlier session are told of this one once it is published (a request they
+    // send on hearing it finds it), and only they: one welcomed into this session (it waits
+    // for the publication) must not be told it started again.
+    let listeners = route.session_listeners();
     route.session.send_replace(Some(info.clone()));
+    route.notify(&listeners, json!({"state": "started", "sessionId": id.to_string(), "note": "relay seq restarts at 0 on every channel"}));
     let want: Vec<String> = {
         let mut up = route.upstream_channels.lock();
         up.clear();
