@@ -23,7 +23,8 @@ use gabp_storage::{
     SessionWriter, Store, StoreOptions,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
+use crate::support::BIN;
+
 const CHANNELS: u32 = 100_000;
 /// Frames of the shorter long session (the longer has twice as many).
 const LONG: u64 = 1_000_000;
