@@ -389,7 +389,7 @@ async fn asking_for_a_held_lease_is_recorded_within_the_refusal_budget() {
     drop(beta);
     drop(alpha);
     relay.stop().await;
-    let out = support::hostile::run(&["export", &session, "--data-dir", d]).await;
+    let out = crate::support::hostile::run(&["export", &session, "--data-dir", d]).await;
     assert_eq!(
         out.status.code(),
         Some(0),
