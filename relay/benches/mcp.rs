@@ -3,7 +3,7 @@
 //! events/s. Prints the figures as JSON (BENCHMARKS.md). About a minute:
 //! `cargo bench --workspace --bench mcp`.
 
-#[path = "../tests/mcp/harness.rs"]
+#[path = "../tests/it/support/mcp.rs"]
 mod harness;
 
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! method (relay→mod request to mod→relay response), errors, and drops per bridge.
 //!
 //! Memory is about 1.4 KB per channel all told (100,000 channels: 141 MiB peak, measured by
-//! `tests/stats_memory.rs`, names and JSON output included): distributions are kept in a sparse
+//! `tests/it/stats_memory.rs`, names and JSON output included): distributions are kept in a sparse
 //! [`Sketch`] (within 1/16 of the true value), never a full histogram per channel (which cost
 //! ~350 KB each: 10,000 channels took 3.45 GB). Methods are few (at most 64 and a pool): their
 //! latencies are kept as the report keeps them (2 significant figures, capped at the exact

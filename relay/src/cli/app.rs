@@ -235,7 +235,7 @@ mod tests {
             "<!-- Generated from relay/src/cli by `UPDATE_DOCS=1 cargo test --release -p gabp-relay --lib cli::`; do not edit. -->\n\n{}",
             clap_markdown::help_markdown_custom::<Cli>(&options)
         );
-        // The clone this runs in, not the one that compiled it (see relay/tests/deploy.rs).
+        // The clone this runs in, not the one that compiled it (see relay/tests/it/deploy.rs).
         let path = std::path::Path::new(&std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
             || env!("CARGO_MANIFEST_DIR").into(),
             std::path::PathBuf::from,
