@@ -429,7 +429,9 @@ pub fn render(s: &SessionStats) -> String {
             "CONN", "NAME", "LABEL", "BRIDGE", "DROPPED", "DROP NOTICES"
         );
     }
-    for b in &s.bridges {
+    // A session that thousands of bridges joined keeps the table readable: the first ones are
+    // listed, the count of the rest is said (`--json` has them all).
+    for b in s.bridges.iter().take(BRIDGE_ROWS) {
         let _ = writeln!(
             o,
             "{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
@@ -443,8 +445,18 @@ pub fn render(s: &SessionStats) -> String {
             b.drop_notices
         );
     }
+    if s.bridges.len() > BRIDGE_ROWS {
+        let _ = writeln!(
+            o,
+            "({} more bridges; `stats --json` lists every one)",
+            s.bridges.len() - BRIDGE_ROWS
+        );
+    }
     o
 }
+
+/// Bridges listed in the table (`--json` lists all).
+const BRIDGE_ROWS: usize = 200;
 
 #[cfg(test)]
 mod tests {

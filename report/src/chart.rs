@@ -63,11 +63,16 @@ fn colour(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
-/// A label short enough for a legend, without control characters (plotters escapes markup).
+/// A label short enough for a legend, without control, text-direction or invisible characters
+/// (plotters escapes markup).
 fn label(s: &str, max: usize) -> String {
-    let clean = s
-        .chars()
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c });
+    let clean = s.chars().map(|c| {
+        if c.is_control() || crate::page::invisible(c) {
+            '\u{fffd}'
+        } else {
+            c
+        }
+    });
     if s.chars().count() > max {
         clean.take(max - 1).chain(std::iter::once('…')).collect()
     } else {

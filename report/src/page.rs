@@ -19,6 +19,17 @@ use sha2::{Digest, Sha256};
 /// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
 pub const MIN_ELEMENTS: usize = 10;
 
+/// Bidirectional marks, embeddings, overrides and isolates, zero-width and other invisible
+/// format characters, and Unicode tags.
+pub(crate) fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}'
+        | '\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'
+        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
+        | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}'
+        | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}' | '\u{e0100}'..='\u{e01ef}')
+}
+
 /// Escapes text for HTML and SVG content and attribute values.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -29,8 +40,9 @@ pub fn escape(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
-            // Control characters have no business in a page (and some are invalid in XML).
-            c if c.is_control() && c != '\n' && c != '\t' => o.push('\u{fffd}'),
+            // Control characters have no business in a page (and some are invalid in XML);
+            // text-direction and invisible characters would make a name read as another.
+            c if (c.is_control() && c != '\n' && c != '\t') || invisible(c) => o.push('\u{fffd}'),
             c => o.push(c),
         }
     }
@@ -217,6 +229,11 @@ mod tests {
         assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert!(html.contains("data-charts=\"1\""));
         assert_eq!(escape("a\u{1}b'\""), "a\u{fffd}b&#39;&quot;");
+        // A name cannot read as another: `a/\u{202e}gnp.exe` would show as "a/exe.png".
+        assert_eq!(
+            escape("a/\u{202e}gnp.exe\u{200b}"),
+            "a/\u{fffd}gnp.exe\u{fffd}"
+        );
     }
 
     #[test]

@@ -123,11 +123,29 @@ async fn stalled_bridge_case(policy: OnSlow) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_bridge_under_drop_oldest_sees_announced_gaps_and_costs_nobody() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(
+        module_path!(),
+        "a_stalled_bridge_under_drop_oldest_sees_announced_gaps_and_costs_nobody",
+    )
+    .await
+    {
+        return;
+    }
     stalled_bridge_case(OnSlow::DropOldest).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_bridge_under_disconnect_is_cut_off() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(
+        module_path!(),
+        "a_stalled_bridge_under_disconnect_is_cut_off",
+    )
+    .await
+    {
+        return;
+    }
     stalled_bridge_case(OnSlow::Disconnect).await;
 }
 

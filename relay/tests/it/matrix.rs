@@ -353,21 +353,38 @@ async fn run_state(state: State) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_before_hello() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(module_path!(), "hostile_clients_before_hello").await
+    {
+        return;
+    }
     run_state(State::PreHello).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_welcomed() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(module_path!(), "hostile_clients_welcomed").await {
+        return;
+    }
     run_state(State::Welcomed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_subscribed() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(module_path!(), "hostile_clients_subscribed").await {
+        return;
+    }
     run_state(State::Subscribed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_clients_mid_request() {
+    // It measures this process's memory.
+    if !crate::support::alone::in_own_process(module_path!(), "hostile_clients_mid_request").await {
+        return;
+    }
     run_state(State::MidRequest).await;
 }
 

@@ -11,6 +11,7 @@ pub use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
 pub use tokio::io::{AsyncBufReadExt, BufReader};
 pub use tokio::process::{Child, Command};
 
+pub mod alone;
 pub mod faults;
 pub mod hostile;
 pub mod identities;
