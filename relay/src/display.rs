@@ -70,13 +70,8 @@ pub fn utc(ns: u64) -> String {
 /// grapheme joiner, Hangul fillers, Khmer inherent vowels), variation selectors, interlinear
 /// annotation marks, and Unicode tags (invisible text some models still read).
 fn hidden(c: char) -> bool {
-    c.is_control()
-        || matches!(c,
-            '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}'
-            | '\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'
-            | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
-            | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}'
-            | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}' | '\u{e0100}'..='\u{e01ef}')
+    // One list for every page and table: the report's.
+    c.is_control() || gabp_report::page::invisible(c)
 }
 
 #[cfg(test)]

@@ -19,9 +19,12 @@ use sha2::{Digest, Sha256};
 /// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
 pub const MIN_ELEMENTS: usize = 10;
 
-/// Bidirectional marks, embeddings, overrides and isolates, zero-width and other invisible
-/// format characters, and Unicode tags.
-pub(crate) fn invisible(c: char) -> bool {
+/// Characters that change how the text after them shows, or show nothing themselves:
+/// bidirectional marks, embeddings, overrides and isolates, zero-width and other invisible
+/// format characters, fillers and joiners that render as nothing, variation selectors,
+/// interlinear annotation marks, and Unicode tags. The relay's tables and MCP texts use the
+/// same list.
+pub fn invisible(c: char) -> bool {
     matches!(c,
         '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}'
         | '\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'

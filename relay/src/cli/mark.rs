@@ -108,14 +108,14 @@ pub async fn run(a: MarkArgs) -> Result<()> {
         "clientInfo": {"name": a.name},
     });
     let welcome = c
-        .call("session/hello", hello)
+        .request("session/hello", hello)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", error_text(&e)))
+        .and_then(answered)
         .context("the relay did not welcome the mark")?;
     let answer = c
-        .call("relay/mark", params)
+        .request("relay/mark", params)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", error_text(&e)))
+        .and_then(answered)
         .context("the mark was refused")?;
     let _ = c.close().await;
     let session = welcome["capabilities"]["extensions"]["relay"]["sessionId"].clone();
@@ -144,18 +144,14 @@ pub async fn run(a: MarkArgs) -> Result<()> {
     Ok(())
 }
 
-/// A refused call's message without the JSON around it: `-32000 mod unavailable: …`.
-fn error_text(e: &anyhow::Error) -> String {
-    let text = e.to_string();
-    let Some(at) = text.find('{') else {
-        return text;
-    };
-    match serde_json::from_str::<Value>(&text[at..]) {
-        Ok(err) => format!(
+/// A response's result, or its error as `CODE message`.
+fn answered(response: Value) -> Result<Value> {
+    match &response["error"] {
+        Value::Null => Ok(response["result"].clone()),
+        e => bail!(
             "{} {}",
-            err["code"],
-            err["message"].as_str().unwrap_or_default()
+            e["code"],
+            e["message"].as_str().unwrap_or_default()
         ),
-        Err(_) => text,
     }
 }
