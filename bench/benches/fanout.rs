@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use gabp_bench::event_body;
+use gabp_engine::hub::Hub;
+use gabp_engine::outbox::{Batch, Outbox, Runs};
+use gabp_engine::OnSlow;
 use gabp_proto::{Mode, Parser};
-use gabp_relay::hub::Hub;
-use gabp_relay::outbox::{Batch, Outbox, Runs};
-use gabp_relay::OnSlow;
 
 const EVENTS: usize = 256;
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gabp_proto::{frame_bytes, message, GabpCodec};
-use gabp_relay::bridge::{self, Closer, MAX_PREHELLO_ERRORS};
-use gabp_relay::route::{Route, SessionInfo};
-use gabp_relay::{OnSlow, RouteConfig, Upstream};
+use gabp_engine::bridge::{self, Closer, MAX_PREHELLO_ERRORS};
+use gabp_engine::route::{Route, SessionInfo};
+use gabp_engine::{OnSlow, RouteConfig, Upstream};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -106,7 +106,7 @@ fuzz_target!(|data: &[u8]| {
 async fn run(data: &[u8]) {
     let route = route();
     let (up_tx, mut up_rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
-    route.session.send_replace(Some(Arc::new(SessionInfo {
+    route.set_session(Some(Arc::new(SessionInfo {
         id: uuid::Uuid::now_v7(),
         welcome: json!({"agentId": "fuzz", "capabilities": {"events": ["c1"]}}),
         advertised: vec!["c1".into()],
@@ -148,7 +148,7 @@ async fn run(data: &[u8]) {
         rest = &tail[n..];
         // Let the relay act on each step (virtual time: free).
         tokio::time::sleep(Duration::from_millis(1)).await;
-        for b in route.bridges.lock().values() {
+        for b in route.bridges().iter() {
             let (events, event_bytes, _) = b.outbox.depth();
             assert!(events <= 16 && event_bytes <= 4096 + 8192);
             assert!(b.outbox.control_bytes() <= 4096 + (1 << 20));
@@ -180,7 +180,7 @@ async fn run(data: &[u8]) {
         );
     }
     assert!(
-        route.bridges.lock().is_empty(),
+        route.bridges().is_empty(),
         "the bridge's state is freed"
     );
 }

@@ -139,8 +139,8 @@ fn main() {
 }
 
 /// A calling client, subscribed to `channels` (whose events it skips while it waits).
-async fn caller(addr: &Addr, token: &str, channels: &[String]) -> Result<gabp_sim::Client> {
-    let (mut c, _) = gabp_sim::Client::connect_hello(addr, token).await?;
+async fn caller(addr: &Addr, token: &str, channels: &[String]) -> Result<gabp_client::Client> {
+    let (mut c, _) = gabp_client::Client::connect_hello(addr, token).await?;
     if !channels.is_empty() {
         let names: Vec<&str> = channels.iter().map(String::as_str).collect();
         c.subscribe(&names).await?;

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
+use gabp_client::Client;
 use gabp_sim::events::Pace;
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -110,7 +111,7 @@ async fn read(c: &mut Client, seen: &mut Seen, stop: &CancellationToken, until: 
 }
 
 fn hello_params(token: &str, resume: Option<Value>) -> Value {
-    let mut p = json!({"token": token, "bridgeVersion": "gabp-loadgen", "platform": std::env::consts::OS, "launchId": gabp_sim::client::new_id()});
+    let mut p = json!({"token": token, "bridgeVersion": "gabp-loadgen", "platform": std::env::consts::OS, "launchId": gabp_client::new_id()});
     if let Some(r) = resume {
         p["relay"] = json!({ "resume": r });
     }

@@ -152,7 +152,7 @@ async fn measure_with(
         )?);
     }
     let caller = if sc.calls_per_s > 0.0 && !matches!(which, Which::Peer(_)) {
-        let (c, _) = gabp_sim::Client::connect_hello(&target.addr, &target.token).await?;
+        let (c, _) = gabp_client::Client::connect_hello(&target.addr, &target.token).await?;
         Some(tokio::spawn(caller::fixed_rate(
             c,
             "sim/echo".into(),

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_client::Client;
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 

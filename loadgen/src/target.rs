@@ -7,7 +7,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gabp_sim::{Addr, Client};
+use gabp_client::Client;
+use gabp_sim::Addr;
 use tokio::process::{Child, Command};
 
 use crate::actors::broker::Broker;

@@ -11,6 +11,7 @@
 //! - [`splice`]: members added to a received object (the welcome's extensions) byte for byte.
 //! - [`message`]: builders for the frames the relay writes itself (errors, events, requests).
 //! - [`codes`]: the wire error codes.
+//! - [`mark`]: `relay/mark`: its bounds and which marks the relay accepts.
 //! - [`error`]: framing errors (stream out of sync) and envelope errors (stream still in sync).
 #![warn(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod codec;
 pub mod codes;
 pub mod envelope;
 pub mod error;
+pub mod mark;
 pub mod message;
 pub use envelope::params;
 pub mod rewrite;

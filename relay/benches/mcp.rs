@@ -8,7 +8,8 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use gabp_sim::{Addr, Client};
+use gabp_client::Client;
+use gabp_sim::Addr;
 use harness::*;
 use serde_json::{json, Value};
 

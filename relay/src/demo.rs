@@ -11,14 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_client::Client;
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use gabp_storage::{Store, StoreOptions};
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde_json::json;
 
 use crate::config::{RelayConfig, RouteConfig, Upstream};
-use crate::server::Relay;
+use gabp_engine::Relay;
 
 /// Demo settings.
 #[derive(Debug, Clone)]
@@ -57,7 +58,7 @@ struct Tally {
 
 /// Runs the demo, printing progress to `out`.
 pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), DemoError> {
-    let token = crate::auth::generate_token();
+    let token = gabp_engine::auth::generate_token();
     let mod_cfg = ModSimConfig {
         token: token.clone(),
         rate: (opts.rate > 0.0).then_some(opts.rate),
@@ -75,7 +76,7 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
     .map_err(err("starting the simulated mod"))?;
     let _ = writeln!(out, "simulated mod   {}  channels {:?}, {} events/s, 256 B events, quirks on (seq from 1, \"error\": null, timestamp)", sim.addr(), channels, opts.rate);
 
-    let bridge_token = crate::auth::generate_token();
+    let bridge_token = gabp_engine::auth::generate_token();
     let mut route = RouteConfig::new(
         "demo",
         Upstream::Addr(sim.addr().clone()),
@@ -157,8 +158,7 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
             }
         }
         let ev_in: u64 = relay.routes[0]
-            .hub
-            .channel_counts()
+            .events_per_channel()
             .iter()
             .map(|(_, n)| n)
             .sum();
@@ -217,12 +217,12 @@ pub async fn run(opts: DemoOptions, out: &mut (dyn Write + Send)) -> Result<(), 
             "recorded        session {} ({} frames, {}, ended {}), consistency check: {}",
             meta.id,
             meta.frames,
-            crate::display::bytes(meta.bytes),
+            gabp_rt::display::bytes(meta.bytes),
             meta.end_label(),
             if check.ok() { "ok" } else { "FAILED" }
         );
-        let stats = crate::stats::compute(&store, &meta).map_err(err("computing stats"))?;
-        let _ = writeln!(out, "\n{}", crate::stats::render(&stats));
+        let stats = gabp_analysis::stats::compute(&store, &meta).map_err(err("computing stats"))?;
+        let _ = writeln!(out, "\n{}", gabp_analysis::stats::render(&stats));
         // One command per line: a `|` between them would read as a shell pipe.
         let _ = writeln!(
             out,

@@ -67,7 +67,7 @@ fn colour(i: usize) -> RGBColor {
 /// (plotters escapes markup).
 fn label(s: &str, max: usize) -> String {
     let clean = s.chars().map(|c| {
-        if c.is_control() || crate::page::invisible(c) {
+        if c.is_control() || gabp_rt::display::invisible(c) {
             '\u{fffd}'
         } else {
             c

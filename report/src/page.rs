@@ -19,20 +19,6 @@ use sha2::{Digest, Sha256};
 /// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
 pub const MIN_ELEMENTS: usize = 10;
 
-/// Characters that change how the text after them shows, or show nothing themselves:
-/// bidirectional marks, embeddings, overrides and isolates, zero-width and other invisible
-/// format characters, fillers and joiners that render as nothing, variation selectors,
-/// interlinear annotation marks, and Unicode tags. The relay's tables and MCP texts use the
-/// same list.
-pub fn invisible(c: char) -> bool {
-    matches!(c,
-        '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}'
-        | '\u{17b5}' | '\u{180b}'..='\u{180f}' | '\u{200b}'..='\u{200f}'
-        | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206f}'
-        | '\u{3164}' | '\u{fe00}'..='\u{fe0f}' | '\u{feff}' | '\u{ffa0}'
-        | '\u{fff9}'..='\u{fffb}' | '\u{e0000}'..='\u{e007f}' | '\u{e0100}'..='\u{e01ef}')
-}
-
 /// Escapes text for HTML and SVG content and attribute values.
 pub fn escape(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -45,7 +31,9 @@ pub fn escape(s: &str) -> String {
             '\'' => o.push_str("&#39;"),
             // Control characters have no business in a page (and some are invalid in XML);
             // text-direction and invisible characters would make a name read as another.
-            c if (c.is_control() && c != '\n' && c != '\t') || invisible(c) => o.push('\u{fffd}'),
+            c if (c.is_control() && c != '\n' && c != '\t') || gabp_rt::display::invisible(c) => {
+                o.push('\u{fffd}')
+            }
             c => o.push(c),
         }
     }

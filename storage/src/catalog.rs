@@ -54,6 +54,16 @@ impl EndReason {
     }
 }
 
+/// What a bridge without a named identity (the route's single token) is called wherever it is
+/// shown: metrics, messages, stats and reports.
+pub const DEFAULT_IDENTITY: &str = "default";
+
+/// Channels one session may use (advertised or seen in events). Past it, events on new
+/// channels are anomalies and further advertised channels are not subscribed to, so a mod
+/// that invents channel names cannot grow the channel table, metrics and the catalog without
+/// bound; a reader sizes its per-channel tables by it.
+pub const MAX_CHANNELS: usize = 4096;
+
 /// A bridge that attached during the session. The token is never stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BridgeInfo {

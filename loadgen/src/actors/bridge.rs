@@ -5,7 +5,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Buf;
-use gabp_sim::{Addr, Client};
+use gabp_client::Client;
+use gabp_sim::Addr;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures::StreamExt;
+use gabp_client::Client;
 use gabp_proto::{encode_frame, message, Mode, Parser};
 use gabp_rt::clock::now_ns;
-use gabp_sim::Client;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde_json::Value;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_client::Client;
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{signal, SignalKind};

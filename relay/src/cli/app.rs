@@ -9,7 +9,7 @@ use std::io::Write;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
-    collect, demo, export, fleet_key, mark, mod_sim, reload, repair, replay, report, serve,
+    collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair, replay, report, serve,
     sessions, ship, stats, status, wrap,
 };
 
@@ -61,7 +61,7 @@ enum Cmd {
     /// Make the fleet key relays sign what they ship with and collectors check, or show its id.
     FleetKey(fleet_key::FleetKeyArgs),
     /// Serve MCP on stdio for an AI assistant, attached to a running route as a bridge.
-    Mcp(crate::mcp::McpArgs),
+    Mcp(mcp::McpArgs),
     /// Print a shell completion script, e.g. `gabp-relay completions bash > /etc/bash_completion.d/gabp-relay`.
     Completions(CompletionsArgs),
 }
@@ -195,13 +195,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Repair(a) => repair::run(a)?,
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,
-        Cmd::Mcp(a) => crate::mcp::run(a).await?,
+        Cmd::Mcp(a) => mcp::run(a).await?,
         Cmd::Ship(a) => ship::run(a).await?,
         Cmd::Collect(a) => collect::run(a).await?,
         Cmd::FleetKey(a) => fleet_key::run(a)?,
         Cmd::Token => {
             use std::io::Write;
-            writeln!(std::io::stdout(), "{}", crate::auth::generate_token())?;
+            writeln!(std::io::stdout(), "{}", gabp_engine::auth::generate_token())?;
         }
         Cmd::Completions(a) => std::io::stdout().write_all(&completions(a.shell))?,
     }

@@ -5,9 +5,9 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{usage, Signals};
-use crate::ship::collect::{Collector, Tally, Verifier};
-use crate::ship::fleet::FleetKey;
-use crate::ship::NatsFlags;
+use gabp_ship::collect::{Collector, Tally, Verifier};
+use gabp_ship::fleet::FleetKey;
+use gabp_ship::NatsFlags;
 
 #[derive(Args, Debug)]
 pub struct CollectArgs {
@@ -18,7 +18,7 @@ pub struct CollectArgs {
     #[arg(long)]
     pub data_dir: std::path::PathBuf,
     /// The durable consumer's name (collectors sharing it share the work).
-    #[arg(long, default_value = "gabp-collector", value_parser = crate::ship::nats_name)]
+    #[arg(long, default_value = "gabp-collector", value_parser = gabp_ship::nats_name)]
     pub durable: String,
     /// Serve Prometheus metrics (frames collected, messages rejected) at HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
@@ -36,7 +36,7 @@ pub struct CollectArgs {
 }
 
 pub async fn run(a: CollectArgs) -> Result<()> {
-    crate::ship::check_urls(&a.from).map_err(|e| usage(format!("--from: {e}")))?;
+    gabp_ship::check_urls(&a.from).map_err(|e| usage(format!("--from: {e}")))?;
     a.nats.check().map_err(usage)?;
     let keys = a
         .fleet_key
@@ -48,14 +48,14 @@ pub async fn run(a: CollectArgs) -> Result<()> {
     let mut signals = Signals::install()?;
     let cancel = CancellationToken::new();
     if let Some(addr) = a.metrics {
-        let listener = crate::http::bind(addr)
+        let listener = gabp_engine::http::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
-        if let Some(handle) = crate::metrics::install() {
-            tokio::spawn(crate::http::serve(
+        if let Some(handle) = gabp_engine::metrics::install() {
+            tokio::spawn(gabp_engine::http::serve(
                 listener,
                 handle,
-                crate::http::Readiness::default(),
+                gabp_engine::http::Readiness::default(),
                 cancel.clone(),
             ));
         }
@@ -75,7 +75,7 @@ pub async fn run(a: CollectArgs) -> Result<()> {
     });
     super::print_best_effort(&format!(
         "collecting from {} into {}\n",
-        crate::ship::shown(&c.urls),
+        gabp_ship::shown(&c.urls),
         c.data_dir.display()
     ));
     let tally = Tally::default();

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::parse_duration;
-use crate::export::{self, parquet, ExportFilter};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use gabp_analysis::export::{self, parquet, ExportFilter};
 use gabp_storage::Store;
 
 use super::select::{select, Filters};

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, Result};
 use clap::{Args, Subcommand};
 
-use crate::ship::fleet::{self, FleetKey};
+use gabp_ship::fleet::{self, FleetKey};
 
 #[derive(Args, Debug)]
 pub struct FleetKeyArgs {

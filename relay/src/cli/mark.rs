@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use gabp_client::Client;
 use gabp_rt::Addr;
-use gabp_sim::Client;
 use serde_json::{json, Value};
 
 use super::status::{targets, StatusArgs};
 use super::{usage, Json};
-use crate::export::{MAX_MARK_BYTES, MAX_MARK_LABEL};
+use gabp_proto::mark::{MAX_MARK_BYTES, MAX_MARK_LABEL};
 
 #[derive(Args, Debug)]
 pub struct MarkArgs {
@@ -138,7 +138,7 @@ pub async fn run(a: MarkArgs) -> Result<()> {
             "marked {:?} in session {} of route {}",
             a.label,
             session.as_str().unwrap_or("-"),
-            crate::display::name(&target.route)
+            gabp_rt::display::name(&target.route)
         );
     }
     Ok(())

@@ -21,6 +21,7 @@ pub(crate) mod demo;
 pub(crate) mod export;
 pub(crate) mod fleet_key;
 pub(crate) mod mark;
+pub(crate) mod mcp;
 pub(crate) mod mod_sim;
 pub(crate) mod prune;
 pub(crate) mod reload;

@@ -17,7 +17,7 @@ use gabp_storage::Store;
 use serde_json::json;
 
 use crate::config::Retention;
-use crate::display;
+use gabp_rt::display;
 
 /// `sessions prune`'s flags.
 #[derive(Args, Debug, Clone)]

@@ -44,7 +44,7 @@ pub async fn run(a: ReloadArgs) -> Result<()> {
     let mut before = Vec::new();
     let mut pids = BTreeSet::new();
     for t in &targets {
-        let Some(pid) = t.pid.filter(|p| crate::discovery::relay_running(*p)) else {
+        let Some(pid) = t.pid.filter(|p| gabp_engine::discovery::relay_running(*p)) else {
             bail!("route {}: no running relay process to signal", t.route);
         };
         before.push(count(&status::ask(t, a.wait, &launch).await?));

@@ -13,10 +13,10 @@ pub struct RepairArgs {
 
 pub fn run(a: RepairArgs) -> Result<()> {
     // The repaired dir and every file RocksDB writes into it stay private.
-    crate::recorder::private_file_modes();
+    gabp_engine::recorder::private_file_modes();
     let dir = &a.dir.data_dir;
     let r = gabp_storage::repair::repair(dir)?;
-    let size = crate::display::bytes;
+    let size = gabp_rt::display::bytes;
     super::print_best_effort(&format!(
         "kept an untouched copy at {} ({} files, {})\n",
         r.backup.display(),

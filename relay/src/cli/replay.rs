@@ -24,7 +24,7 @@ pub struct ReplayArgs {
     pub token: Option<String>,
     /// Speed factor (0.5, 2, …), or `max`.
     #[arg(long, default_value = "1")]
-    pub speed: crate::replay::Speed,
+    pub speed: gabp_engine::replay::Speed,
     /// Start over at the end.
     #[arg(long = "loop")]
     pub looping: bool,
@@ -61,7 +61,7 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     }
     let (token, generated) = match &a.token {
         Some(t) => (check_token(t)?.to_string(), false),
-        None => (crate::auth::generate_token(), true),
+        None => (gabp_engine::auth::generate_token(), true),
     };
     let max_body = a
         .max_body
@@ -94,14 +94,14 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
             humantime::format_duration(Duration::from_millis(length.as_millis() as u64))
         );
     }
-    let opts = crate::replay::ReplayOptions {
+    let opts = gabp_engine::replay::ReplayOptions {
         token: token.clone(),
         speed: a.speed,
         looping: a.looping,
         channels: a.channel,
         from: a.from,
     };
-    let rec = crate::replay::Recording::open(store, meta, &opts)?;
+    let rec = gabp_engine::replay::Recording::open(store, meta, &opts)?;
     let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -128,7 +128,7 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     super::print_best_effort(&text);
     let cancel = tokio_util::sync::CancellationToken::new();
     let rec = std::sync::Arc::new(rec);
-    let mut server = tokio::spawn(crate::replay::serve_with(
+    let mut server = tokio::spawn(gabp_engine::replay::serve_with(
         listener,
         rec.clone(),
         opts,

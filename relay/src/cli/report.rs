@@ -21,15 +21,15 @@ pub struct ReportArgs {
 }
 
 pub fn run(a: ReportArgs) -> Result<()> {
-    if !crate::export::is_stdout(&a.output) {
+    if !gabp_analysis::export::is_stdout(&a.output) {
         super::export::refuse_the_data_dir(&a.output, &a.dir.data_dir)?;
         super::export::refuse_a_directory(&a.output, "the report is one file", "report.html")?;
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
-    let n = crate::report::write(&store, &meta, &a.output)
+    let n = gabp_analysis::report::write(&store, &meta, &a.output)
         .with_context(|| format!("writing the report to {}", a.output.display()))?;
-    let to = if crate::export::is_stdout(&a.output) {
+    let to = if gabp_analysis::export::is_stdout(&a.output) {
         "the report to stdout".to_string()
     } else {
         a.output.display().to_string()

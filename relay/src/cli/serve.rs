@@ -4,12 +4,13 @@
 //! into config-file keys, and `config::file` layers them over the file and the defaults.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::config::file::Layer;
 use crate::config::{limits, units, FileConfig};
-use crate::{auth, discovery, Relay, RelayConfig};
 use anyhow::{bail, Result};
 use clap::Args;
+use gabp_engine::{auth, discovery, Relay, RelayConfig};
 use serde::Serialize;
 
 use super::{check_token, usage, Signal, Signals};
@@ -141,7 +142,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub mcp_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
-    pub mcp_offer: crate::mcp::OfferArgs,
+    pub mcp_offer: super::mcp::OfferArgs,
     /// Token bridges must present; shorter than 16 characters gets a warning [default: generated and printed].
     #[arg(long, env = "GABP_RELAY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -306,10 +307,11 @@ impl ServeArgs {
         let merged =
             FileConfig::layered(text.as_ref().map(|(t, f)| (t.as_str(), f.as_str())), layer)?;
         let mut cfg = merged.relay_config(file)?;
-        if let Some(t) = self.ship.target()? {
-            cfg.ship = Some(t);
-        }
-        if self.ship.retain_unshipped && cfg.ship.is_none() {
+        let mut ship = match self.ship.target()? {
+            Some(t) => Some(t),
+            None => merged.ship_target(file)?,
+        };
+        if self.ship.retain_unshipped && ship.is_none() {
             return Err(usage(
                 "--retain-unshipped applies to shipping: pass --ship too (or a [ship] table in the config file)",
             ));
@@ -320,12 +322,13 @@ impl ServeArgs {
                 "nothing to serve: give --upstream and --listen, or --config with [[route]] tables",
             ));
         }
-        if cfg.ship.is_some() && !cfg.records() {
+        if ship.is_some() && !cfg.records() {
             return Err(usage(
                 "shipping sends the recordings, and recording is off: drop --no-record (or record = false in the config), or --ship",
             ));
         }
-        self.ship.check_signing(cfg.ship.as_mut())?;
+        self.ship.check_signing(ship.as_mut())?;
+        cfg.ship = ship.map(|t| Arc::new(t) as Arc<dyn gabp_engine::shipping::Shipping>);
         if let Some(r) = cfg
             .routes
             .iter()
@@ -362,7 +365,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     discovery::check_free(&cfg.routes, &paths).map_err(anyhow::Error::msg)?;
     let relay = Relay::start_with(
         cfg.clone(),
-        std::sync::Arc::new(crate::transport::AnyConnector::default()),
+        std::sync::Arc::new(gabp_engine::transport::AnyConnector::default()),
     )
     .await?;
     let bridge_files = discovery::write_all(&relay, &paths);
@@ -371,17 +374,19 @@ pub async fn run(a: ServeArgs) -> Result<()> {
     for (i, r) in relay.routes.iter().enumerate() {
         text += &format!(
             "route {} listening on {} -> mod {}\n",
-            r.cfg.name, relay.addrs[i], r.cfg.upstream
+            r.cfg().name,
+            relay.addrs[i],
+            r.cfg().upstream
         );
-        if r.cfg.token_generated {
-            text += &format!("route {} token {}\n", r.cfg.name, r.cfg.token);
+        if r.cfg().token_generated {
+            text += &format!("route {} token {}\n", r.cfg().name, r.cfg().token);
         }
     }
     if let Some(m) = relay.metrics_addr {
         text += &format!("metrics on http://{m}/metrics\n");
     }
     if let Some(addr) = a.mcp_listen {
-        match crate::mcp::http::serve_route(
+        match gabp_mcp::http::serve_route(
             &relay,
             addr,
             cfg.allow_remote,
@@ -390,7 +395,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         )
         .await
         {
-            Ok(at) => text += &format!("mcp on http://{at}{}\n", crate::mcp::http::PATH),
+            Ok(at) => text += &format!("mcp on http://{at}{}\n", gabp_mcp::http::PATH),
             Err(e) => {
                 bridge_files.iter().for_each(|p| discovery::remove_own(p));
                 return Err(e);
@@ -401,7 +406,7 @@ pub async fn run(a: ServeArgs) -> Result<()> {
         text += &format!("bridge file {}\n", p.display());
     }
     if let Some(t) = &cfg.ship {
-        text += &format!("shipping to {}\n", crate::ship::shown(&t.urls));
+        text += &format!("shipping to {}\n", t.shown_destination());
     }
     text += &if cfg.records() {
         let durability = match cfg.durability {
@@ -449,7 +454,7 @@ const NO_CONFIG_TO_RELOAD: &str = "the relay was started without --config, so th
 /// and leased tools (`bridge::reload`: unchanged identities stay connected, revoked or
 /// changed ones are disconnected with a notice). Everything else needs a restart, and the log
 /// says which changed settings are so ignored. A config that no longer loads changes nothing.
-async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
+async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &gabp_engine::Relay) {
     tracing::info!("SIGHUP received: reloading bridge identities and tokens");
     if a.config.is_none() {
         // Identities and tokens come from flags, which a running process cannot re-read: a
@@ -457,7 +462,7 @@ async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
         let why = NO_CONFIG_TO_RELOAD.to_string();
         tracing::warn!("reload: {why}");
         for r in &relay.routes {
-            r.access.note_reload(0, 0, Some(why.clone()));
+            r.access().note_reload(0, 0, Some(why.clone()));
         }
         return;
     }
@@ -467,41 +472,41 @@ async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
             let why = super::one_line(&e);
             tracing::error!("reload failed, nothing changed: {why}");
             for r in &relay.routes {
-                r.access.note_reload(0, 0, Some(why.clone()));
+                r.access().note_reload(0, 0, Some(why.clone()));
             }
             return;
         }
     };
     for route in &relay.routes {
-        let Some(rc) = new.routes.iter().find(|r| r.name == route.cfg.name) else {
-            tracing::warn!(route = %route.cfg.name, "reload: this route is no longer in the configuration; it keeps serving as it is until a restart");
-            route.access.note_reload(
+        let Some(rc) = new.routes.iter().find(|r| r.name == route.cfg().name) else {
+            tracing::warn!(route = %route.cfg().name, "reload: this route is no longer in the configuration; it keeps serving as it is until a restart");
+            route.access().note_reload(
                 0,
                 0,
                 Some("the route is no longer in the configuration".into()),
             );
             continue;
         };
-        let done = crate::bridge::reload(route, rc).await;
-        let table = route.access.table();
+        let done = gabp_engine::bridge::reload(route, rc).await;
+        let table = route.access().table();
         let names: Vec<&str> = table.names().collect();
         tracing::info!(
-            route = %route.cfg.name,
+            route = %route.cfg().name,
             kept = done.kept,
             disconnected = done.revoked,
             "reload: identities now {:?} plus the route token",
             names
         );
-        route.access.note_reload(done.kept, done.revoked, None);
-        let ignored = ignored_route_changes(&route.cfg, rc);
+        route.access().note_reload(done.kept, done.revoked, None);
+        let ignored = ignored_route_changes(route.cfg(), rc);
         if !ignored.is_empty() {
-            tracing::warn!(route = %route.cfg.name, "reload: changed settings ignored until a restart: {}", ignored.join(", "));
+            tracing::warn!(route = %route.cfg().name, "reload: changed settings ignored until a restart: {}", ignored.join(", "));
         }
     }
     for r in new
         .routes
         .iter()
-        .filter(|r| !relay.routes.iter().any(|x| x.cfg.name == r.name))
+        .filter(|r| !relay.routes.iter().any(|x| x.cfg().name == r.name))
     {
         tracing::warn!(route = %r.name, "reload: new routes are started only by a restart; ignored");
     }
@@ -515,54 +520,22 @@ async fn reload(a: &ServeArgs, running: &RelayConfig, relay: &crate::Relay) {
 }
 
 /// The route settings that differ between `old` and `new` but that a reload does not apply.
-fn ignored_route_changes(old: &crate::RouteConfig, new: &crate::RouteConfig) -> Vec<&'static str> {
-    let token = !(old.token_generated && new.token_generated) && old.token != new.token;
-    let diffs = [
-        ("token", token),
-        ("upstream", old.upstream != new.upstream),
-        ("upstream_token", old.upstream_token != new.upstream_token),
-        ("listen", old.listen != new.listen),
-        ("on_slow", old.on_slow != new.on_slow),
-        ("outbox_frames", old.outbox_frames != new.outbox_frames),
-        ("outbox_bytes", old.outbox_bytes != new.outbox_bytes),
-        (
-            "request_timeout",
-            old.request_timeout != new.request_timeout,
-        ),
-        ("frame_timeout", old.frame_timeout != new.frame_timeout),
-        ("write_deadline", old.write_deadline != new.write_deadline),
-        ("subscribe_all", old.subscribe_all != new.subscribe_all),
-        ("max_body", old.max_body != new.max_body),
-        ("max_bridges", old.max_bridges != new.max_bridges),
-        ("record", old.record != new.record),
-        ("tags", old.tags != new.tags),
-    ];
-    diffs.into_iter().filter(|d| d.1).map(|d| d.0).collect()
+fn ignored_route_changes(
+    old: &gabp_engine::RouteConfig,
+    new: &gabp_engine::RouteConfig,
+) -> Vec<&'static str> {
+    restart_needed(old.reload_table(new))
 }
 
 /// The relay-wide settings that differ between `old` and `new` (none is reloaded).
 fn ignored_global_changes(old: &RelayConfig, new: &RelayConfig) -> Vec<&'static str> {
-    let diffs = [
-        ("data_dir", old.data_dir != new.data_dir),
-        ("durability", old.durability != new.durability),
-        ("compression", old.compression != new.compression),
-        (
-            "wal_compression",
-            old.wal_compression != new.wal_compression,
-        ),
-        ("record_queue", old.record_queue != new.record_queue),
-        (
-            "on_record_error",
-            old.on_record_error != new.on_record_error,
-        ),
-        ("retain", old.retain != new.retain),
-        ("metrics", old.metrics != new.metrics),
-        ("allow_remote", old.allow_remote != new.allow_remote),
-        (
-            "shutdown_timeout",
-            old.shutdown_timeout != new.shutdown_timeout,
-        ),
-        ("bridge_file", old.bridge_file != new.bridge_file),
-    ];
-    diffs.into_iter().filter(|d| d.1).map(|d| d.0).collect()
+    restart_needed(old.reload_table(new))
+}
+
+fn restart_needed(table: Vec<gabp_engine::config::ReloadedSetting>) -> Vec<&'static str> {
+    table
+        .into_iter()
+        .filter(|s| s.changed && s.on_reload == gabp_engine::config::OnReload::RestartNeeded)
+        .map(|s| s.name)
+        .collect()
 }

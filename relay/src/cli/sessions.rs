@@ -7,9 +7,9 @@
 
 use std::io::Write;
 
-use crate::display;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use gabp_rt::display;
 use gabp_storage::{SessionMeta, Store, StoreError};
 use serde_json::json;
 
@@ -116,7 +116,7 @@ fn open_for_change(dir: &std::path::Path, cmd: &SessionsCmd) -> Result<Store> {
 /// it (naming its pid) and on a disk without room or written read-only, untouched then.
 pub fn open_to_change(dir: &std::path::Path) -> Result<Store, StoreError> {
     // RocksDB writes new logs, tables and manifests on every read-write open.
-    crate::recorder::private_file_modes();
+    gabp_engine::recorder::private_file_modes();
     Store::open_for_change(dir)
 }
 
@@ -194,7 +194,7 @@ pub fn run(a: SessionsArgs) -> Result<()> {
             if a.json {
                 let v: Vec<_> = list
                     .iter()
-                    .map(|m| crate::ship::session_json(&store, m, meta_json(m)))
+                    .map(|m| gabp_ship::session_json(&store, m, meta_json(m)))
                     .collect();
                 return super::print_json(&json!({ "sessions": v }));
             }

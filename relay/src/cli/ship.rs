@@ -11,8 +11,8 @@ use clap::Args;
 use gabp_storage::Store;
 
 use super::{usage, DataDir};
-use crate::ship::shipper::{self, ShipStatus, Target};
-use crate::ship::{NatsFlags, Signing};
+use gabp_ship::shipper::{self, ShipStatus, Target};
+use gabp_ship::{NatsFlags, Signing};
 use std::path::PathBuf;
 
 /// `serve`'s shipping flags.
@@ -73,12 +73,12 @@ impl ServeShip {
             }
             return Ok(None);
         };
-        crate::ship::check_urls(urls).map_err(|e| usage(format!("--ship: {e}")))?;
+        gabp_ship::check_urls(urls).map_err(|e| usage(format!("--ship: {e}")))?;
         self.nats.check().map_err(usage)?;
         Ok(Some(Target {
             urls: urls.clone(),
             flags: self.nats.clone(),
-            host: crate::ship::host_name(),
+            host: gabp_ship::host_name(),
             signing: self.sign.signing()?,
         }))
     }
@@ -126,7 +126,7 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     if a.sessions.is_empty() && !a.all {
         return Err(usage("name the sessions to ship, or pass --all"));
     }
-    crate::ship::check_urls(&a.to).map_err(|e| usage(format!("--to: {e}")))?;
+    gabp_ship::check_urls(&a.to).map_err(|e| usage(format!("--to: {e}")))?;
     a.nats.check().map_err(usage)?;
     let signing = a.sign.signing()?;
     signing.check().map_err(usage)?;
@@ -144,11 +144,11 @@ pub async fn run(a: ShipArgs) -> Result<()> {
             .map(|q| store.resolve(q).map(|m| m.id))
             .collect::<Result<_, _>>()?
     };
-    let conn = crate::ship::connect(&a.to, &a.nats, "gabp-relay ship").await?;
+    let conn = gabp_ship::connect(&a.to, &a.nats, "gabp-relay ship").await?;
     let target = Target {
         urls: a.to.clone(),
         flags: a.nats.clone(),
-        host: crate::ship::host_name(),
+        host: gabp_ship::host_name(),
         signing,
     };
     let status = Arc::new(ShipStatus::new(&a.to));
@@ -175,7 +175,7 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     outln!(
         "shipped {} session(s) to {}: {frames} new frame(s)",
         ids.len(),
-        crate::ship::shown(&a.to)
+        gabp_ship::shown(&a.to)
     );
     Ok(())
 }

@@ -30,7 +30,7 @@ pub fn run(a: StatsArgs) -> Result<()> {
     let single = a.sessions.len() == 1 && !a.filters.any();
     let mut all = Vec::with_capacity(metas.len());
     for (i, meta) in metas.iter().enumerate() {
-        let stats = crate::stats::compute(&store, meta)?;
+        let stats = gabp_analysis::stats::compute(&store, meta)?;
         if a.json.json {
             all.push(stats);
             continue;
@@ -38,7 +38,11 @@ pub fn run(a: StatsArgs) -> Result<()> {
         if i > 0 {
             outln!();
         }
-        write!(std::io::stdout(), "{}", crate::stats::render(&stats))?;
+        write!(
+            std::io::stdout(),
+            "{}",
+            gabp_analysis::stats::render(&stats)
+        )?;
     }
     if a.json.json {
         if single {

@@ -9,12 +9,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::discovery::{self, Holder};
-use crate::display;
 use anyhow::{bail, Result};
 use clap::Args;
+use gabp_client::Client;
+use gabp_engine::discovery::{self, Holder};
+use gabp_rt::display;
 use gabp_rt::Addr;
-use gabp_sim::Client;
 use serde_json::{json, Value};
 
 use super::{usage, Json};
@@ -294,7 +294,7 @@ fn render(docs: &[Value]) -> Result<()> {
             n(&b["conn"]),
             // A welcomed bridge without a name holds the route's token: the implicit identity.
             match (&b["name"], b["role"].is_string()) {
-                (Value::Null, true) => crate::identity::DEFAULT_NAME.to_string(),
+                (Value::Null, true) => gabp_engine::identity::DEFAULT_NAME.to_string(),
                 (name, _) => s(name),
             },
             s(&b["label"]),

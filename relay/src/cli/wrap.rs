@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::config::file::Layer;
 use crate::config::FileConfig;
 use crate::wrap::{forward_signal, free_port, spawn_game, LaunchEnv};
-use crate::Relay;
 use anyhow::Result;
 use clap::Args;
+use gabp_engine::Relay;
 
 use super::serve::{GlobalFlags, PolicyFlags};
 use super::{usage, Signals};
@@ -34,7 +34,7 @@ pub async fn run(a: WrapArgs) -> Result<i32> {
     let mut signals = Signals::install()?;
     let env = LaunchEnv::from_env().map_err(|e| usage(e.to_string()))?;
     let game_port = free_port()?;
-    let game_token = crate::auth::generate_token();
+    let game_token = gabp_engine::auth::generate_token();
     let (name, from) = match (a.route_name, env.game_id.clone()) {
         (Some(n), _) => (n, "--route-name"),
         (None, Some(g)) => (g, "GABS_GAME_ID"),

@@ -14,8 +14,8 @@ use serde::Deserialize;
 use super::trust::{check_trusted, io_text, read_token_file};
 use super::units::{self, num_or_text};
 use super::{limits, OnRecordError, OnSlow, RelayConfig, Retention, RouteConfig, Upstream};
-use crate::auth;
-use crate::identity::{self, Identity, Role, ToolRules};
+use gabp_engine::auth;
+use gabp_engine::identity::{self, Identity, Role, ToolRules};
 use gabp_rt::Addr;
 
 /// The TOML form of a config file (and of the flags layered over it).
@@ -49,7 +49,7 @@ pub struct FileConfig {
     /// Bridge discovery file.
     pub bridge_file: Option<PathBuf>,
     /// Shipping to NATS JetStream (`[ship]`, the `serve --ship` flags).
-    pub ship: Option<crate::ship::FileShip>,
+    pub ship: Option<gabp_ship::FileShip>,
     /// Routes.
     #[serde(default, rename = "route")]
     pub routes: Vec<FileRoute>,
@@ -435,9 +435,24 @@ impl FileConfig {
         cfg.bridge_file = self.bridge_file.clone();
         if let Some(s) = &self.ship {
             cfg.retain_unshipped = s.retain_unshipped.unwrap_or(false);
-            cfg.ship = Some(s.target().map_err(|m| err("ship", m))?);
         }
         Ok(cfg)
+    }
+
+    /// Where the `[ship]` table ships to, if there is one. Kept apart from
+    /// [`FileConfig::relay_config`] because flags may still change its signing before the relay
+    /// gets it.
+    pub fn ship_target(
+        &self,
+        file: &str,
+    ) -> Result<Option<gabp_ship::shipper::Target>, ConfigError> {
+        self.ship
+            .as_ref()
+            .map(|s| {
+                s.target()
+                    .map_err(|m| self.field_error(file, None, "ship", m))
+            })
+            .transpose()
     }
 
     /// The routes, resolved (token files read, addresses parsed, bounds checked).
@@ -521,7 +536,7 @@ impl FileConfig {
                 warn_if_short(&t, "token_file");
                 (t, false)
             }
-            (None, None) => (crate::auth::generate_token(), true),
+            (None, None) => (gabp_engine::auth::generate_token(), true),
             _ => {
                 return Err(err(
                     "token",
@@ -612,7 +627,7 @@ impl FileConfig {
         }
         if let Some(d) = &r.lease_max_ttl {
             let d = units::parse_duration(d).map_err(|m| err("lease_max_ttl", m))?;
-            let most = Duration::from_millis(crate::identity::MAX_TTL_MS);
+            let most = Duration::from_millis(gabp_engine::identity::MAX_TTL_MS);
             if d < Duration::from_millis(1) || d > most {
                 return Err(err(
                     "lease_max_ttl",

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use gabp_relay::OnSlow;
+use gabp_engine::OnSlow;
 use serde_json::json;
 
 use crate::support::in_process::{emit, quiet_mod, rss_bytes, Harness};

@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use gabp_client::Client;
+use gabp_engine::{RouteConfig, Upstream};
 use gabp_proto::GabpCodec;
-use gabp_relay::{RouteConfig, Upstream};
-use gabp_sim::Client;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
@@ -54,7 +54,7 @@ async fn a_client_that_never_says_hello_is_closed_after_a_few_errors_and_not_rec
     };
     let ((), replies) = tokio::join!(write, read);
     assert!(
-        replies <= gabp_relay::bridge::MAX_PREHELLO_ERRORS as usize,
+        replies <= gabp_engine::bridge::MAX_PREHELLO_ERRORS as usize,
         "{replies} replies before the close"
     );
     assert!(honest.call("tools/list", json!({})).await.is_ok());
@@ -284,7 +284,7 @@ async fn deaf_mod() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) 
 async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
     let (mod_addr, stop) = deaf_mod().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let token = gabp_relay::generate_token();
+    let token = gabp_engine::generate_token();
     let mut route = RouteConfig::new(
         "deaf",
         Upstream::Addr(gabp_sim::Addr::Tcp(mod_addr)),
@@ -292,11 +292,11 @@ async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
         token.clone(),
     );
     route.record = false;
-    let relay = gabp_relay::Relay::start(relay_config(route, dir.path()))
+    let relay = gabp_engine::Relay::start(relay_config(route, dir.path()))
         .await
         .expect("relay");
     let r = relay.routes[0].clone();
-    let mut rx = r.session.subscribe();
+    let mut rx = r.sessions();
     tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.is_some()))
         .await
         .expect("session")
@@ -310,20 +310,20 @@ async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
     let mut peak = 0;
     for _ in 0..200 {
         let body = gabp_proto::message::request(
-            &gabp_sim::client::new_id(),
+            &gabp_client::new_id(),
             "tools/call",
             json!({"name": "sim/echo", "arguments": {"pad": pad}}),
         );
         c.send_body(&body).await.expect("send");
-        peak = peak.max(r.pending.bytes.used());
+        peak = peak.max(r.pending().bytes.used());
         c.set_wait(Duration::from_millis(200));
         if let Ok(Some(m)) = c.next_message().await {
             assert_eq!(error_code(&m), -32002, "{m}");
             refused += 1;
         }
     }
-    peak = peak.max(r.pending.bytes.used());
-    let bound = gabp_relay::pending::BRIDGE_BYTES + 1024 * 1024;
+    peak = peak.max(r.pending().bytes.used());
+    let bound = gabp_engine::pending::BRIDGE_BYTES + 1024 * 1024;
     assert!(
         peak <= bound,
         "held {peak} bytes of requests (bound {bound})"
@@ -332,7 +332,7 @@ async fn requests_for_a_deaf_mod_are_bounded_in_bytes_and_memory_comes_back() {
     // The mod goes away: the queued requests are dropped and their memory comes back.
     let _ = stop.send(());
     wait_until("request bytes released", Duration::from_secs(10), || {
-        r.pending.bytes.used() == 0
+        r.pending().bytes.used() == 0
     })
     .await;
     drop(c);

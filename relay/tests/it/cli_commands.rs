@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use gabp_sim::Client;
+use gabp_client::Client;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Every object key in `v`, recursively, except inside recorded GABP messages.

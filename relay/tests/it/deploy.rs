@@ -49,7 +49,7 @@ fn example_config_parses_into_routes() {
     assert_eq!(colony.leased, ["build/*"]);
     assert_eq!(colony.max_marks, 10_000);
     assert_eq!(colony.lease_max_ttl, std::time::Duration::from_secs(300));
-    assert_eq!(resolved[1].on_slow, gabp_relay::OnSlow::Disconnect);
+    assert_eq!(resolved[1].on_slow, gabp_engine::OnSlow::Disconnect);
     assert!(resolved[1].token_generated);
     assert_eq!(file.retain.as_deref(), Some("30d,200GiB"));
     assert!(file
@@ -74,7 +74,7 @@ fn dashboard_names_only_exported_metrics() {
                         b.strip_suffix(s).map(String::from).unwrap_or(b)
                     });
                     assert!(
-                        gabp_relay::metrics::NAMES.contains(&base.as_str()),
+                        gabp_engine::metrics::NAMES.contains(&base.as_str()),
                         "dashboard uses unknown metric {base}"
                     );
                     seen += 1;

@@ -327,7 +327,7 @@ async fn bridges_are_answered_at_once_while_the_disk_holds_the_mod() {
     let Some(s) = start("stall", 6000.0, &[]).await else {
         return;
     };
-    let (mut c, _) = gabp_sim::Client::connect_hello(&s.listen, BRIDGE_TOKEN)
+    let (mut c, _) = gabp_client::Client::connect_hello(&s.listen, BRIDGE_TOKEN)
         .await
         .expect("hello");
     s.fill_disk().await;
@@ -349,7 +349,9 @@ async fn bridges_are_answered_at_once_while_the_disk_holds_the_mod() {
         .expect("answered at once")
         .expect("status");
     assert!(status.is_object(), "{status}");
-    let mut late = gabp_sim::Client::connect(&s.listen).await.expect("connect");
+    let mut late = gabp_client::Client::connect(&s.listen)
+        .await
+        .expect("connect");
     let refused = tokio::time::timeout(at_once, late.hello(BRIDGE_TOKEN))
         .await
         .expect("answered at once")

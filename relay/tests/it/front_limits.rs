@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use gabp_client::Client;
 use gabp_rt::net::Addr;
-use gabp_sim::Client;
 use gabp_storage::{
     Direction, EndReason, FrameRecord, SessionMeta, SessionWriter, Store, StoreOptions,
 };

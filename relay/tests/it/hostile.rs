@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use gabp_sim::Client;
+use gabp_client::Client;
 use serde_json::json;
 
 use crate::support::in_process::{error_code, quiet_mod, Harness};
@@ -262,7 +262,7 @@ async fn a_mod_that_answers_twice_or_to_unknown_ids_is_contained() {
         .expect("real answer");
     assert_eq!(r["echo"]["n"], 2);
     // Neither the duplicate nor the stray reached the bridge: the next exchange is clean.
-    let id = gabp_sim::client::new_id();
+    let id = gabp_client::new_id();
     c.send_body(&gabp_proto::message::request(
         &id,
         "tools/call",
@@ -296,7 +296,7 @@ async fn a_bridge_that_vanishes_mid_request_costs_nobody() {
     };
     let h = Harness::start(cfg).await;
     let mut gone = h.bridge().await;
-    let id = gabp_sim::client::new_id();
+    let id = gabp_client::new_id();
     gone.send_body(&gabp_proto::message::request(
         &id,
         "tools/call",
@@ -328,7 +328,7 @@ async fn pending_requests_per_bridge_are_capped() {
     };
     let h = Harness::start_with(cfg, |c| c.routes[0].max_pending = 2).await;
     let mut c = h.bridge().await;
-    let ids: Vec<String> = (0..3).map(|_| gabp_sim::client::new_id()).collect();
+    let ids: Vec<String> = (0..3).map(|_| gabp_client::new_id()).collect();
     for id in &ids {
         c.send_body(&gabp_proto::message::request(
             id,

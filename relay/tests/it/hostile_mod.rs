@@ -749,7 +749,7 @@ async fn recording_with_a_bridge(
 
 /// A bridge's `tools/call`, read on the mod's side: (the bridge's id, the relay's upstream id).
 async fn call_through(c: &mut Client, m: &mut ModConn) -> (String, String) {
-    let id = gabp_sim::client::new_id();
+    let id = gabp_client::new_id();
     let req = format!(
         r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"tools/call","params":{{"name":"game/x"}}}}"#
     );
@@ -865,7 +865,7 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
         bridges.push(c);
     }
     let c = &mut bridges[0];
-    let id = gabp_sim::client::new_id();
+    let id = gabp_client::new_id();
     let req = format!(r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"relay/status"}}"#);
     c.send_body(req.as_bytes()).await.expect("send");
     let body = c.next_frame().await.expect("frame").expect("answer");
@@ -907,7 +907,7 @@ async fn frames_the_relay_writes_itself_stay_within_max_body() {
     let mut c = loop {
         // Bridges of the first session may still be told the mod went away: a fresh one asks.
         let mut c = Client::connect(&relay.addr).await.expect("connect");
-        let id = gabp_sim::client::new_id();
+        let id = gabp_client::new_id();
         let hello = format!(
             r#"{{"v":"gabp/1","id":"{id}","type":"request","method":"session/hello","params":{{"token":"{TOKEN}","bridgeVersion":"t/1","platform":"linux","launchId":"l"}}}}"#
         );

@@ -268,7 +268,7 @@ async fn a_renew_flood_leaves_each_slow_subscriber_one_lease_notice() {
         let mut buf = Vec::new();
         for i in 0..RENEWS {
             let body = gabp_proto::message::request(
-                &gabp_sim::client::new_id(),
+                &gabp_client::new_id(),
                 "relay/lease",
                 json!({"action": "renew", "ttlMs": 60000}),
             );

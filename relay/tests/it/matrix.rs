@@ -240,7 +240,7 @@ impl Worst {
 fn check_bounds(h: &Harness) -> usize {
     let route = &h.relay().routes[0];
     let mut largest = 0;
-    for b in route.bridges.lock().values() {
+    for b in route.bridges().iter() {
         let event_bytes = b.outbox.depth().event_bytes;
         let control = b.outbox.control_bytes();
         assert!(
@@ -255,9 +255,9 @@ fn check_bounds(h: &Harness) -> usize {
         );
         largest = largest.max(event_bytes + control);
     }
-    let held = route.pending.bytes.used();
+    let held = route.pending().bytes.used();
     assert!(
-        held <= gabp_relay::pending::ROUTE_BYTES + MAX_BODY,
+        held <= gabp_engine::pending::ROUTE_BYTES + MAX_BODY,
         "{held} request bytes held"
     );
     largest

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::mcp::*;
-use gabp_sim::Client;
+use gabp_client::Client;
 use serde_json::{json, Value};
 
 fn check_scenario(r: &Value, name: &str) {

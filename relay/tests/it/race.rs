@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_client::Client;
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use serde_json::json;
 
 use crate::support::{serve, BRIDGE_TOKEN, MOD_TOKEN};
@@ -137,7 +138,7 @@ async fn a_subscribe_racing_a_mod_reconnect_reaches_the_new_connection() {
                             }
                             let ch = format!("c/{}", first + sent);
                             let body = gabp_proto::message::request(
-                                &gabp_sim::client::new_id(),
+                                &gabp_client::new_id(),
                                 "events/subscribe",
                                 json!({ "channels": [&ch] }),
                             );

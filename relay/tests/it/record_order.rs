@@ -84,7 +84,7 @@ async fn every_request_is_recorded_before_its_answer() {
             for w in 0..CALLS / 100 {
                 let mut ids = Vec::new();
                 for i in 0..100 {
-                    let id = gabp_sim::client::new_id();
+                    let id = gabp_client::new_id();
                     let body = json!({"v": "gabp/1", "id": id, "type": "request", "method": "tools/call",
                         "params": {"name": "sim/echo", "arguments": {"b": b, "i": w * 100 + i}}});
                     c.send_body(body.to_string().as_bytes()).await.expect("send");

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use gabp_relay::replay::{Recording, ReplayOptions, Speed};
-use gabp_sim::{Client, Listener};
+use gabp_client::Client;
+use gabp_engine::replay::{Recording, ReplayOptions, Speed};
+use gabp_sim::Listener;
 use gabp_storage::{Direction, EndReason, Store, StoreOptions};
 use serde_json::json;
 
@@ -69,10 +70,10 @@ async fn a_session_is_recorded_losslessly_and_exports_as_sent() {
         );
     }
     let mut out = Vec::new();
-    let n = gabp_relay::export::export(
+    let n = gabp_analysis::export::export(
         &store,
         meta,
-        &gabp_relay::export::ExportFilter {
+        &gabp_analysis::export::ExportFilter {
             channels: vec!["a".into()],
             ..Default::default()
         },
@@ -85,7 +86,7 @@ async fn a_session_is_recorded_losslessly_and_exports_as_sent() {
     assert_eq!(first["dir"], "mod->relay");
     assert_eq!(first["channel"], "a");
     assert_eq!(first["msg"]["type"], "event");
-    let stats = gabp_relay::stats::compute(&store, meta).expect("stats");
+    let stats = gabp_analysis::stats::compute(&store, meta).expect("stats");
     let tc = stats
         .methods
         .iter()
@@ -130,7 +131,7 @@ async fn replay_serves_the_same_events_and_answers() {
     let listener = Listener::bind(&loopback()).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let cancel = tokio_util::sync::CancellationToken::new();
-    let server = tokio::spawn(gabp_relay::replay::serve(
+    let server = tokio::spawn(gabp_engine::replay::serve(
         listener,
         rec,
         opts,

@@ -244,8 +244,8 @@ async fn a_hello_waiting_for_the_mod_gets_the_identity_in_force_at_its_welcome()
     planner.set_wait(Duration::from_secs(30));
     goner.set_wait(Duration::from_secs(30));
     let hello = |token: &str| json!({"token": token, "bridgeVersion": "t", "platform": "linux", "launchId": "t"});
-    let planner_hello = gabp_sim::client::new_id();
-    let goner_hello = gabp_sim::client::new_id();
+    let planner_hello = gabp_client::new_id();
+    let goner_hello = gabp_client::new_id();
     for (c, id, token) in [
         (&mut planner, &planner_hello, KEEP),
         (&mut goner, &goner_hello, GONE),

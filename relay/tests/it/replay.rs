@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use gabp_client::Client;
+use gabp_engine::replay::{Recording, ReplayOptions, Speed};
 use gabp_proto::{frame_bytes, message, GabpCodec};
-use gabp_relay::replay::{Recording, ReplayOptions, Speed};
 use gabp_rt::net::{Addr, Listener};
-use gabp_sim::Client;
 use gabp_storage::{
     Direction, EndReason, FrameRecord, SessionMeta, SessionWriter, Store, StoreOptions,
 };
@@ -341,7 +341,7 @@ async fn a_mark_in_a_replay_is_answered_as_kept_nowhere() {
 /// An in-process replay of `meta`'s session with the front's limits adjusted.
 async fn in_process(
     data: &Path,
-    tweak: impl FnOnce(&mut gabp_relay::RouteConfig) + Send + 'static,
+    tweak: impl FnOnce(&mut gabp_engine::RouteConfig) + Send + 'static,
 ) -> (Addr, CancellationToken) {
     gabp_rt::log::init_for_tests();
     let store = Store::open_for_reading(data).expect("open");
@@ -359,7 +359,7 @@ async fn in_process(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let cancel = CancellationToken::new();
-    tokio::spawn(gabp_relay::replay::serve_with(
+    tokio::spawn(gabp_engine::replay::serve_with(
         listener,
         rec,
         opts,
@@ -370,11 +370,7 @@ async fn in_process(
 }
 
 fn wire(method: &str, params: Value) -> bytes::Bytes {
-    frame_bytes(&message::request(
-        &gabp_sim::client::new_id(),
-        method,
-        params,
-    ))
+    frame_bytes(&message::request(&gabp_client::new_id(), method, params))
 }
 
 fn tcp(addr: &Addr) -> std::net::SocketAddr {
@@ -425,7 +421,7 @@ async fn the_fronts_limits_hold_for_replay_bridges() {
     };
     let ((), replies) = tokio::join!(write, read);
     assert!(
-        replies <= gabp_relay::bridge::MAX_PREHELLO_ERRORS as usize,
+        replies <= gabp_engine::bridge::MAX_PREHELLO_ERRORS as usize,
         "{replies} replies"
     );
 
@@ -533,7 +529,7 @@ async fn deaf_bridge_is_cut(addr: &Addr, honest: &mut Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_bridge_that_never_reads_is_cut_under_every_policy() {
-    use gabp_relay::OnSlow;
+    use gabp_engine::OnSlow;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     // About 30 MB of events: far more than the kernel's buffers for one socket hold, so the

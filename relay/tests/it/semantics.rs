@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use gabp_sim::{Client, ModSimConfig};
+use gabp_client::Client;
+use gabp_sim::ModSimConfig;
 use serde_json::json;
 
 use crate::support::in_process::{emit, error_code, quiet_mod, Harness, MOD_TOKEN};
@@ -262,7 +263,7 @@ async fn requests_while_the_mod_is_down_fail_clearly() {
     h.wait_session().await;
     let mut c = h.bridge().await;
     h.sim.stop();
-    let mut rx = h.relay().routes[0].session.subscribe();
+    let mut rx = h.relay().routes[0].sessions();
     tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|s| s.is_none()))
         .await
         .expect("session ends")
@@ -295,7 +296,7 @@ async fn relay_status_reports_route_session_and_bridges() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_routes_in_one_process_stay_apart_and_are_recorded_by_name() {
-    use gabp_relay::{Relay, RouteConfig, Upstream};
+    use gabp_engine::{Relay, RouteConfig, Upstream};
     use gabp_sim::ModSim;
     let a = ModSim::start(
         &crate::support::in_process::loopback(),

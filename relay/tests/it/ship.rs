@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::support::storage::sessions;
 use crate::support::*;
-use gabp_relay::ship::fleet::{self, Covered, FleetKey, Kind};
+use gabp_ship::fleet::{self, Covered, FleetKey, Kind};
 use serde_json::Value;
 
 const NATS: &str = "/usr/sbin/nats-server";
@@ -734,7 +734,7 @@ async fn deploy_files_for_a_fleet_are_valid() {
         password.to_str().expect("utf8"),
     );
     let table: toml::Table = toml::from_str(&text).expect("toml");
-    let ship: gabp_relay::ship::FileShip = table["ship"].clone().try_into().expect("[ship]");
+    let ship: gabp_ship::FileShip = table["ship"].clone().try_into().expect("[ship]");
     let t = ship.target().expect("a valid target");
     assert_eq!(t.flags.replicas, 3);
     assert_eq!(t.urls.split(',').count(), 3);
@@ -958,7 +958,7 @@ async fn unreadable_messages_are_reported_terminated_and_the_rest_is_collected()
 /// Sends `n` `tools/call`s of the echo tool with `size` bytes of arguments back to back (so the
 /// recorder commits them together), then waits for every answer.
 async fn big_calls(c: &mut Client, n: usize, size: usize) {
-    let ids: Vec<String> = (0..n).map(|_| gabp_sim::client::new_id()).collect();
+    let ids: Vec<String> = (0..n).map(|_| gabp_client::new_id()).collect();
     // Letters at random, which LZ4 cannot shrink: recorded chunks are LZ4-compressed, and a
     // repeated letter would make a frame of any size fit a message.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use gabp_client::Client;
+use gabp_engine::OnSlow;
 use gabp_proto::GabpCodec;
-use gabp_relay::OnSlow;
-use gabp_sim::Client;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio_util::codec::FramedRead;
@@ -192,7 +192,7 @@ async fn a_mod_response_never_overtakes_events_sent_before_it() {
     ))
     .await
     .expect("subscribe");
-    let emit_id = gabp_sim::client::new_id();
+    let emit_id = gabp_client::new_id();
     let emit = gabp_proto::frame_bytes(&gabp_proto::message::request(
         &emit_id,
         "tools/call",

@@ -10,7 +10,8 @@ pub use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub use std::sync::Arc;
 pub use std::time::{Duration, Instant};
 
-pub use gabp_sim::{Client, ModSim, ModSimConfig};
+pub use gabp_client::Client;
+pub use gabp_sim::{ModSim, ModSimConfig};
 pub use serde_json::json;
 pub use tokio::io::{AsyncBufReadExt, BufReader};
 pub use tokio::process::{Child, Command};

@@ -7,8 +7,9 @@ pub use std::time::{Duration, Instant};
 
 pub use bytes::BytesMut;
 pub use futures::StreamExt;
+pub use gabp_client::Client;
 pub use gabp_proto::GabpCodec;
-pub use gabp_sim::{Addr, Client};
+pub use gabp_sim::Addr;
 pub use parking_lot::Mutex;
 pub use serde_json::{json, Value};
 pub use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use gabp_relay::{Relay, RelayConfig, RouteConfig, Upstream};
-use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+use gabp_client::Client;
+use gabp_engine::{Relay, RelayConfig, RouteConfig, Upstream};
+use gabp_sim::{Addr, ModSim, ModSimConfig};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -49,7 +50,7 @@ impl Harness {
         gabp_rt::log::init_for_tests();
         let sim = ModSim::start(&loopback(), mod_cfg).expect("start simulated mod");
         let dir = tempfile::tempdir().expect("tempdir");
-        let token = gabp_relay::generate_token();
+        let token = gabp_engine::generate_token();
         let mut route = RouteConfig::new(
             "test",
             Upstream::Addr(sim.addr().clone()),
@@ -85,7 +86,7 @@ impl Harness {
 
     /// Waits (bounded) until the relay has a session with the mod.
     pub async fn wait_session(&self) -> String {
-        let mut rx = self.relay().routes[0].session.subscribe();
+        let mut rx = self.relay().routes[0].sessions();
         let s = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|s| s.is_some()))
             .await
             .expect("session within 10s")
@@ -95,7 +96,7 @@ impl Harness {
 
     /// Waits (bounded) for a session other than `old`.
     pub async fn wait_new_session(&self, old: &str) -> String {
-        let mut rx = self.relay().routes[0].session.subscribe();
+        let mut rx = self.relay().routes[0].sessions();
         let s = tokio::time::timeout(
             Duration::from_secs(10),
             rx.wait_for(|s| s.as_ref().is_some_and(|s| s.id.to_string() != old)),
@@ -132,7 +133,7 @@ pub fn error_code(resp: &Value) -> i64 {
 pub async fn wait_pending(h: &Harness, empty: bool, what: &str) {
     let route = &h.relay().routes[0];
     tokio::time::timeout(Duration::from_secs(5), async {
-        while route.pending.is_empty() != empty {
+        while route.pending().is_empty() != empty {
             tokio::task::yield_now().await;
         }
     })
@@ -158,7 +159,7 @@ pub async fn raw(h: &Harness) -> tokio::net::TcpStream {
 /// A framed request.
 pub fn request_wire(method: &str, params: Value) -> bytes::Bytes {
     gabp_proto::frame_bytes(&gabp_proto::message::request(
-        &gabp_sim::client::new_id(),
+        &gabp_client::new_id(),
         method,
         params,
     ))
@@ -235,10 +236,10 @@ pub fn exported(dir: &std::path::Path) -> Vec<u8> {
         .expect("open the recording");
     let mut out = Vec::new();
     for meta in store.sessions().expect("sessions") {
-        gabp_relay::export::export(
+        gabp_analysis::export::export(
             &store,
             &meta,
-            &gabp_relay::export::ExportFilter::default(),
+            &gabp_analysis::export::ExportFilter::default(),
             &mut out,
         )
         .expect("export");

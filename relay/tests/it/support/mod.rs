@@ -7,7 +7,8 @@
 pub use std::process::Stdio;
 pub use std::time::Duration;
 
-pub use gabp_sim::{Addr, Client, ModSim, ModSimConfig};
+pub use gabp_client::Client;
+pub use gabp_sim::{Addr, ModSim, ModSimConfig};
 pub use tokio::io::{AsyncBufReadExt, BufReader};
 pub use tokio::process::{Child, Command};
 
@@ -265,7 +266,7 @@ pub async fn record_a_session() -> tempfile::TempDir {
     let sim = start_mod(Some(2000.0));
     let data = dir.path().join("data");
     let s = serve_recording(sim.addr(), &data, &[]).await;
-    let (mut c, _) = gabp_sim::Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+    let (mut c, _) = gabp_client::Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");
     c.subscribe(&["world/tick"]).await.expect("subscribe");
