@@ -9,8 +9,8 @@
 //! write deadline gets the bridge cut (reset, state freed at once).
 //!
 //! - `accept`: the accept loop (descriptor exhaustion).
-//! - `gate`: the bridge cap (welcomed bridges only) and the bound on connections before
-//!   hello (the oldest is closed to make room).
+//! - `gate`: the bridge cap (welcomed bridges only, shared fairly between identities) and the
+//!   bound on connections before hello (the oldest is closed to make room).
 //! - `reader`: reading a bridge, answering what the relay answers, handing the rest to the
 //!   backend.
 //! - `hello`: the handshake.
@@ -110,7 +110,8 @@ pub async fn serve(route: Arc<Route>, conn: Conn, slot: gate::Slot, closer: Clos
     );
     let cut = outbox.cut_signal().clone();
     let evicted = reader.slot.evicted.clone();
-    // Evicted before hello (a newer connection needed the room): closed at once, nothing owed.
+    // Evicted before hello (a newer connection needed the room), or its place under the cap
+    // given to another identity's bridge: closed at once, nothing owed.
     let mut gone = false;
     tokio::select! {
         _ = reader.run(conn.read) => {}

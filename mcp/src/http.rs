@@ -14,8 +14,12 @@
 //! Bounds: [`MAX_CONNS`] connections at once and [`PER_PEER`] from one address; one arriving at
 //! either bound closes the oldest connection in its way that has not yet sent an authenticated
 //! request ([`crate::conns`]), so idle connections never keep out a client with a token (when
-//! all are authenticated, the new one is closed at once). [`HEADER_TIMEOUT`] to send a request's
-//! headers (an idle keep-alive connection is closed after it) and [`BODY_TIMEOUT`] for its body
+//! all are authenticated, the new one is closed at once). An authenticated connection belongs
+//! to the identity of its latest request, and one identity holds at most [`CONNS_PER_IDENTITY`]
+//! of them (one more closes its oldest), so no token holder, however many connections it
+//! opens, fills the listener or an address's places for every other identity.
+//! [`HEADER_TIMEOUT`] to send a request's headers (an idle keep-alive connection is closed
+//! after it) and [`BODY_TIMEOUT`] for its body
 //! (a connection counts as authenticated only once its request is whole), [`MAX_SESSIONS`] MCP
 //! sessions (and bridge connections) at once and [`SESSIONS_PER_IDENTITY`] of one identity's,
 //! a session closed after [`IDLE`] without a request
@@ -56,6 +60,9 @@ pub const PATH: &str = "/mcp";
 pub const MAX_CONNS: usize = 128;
 /// Connections open at once from one address (the same rule within them).
 pub const PER_PEER: usize = 64;
+/// Authenticated connections one identity holds at once (one more closes its oldest): half an
+/// address's places, a quarter of all.
+pub const CONNS_PER_IDENTITY: usize = 32;
 /// How long a connection may take to send a request's headers (or sit idle between requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request's body may take to arrive once its headers have.
@@ -244,8 +251,9 @@ async fn respond(
     req.extensions_mut()
         .insert(SessionToken(identity.token().to_string()));
     if req.method() != Method::POST {
-        // A connection with a good token and a whole request is never closed to make room.
-        served.mark();
+        // A connection with a good token and a whole request is never closed to make room
+        // (only for one more of its identity's beyond that identity's share).
+        served.mark_by(identity.label());
         return shared.service.handle(req).await;
     }
     let (parts, body) = req.into_parts();
@@ -270,7 +278,7 @@ async fn respond(
                 return r;
             }
         };
-    served.mark();
+    served.mark_by(identity.label());
     // A body rmcp cannot take gets a JSON-RPC error here, without the parser's internals.
     let Ok(msg) = serde_json::from_slice::<ClientJsonRpcMessage>(&body) else {
         return match serde_json::from_slice::<Value>(&body) {
@@ -367,7 +375,7 @@ pub async fn listen(
         sessions,
         owners: Mutex::default(),
     });
-    let conns = Conns::new(MAX_CONNS, PER_PEER);
+    let conns = Conns::new(MAX_CONNS, PER_PEER).per_identity(CONNS_PER_IDENTITY);
     tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {

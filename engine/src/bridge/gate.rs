@@ -1,5 +1,18 @@
 //! Who may hold a connection: the route's bridge cap counts only welcomed bridges, and
-//! connections that have not said hello yet have a bound of their own. Relay-only bridges
+//! connections that have not said hello yet have a bound of their own.
+//!
+//! The bridge cap is shared fairly between identities: when `max_bridges` are welcomed, a hello
+//! takes the place of the newest bridge of the identity holding the most, if that identity
+//! would still hold at least as many as the hello's identity afterwards (it holds at least two
+//! more); otherwise the hello is refused. So one identity filling the route never keeps another
+//! out, each identity keeps about its share once the route is full, and the exchange never
+//! reverses (no two identities take places from each other in turn). With one identity (the
+//! route's single token) nothing is ever taken: a hello at a full route is refused. A bridge
+//! whose place is taken is closed at once, like a connection evicted before hello; its place
+//! passes to the newcomer before its state is freed, so for a moment the route holds one bridge
+//! state more than the cap per such exchange.
+//!
+//! Relay-only bridges
 //! (`gabp-relay status`, which talk to the relay and never to the mod) have a small bound of
 //! their own per identity (token), [`MAX_RELAY_ONLY`], so a relay whose `--max-bridges` is full
 //! can still be looked at, and one identity's connections never take another's places. When
@@ -14,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use metrics::Counter;
 use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// Connections that may wait for their hello at once (per route).
@@ -30,7 +42,9 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 pub struct Gate {
     route: String,
     max_bridges: usize,
-    bridges: Arc<Semaphore>,
+    /// Welcomed bridges (relay-only ones apart) by identity name, each identity's oldest
+    /// first: at most `max_bridges` in all.
+    bridges: Mutex<BTreeMap<String, BTreeMap<u64, CancellationToken>>>,
     /// Welcomed relay-only connections, oldest first, with their identity's name (configured
     /// identities are few, so this is bounded by [`MAX_RELAY_ONLY`] per identity).
     relay_only: Mutex<BTreeMap<u64, (String, CancellationToken)>>,
@@ -38,6 +52,8 @@ pub struct Gate {
     evicted: Counter,
     relay_only_evicted: Counter,
     refused: Counter,
+    /// Welcomed bridges closed to give their place to another identity's.
+    shared: Counter,
     log: Mutex<Burst>,
 }
 
@@ -61,11 +77,9 @@ struct Burst {
 enum Place {
     /// In the pre-hello bound.
     Waiting,
-    /// Welcomed as a bridge, under the cap.
-    Bridge {
-        /// Held for as long as the bridge is: its place under the cap.
-        _permit: OwnedSemaphorePermit,
-    },
+    /// Welcomed as a bridge, under the cap, as this identity's (its place in `bridges`,
+    /// held until the slot is dropped or the place is given to another identity's bridge).
+    Bridge { identity: String },
     /// Welcomed relay-only, in the relay-only bound.
     RelayOnly,
 }
@@ -88,12 +102,13 @@ impl Gate {
         Arc::new(Gate {
             route: label.clone(),
             max_bridges,
-            bridges: Arc::new(Semaphore::new(max_bridges)),
+            bridges: Mutex::new(BTreeMap::new()),
             relay_only: Mutex::new(BTreeMap::new()),
             waiting: Mutex::new(Waiting::default()),
             evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "evicted_before_hello"),
             relay_only_evicted: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "relay_only_evicted"),
-            refused: metrics::counter!("gabp_bridge_refusals_total", "route" => label, "reason" => "too_many_bridges"),
+            refused: metrics::counter!("gabp_bridge_refusals_total", "route" => label.clone(), "reason" => "too_many_bridges"),
+            shared: metrics::counter!("gabp_bridge_refusals_total", "route" => label, "reason" => "evicted_for_share"),
             log: Mutex::new(Burst::default()),
         })
     }
@@ -154,11 +169,12 @@ impl Gate {
 }
 
 impl Slot {
-    /// Admits the connection (it leaves the pre-hello bound) as a bridge under the bridge cap,
-    /// or, when `relay_only` names its identity, into that identity's relay-only places
-    /// (closing its oldest when they are full): false if it was evicted, or if the bridge cap is
-    /// full (counted and logged); either way it then closes.
-    pub fn admit(&mut self, relay_only: Option<&str>) -> bool {
+    /// Admits the connection of `identity` (it leaves the pre-hello bound) as a bridge under
+    /// the bridge cap (taking the place of another identity's bridge when the cap is full and
+    /// that identity holds at least two more), or, if `relay_only`, into that identity's
+    /// relay-only places (closing its oldest when they are full): false if it was evicted, or
+    /// if the bridge cap is full (counted and logged); either way it then closes.
+    pub fn admit(&mut self, identity: &str, relay_only: bool) -> bool {
         if !matches!(self.place, Place::Waiting) {
             return true;
         }
@@ -166,7 +182,7 @@ impl Slot {
         if self.gate.waiting.lock().conns.remove(&self.id).is_none() {
             return false;
         }
-        if let Some(identity) = relay_only {
+        if relay_only {
             let oldest = {
                 let mut held = self.gate.relay_only.lock();
                 let mine: Vec<u64> = held
@@ -189,18 +205,60 @@ impl Slot {
             self.place = Place::RelayOnly;
             return true;
         }
-        match self.gate.bridges.clone().try_acquire_owned() {
-            Ok(p) => {
-                self.place = Place::Bridge { _permit: p };
-                true
-            }
-            Err(_) => {
-                self.gate.refused.increment(1);
-                self.gate.note(false);
-                false
+        let taken = {
+            let mut held = self.gate.bridges.lock();
+            let taken = if held.values().map(BTreeMap::len).sum::<usize>() >= self.gate.max_bridges
+            {
+                match take_share(&mut held, identity) {
+                    Some(taken) => Some(taken),
+                    None => {
+                        drop(held);
+                        self.gate.refused.increment(1);
+                        self.gate.note(false);
+                        return false;
+                    }
+                }
+            } else {
+                None
+            };
+            held.entry(identity.to_string())
+                .or_default()
+                .insert(self.id, self.evicted.clone());
+            taken
+        };
+        if let Some((from, t)) = taken {
+            t.cancel();
+            self.gate.shared.increment(1);
+            static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(5);
+            if let Some(earlier_unlogged) = LOG.admit() {
+                tracing::warn!(route = %self.gate.route, max_bridges = self.gate.max_bridges, bridge = %from, newcomer = %identity, earlier_unlogged, "bridge closed to give its place to another identity's: the route is full and its identity held the most (counted in gabp_bridge_refusals_total; at most 5 per 10 s logged)");
             }
         }
+        self.place = Place::Bridge {
+            identity: identity.to_string(),
+        };
+        true
     }
+}
+
+/// At a full route, takes for `identity` the place of the newest bridge of the identity
+/// holding the most, if that one holds at least two more than `identity` (so it still holds at
+/// least as many afterwards): that identity's name and the bridge's eviction token.
+fn take_share(
+    held: &mut BTreeMap<String, BTreeMap<u64, CancellationToken>>,
+    identity: &str,
+) -> Option<(String, CancellationToken)> {
+    let mine = held.get(identity).map_or(0, BTreeMap::len);
+    let (top, bridges) = held.iter_mut().max_by_key(|(_, b)| b.len())?;
+    if bridges.len() < mine + 2 {
+        return None;
+    }
+    let (_, token) = bridges.pop_last()?;
+    let top = top.clone();
+    if bridges.is_empty() {
+        held.remove(&top);
+    }
+    Some((top, token))
 }
 
 impl Drop for Slot {
@@ -212,7 +270,73 @@ impl Drop for Slot {
             Place::RelayOnly => {
                 self.gate.relay_only.lock().remove(&self.id);
             }
-            Place::Bridge { .. } => {}
+            Place::Bridge { ref identity } => {
+                // Gone already if its place was given to another identity's bridge.
+                let mut held = self.gate.bridges.lock();
+                if let Some(mine) = held.get_mut(identity) {
+                    mine.remove(&self.id);
+                    if mine.is_empty() {
+                        held.remove(identity);
+                    }
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A welcomed bridge of `identity`, or `None` if refused.
+    fn welcome(gate: &Arc<Gate>, identity: &str) -> Option<Slot> {
+        let mut slot = gate.arrive();
+        slot.admit(identity, false).then_some(slot)
+    }
+
+    #[test]
+    fn one_identity_alone_is_refused_at_a_full_route() {
+        let gate = Gate::new("r", 3);
+        let held: Vec<Slot> = (0..3).map(|_| welcome(&gate, "a").expect("room")).collect();
+        assert!(welcome(&gate, "a").is_none(), "as ever: the cap is full");
+        assert!(held.iter().all(|s| !s.evicted.is_cancelled()));
+        drop(held);
+        assert!(welcome(&gate, "a").is_some(), "places come back");
+    }
+
+    #[test]
+    fn a_full_route_gives_another_identity_the_newest_place_of_the_one_holding_the_most() {
+        let gate = Gate::new("r", 4);
+        let a: Vec<Slot> = (0..4).map(|_| welcome(&gate, "a").expect("room")).collect();
+        let b1 = welcome(&gate, "b").expect("a holds 4, b none");
+        assert!(a[3].evicted.is_cancelled(), "a's newest gives up its place");
+        assert!(a[..3].iter().all(|s| !s.evicted.is_cancelled()));
+        let b2 = welcome(&gate, "b").expect("a holds 3, b 1");
+        assert!(a[2].evicted.is_cancelled());
+        // Two each: neither takes from the other.
+        assert!(welcome(&gate, "b").is_none());
+        assert!(welcome(&gate, "a").is_none());
+        // A third identity takes one from an identity holding two; then 2, 1, 1: no more.
+        let _c = welcome(&gate, "c").expect("a and b hold two more than c");
+        let lost = [&a[0], &a[1], &b1, &b2]
+            .iter()
+            .filter(|s| s.evicted.is_cancelled())
+            .count();
+        assert_eq!(lost, 1);
+        assert!(welcome(&gate, "c").is_none());
+        let _d = welcome(&gate, "d").expect("the one holding two gives one");
+        assert!(
+            welcome(&gate, "e").is_none(),
+            "1, 1, 1, 1: no one holds two more"
+        );
+    }
+
+    #[test]
+    fn relay_only_bridges_take_no_place_under_the_cap() {
+        let gate = Gate::new("r", 1);
+        let _a = welcome(&gate, "a").expect("room");
+        let mut looking = gate.arrive();
+        assert!(looking.admit("b", true), "relay-only places are apart");
+        assert!(!_a.evicted.is_cancelled());
     }
 }

@@ -85,11 +85,12 @@ impl BridgeReader {
                     .await;
             }
         };
-        // Only welcomed bridges count against the cap: taken here, with the right token. A
+        // Only welcomed bridges count against the cap: taken here, with the right token, as
+        // its identity's (at a full route, from an identity holding at least two more). A
         // relay-only bridge takes one of its identity's few places (its oldest closed to make
         // room), so `status` always sees a relay whose bridge cap is full, and no other
         // identity's churn can close it.
-        if !self.slot.admit(relay_only.then(|| identity.label())) {
+        if !self.slot.admit(identity.label(), relay_only) {
             self.done = true;
             return self
                 .reply_error(

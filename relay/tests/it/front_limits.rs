@@ -1,6 +1,7 @@
 //! The bridge front's limits against a flood, and `replay`'s start-up, on the release binary:
 //! idle connections that never say hello cannot lock a bridge with the right token out (of
-//! `serve` or `replay`), and `replay` listens and streams before its answers are indexed.
+//! `serve` or `replay`), one identity's bridges cannot lock another's out, and `replay` listens
+//! and streams before its answers are indexed.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -397,6 +398,87 @@ async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
     drop(full);
     let (code, _) = s.stop().await;
     assert_eq!(code, Some(0));
+}
+
+/// One identity filling `max_bridges` keeps no other identity out: at a full route a hello of
+/// an identity holding fewer takes the place of the newest bridge of the identity holding the
+/// most, as long as that one still holds at least as many afterwards; then both are refused.
+/// Before, every other identity's hello got -32002 while the first held the route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_filling_the_bridge_cap_keeps_no_other_out() {
+    use crate::support::identities::{config_text, serve_config, WATCHER};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = start_mod(None);
+    let bridges = format!(
+        "[[route.bridge]]\nname = \"watcher\"\ntoken = \"{WATCHER}\"\nrole = \"observe\"\n"
+    );
+    let cfg = crate::support::config_file(
+        dir.path(),
+        "relay.toml",
+        &config_text(sim.addr(), "max_bridges = 4\nrecord = false\n", &bridges),
+    );
+    let file = dir.path().join("bridge.json");
+    let s = serve_config(&cfg, file.to_str().expect("utf-8"), &[]).await;
+    let mut watchers = Vec::new();
+    for _ in 0..4 {
+        watchers.push(
+            Client::connect_hello(&s.addr, WATCHER)
+                .await
+                .expect("welcomed")
+                .0,
+        );
+    }
+    // Alone, the watcher is refused at the full route, as ever.
+    let (_, refused) = hello(&s.addr, WATCHER).await;
+    assert_eq!(refused["error"]["code"], -32002, "{refused}");
+    // The operator gets in twice, each time in the place of the watcher's newest bridge.
+    let operator = crate::support::BRIDGE_TOKEN;
+    let mut operators = Vec::new();
+    for i in 0..2 {
+        let (mut c, welcome) = hello(&s.addr, operator).await;
+        assert!(
+            welcome["result"].is_object(),
+            "operator hello {i}: {welcome}"
+        );
+        c.call("relay/status", json!({})).await.expect("served");
+        operators.push(c);
+        let mut newest = watchers.pop().expect("a watcher");
+        closed(&mut newest, "the watcher's newest bridge").await;
+    }
+    s.wait_log("bridge closed to give its place to another identity's", 1)
+        .await;
+    // Two each: neither identity takes a place from the other any more.
+    for token in [operator, WATCHER] {
+        let (_c, refused) = hello(&s.addr, token).await;
+        assert_eq!(refused["error"]["code"], -32002, "{refused}");
+    }
+    for c in watchers.iter_mut().chain(operators.iter_mut()) {
+        c.call("relay/status", json!({}))
+            .await
+            .expect("the bridges holding their share are still served");
+    }
+    drop((watchers, operators));
+    let (code, _) = s.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// Waits for the relay to close `c` (its end, or a reset), never for a timeout.
+async fn closed(c: &mut Client, what: &str) {
+    match c.next_frame().await {
+        Ok(None) => {}
+        Err(e) if !e.to_string().contains("no frame within") => {}
+        other => panic!("{what} should be closed: {other:?}"),
+    }
+}
+
+/// A `session/hello` of a bridge (not relay-only) and its answer.
+async fn hello(addr: &Addr, token: &str) -> (Client, serde_json::Value) {
+    let mut c = Client::connect(addr).await.expect("connect");
+    let r = c
+        .request("session/hello", hello_params(token, false))
+        .await
+        .expect("answered");
+    (c, r)
 }
 
 /// A hello's params, relay-only (as `gabp-relay status` sends them) or not.

@@ -706,6 +706,104 @@ async fn a_token_holder_holding_back_a_body_keeps_no_one_out() {
     drop(flood);
 }
 
+/// A keep-alive connection from `local` (a loopback address) that has sent one request with
+/// `token` and read its whole answer; `None` if the front closed it unanswered.
+async fn authenticated_connection(host: &str, local: [u8; 4], token: &str) -> Option<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((local, 0)))
+        .expect("bind a loopback address");
+    let mut conn = socket
+        .connect(host.parse().expect("host:port"))
+        .await
+        .expect("connect");
+    // Not a JSON-RPC message: answered 400 at once, the connection kept alive and counted as
+    // authenticated (its token was good and its request whole).
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {token}\r\nContent-Length: 2\r\n\r\n{{}}"
+    );
+    conn.write_all(req.as_bytes()).await.ok()?;
+    answer_on(&mut conn).await.map(|_| conn)
+}
+
+/// One whole HTTP answer on a kept-alive connection (headers, then `Content-Length` bytes);
+/// `None` if the connection ends first.
+async fn answer_on(conn: &mut TcpStream) -> Option<String> {
+    let read = async {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&got).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                });
+                if len.is_some_and(|n| body.len() >= n) {
+                    return Some(text);
+                }
+            }
+            match conn.read(&mut buf).await {
+                Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => return None,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("an answer or the end within 10 s")
+}
+
+/// One identity holding many authenticated keep-alive connections (an `observe` one, from two
+/// loopback addresses, more than the front's 128 places and than one address's 64) keeps no
+/// other identity out: it holds at most 32, its oldest closed as each newer one authenticates,
+/// and another identity's client, from the same address, initializes. Before, a connection
+/// that had sent one authenticated request was never closed to make room, so the observer
+/// filled every place and every other identity's connection was closed unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_holding_many_connections_keeps_no_other_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let s = serve_identities(&sim, dir.path(), &["--no-record"]).await;
+    let mut held = Vec::new();
+    for i in 0..140 {
+        let local = if i % 2 == 0 {
+            [127, 0, 0, 1]
+        } else {
+            [127, 0, 0, 2]
+        };
+        held.push(authenticated_connection(&s.mcp, local, WATCHER).await);
+    }
+    let planner = format!("Authorization: Bearer {PLANNER}");
+    let answer = try_http(&s.mcp, &[planner], "POST", INIT, Duration::from_secs(10)).await;
+    let (status, resp) = answer.unwrap_or_else(|e| panic!("the planner is kept out: {e}"));
+    assert_eq!(status, 200, "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("mcp-session-id"),
+        "{resp}"
+    );
+    // Every connection was answered; all but the newest 32 were closed since, and the newest
+    // is still served.
+    let mut held: Vec<TcpStream> = held
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| c.unwrap_or_else(|| panic!("connection {i} closed unanswered")))
+        .collect();
+    let mut kept = held.split_off(140 - 32);
+    for (i, c) in held.iter_mut().enumerate() {
+        assert!(answer_on(c).await.is_none(), "connection {i} is closed");
+    }
+    let newest = kept.last_mut().expect("kept");
+    let again = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {WATCHER}\r\nContent-Length: 2\r\n\r\n{{}}",
+        s.mcp
+    );
+    newest.write_all(again.as_bytes()).await.expect("write");
+    let answer = answer_on(newest).await.expect("the newest is still served");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+}
+
 /// A malformed body gets a short JSON-RPC parse error, without the parser's internals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_http_bodies_get_a_short_json_rpc_error() {
