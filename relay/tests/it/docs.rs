@@ -341,6 +341,8 @@ fn run_guide(name: &str) -> String {
         .env("HOME", dir.path())
         .env("XDG_CONFIG_HOME", dir.path().join(".config"))
         .env("GABP_VENV", &venv)
+        // The clone, for a guide that installs from it (`pip install "$GABP_CLONE/python"`).
+        .env("GABP_CLONE", repo())
         .env_remove("GABP_RELAY_TOKEN")
         .env_remove("GABP_RELAY_DATA_DIR")
         .env_remove("GABP_UPSTREAM_TOKEN")
@@ -415,6 +417,24 @@ fn guide_measuring_a_mod_runs() {
         out.contains("ratio (relay delivered / baseline delivered)"),
         "{out}"
     );
+}
+
+#[test]
+fn guide_python_runs() {
+    let out = run_guide("python.md");
+    for said in [
+        "echo {'echo': {'hello': 'world'}}",
+        "error -32000 tool failed on purpose",
+        "episode 1 saw world/tick seqs",
+        "with no gap",
+        "marks [('episode-start', {'episode': 1}), ('episode-end', {'episode': 1})]",
+        "tool calls in the episode ['sim/echo']",
+    ] {
+        assert!(
+            out.contains(said),
+            "the guide's output lacks {said:?}:\n{out}"
+        );
+    }
 }
 
 /// The keys a config table accepts, as serde's own "unknown field" error lists them.

@@ -32,6 +32,7 @@ mod matrix;
 mod mcp;
 mod mcp_limits;
 mod prune;
+mod python_client;
 mod race;
 mod record_order;
 mod recording;
