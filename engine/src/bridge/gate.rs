@@ -229,7 +229,7 @@ impl Slot {
         if let Some((from, t)) = taken {
             t.cancel();
             self.gate.shared.increment(1);
-            static LOG: crate::log_budget::LogBudget = crate::log_budget::LogBudget::new(5);
+            static LOG: gabp_rt::log_budget::LogBudget = gabp_rt::log_budget::LogBudget::new(5);
             if let Some(earlier_unlogged) = LOG.admit() {
                 tracing::warn!(route = %self.gate.route, max_bridges = self.gate.max_bridges, bridge = %from, newcomer = %identity, earlier_unlogged, "bridge closed to give its place to another identity's: the route is full and its identity held the most (counted in gabp_bridge_refusals_total; at most 5 per 10 s logged)");
             }
