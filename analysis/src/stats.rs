@@ -192,6 +192,15 @@ struct Method {
 
 /// Computes a session's stats.
 pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreError> {
+    compute_with(store, meta, &mut |_| {})
+}
+
+/// [`compute`], telling `progress` how many frames it has read so far, every 4,096 frames.
+pub fn compute_with(
+    store: &Store,
+    meta: &SessionMeta,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SessionStats, StoreError> {
     let meta = &*store.with_details(meta)?;
     let mut chans: BTreeMap<u32, Chan> = BTreeMap::new();
     let mut methods: BTreeMap<String, Method> = BTreeMap::new();
@@ -200,7 +209,10 @@ pub fn compute(store: &Store, meta: &SessionMeta) -> Result<SessionStats, StoreE
     let mut unanswered_untracked: HashMap<String, u64> = HashMap::new();
     let mut notices: HashMap<u32, u64> = HashMap::new();
     let mut parser = Parser::new();
-    for item in store.frames(meta.id) {
+    for (n, item) in store.frames(meta.id).enumerate() {
+        if n % 4096 == 0 {
+            progress(n as u64);
+        }
         let (_, rec) = item?;
         let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else {
             continue;

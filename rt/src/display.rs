@@ -84,9 +84,129 @@ fn hidden(c: char) -> bool {
     c.is_control() || invisible(c)
 }
 
+/// How a column's cells line up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// Text.
+    Left,
+    /// Numbers.
+    Right,
+}
+
+/// A table for a terminal: each column as wide as its widest cell (or its header), a cell past
+/// the column's cap cut with `…` (commands show the whole value in `--json`). Cells are text
+/// already made safe ([`name`]); widths count characters.
+#[derive(Debug)]
+pub struct Table {
+    columns: Vec<(String, Align, usize)>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these columns: header, alignment, and the widest a cell may show.
+    pub fn new(columns: &[(&str, Align, usize)]) -> Table {
+        Table {
+            columns: columns
+                .iter()
+                .map(|&(h, a, cap)| (h.to_string(), a, cap.max(2)))
+                .collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row (missing cells are empty, extra ones ignored).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table as lines, two spaces between columns, no trailing spaces.
+    pub fn render(&self) -> String {
+        let cut = |s: &str, cap: usize| -> String {
+            if s.chars().count() <= cap {
+                s.to_string()
+            } else {
+                let mut t: String = s.chars().take(cap - 1).collect();
+                t.push('…');
+                t
+            }
+        };
+        let cells: Vec<Vec<String>> = self
+            .rows
+            .iter()
+            .map(|r| {
+                self.columns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| cut(r.get(i).map_or("", String::as_str), c.2))
+                    .collect()
+            })
+            .collect();
+        let widths: Vec<usize> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                cells
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([c.0.chars().count()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |r: &[String]| -> String {
+            let mut out = String::new();
+            for (i, cell) in r.iter().enumerate() {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                if i > 0 {
+                    out.push_str("  ");
+                }
+                match self.columns[i].1 {
+                    Align::Left => {
+                        out.push_str(cell);
+                        out.extend(std::iter::repeat_n(' ', pad));
+                    }
+                    Align::Right => {
+                        out.extend(std::iter::repeat_n(' ', pad));
+                        out.push_str(cell);
+                    }
+                }
+            }
+            out.trim_end().to_string()
+        };
+        let header: Vec<String> = self.columns.iter().map(|c| c.0.clone()).collect();
+        let mut out = line(&header);
+        out.push('\n');
+        for r in &cells {
+            out.push_str(&line(r));
+            out.push('\n');
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_fits_its_columns_to_what_they_show_and_cuts_past_the_cap() {
+        let mut t = Table::new(&[("ROUTE", Align::Left, 24), ("FRAMES", Align::Right, 12)]);
+        t.row(vec!["a-route-named-thirteen".into(), "7".into()]);
+        t.row(vec!["x".repeat(40), "123456".into()]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], format!("{:<24}  FRAMES", "ROUTE"));
+        assert_eq!(
+            lines[1],
+            format!("{:<24}  {:>6}", "a-route-named-thirteen", "7")
+        );
+        assert_eq!(lines[2], format!("{}…  123456", "x".repeat(23)));
+        // Every line's second column ends at the same place.
+        assert!(lines
+            .iter()
+            .all(|l| l.chars().count() == lines[0].chars().count()));
+    }
 
     #[test]
     fn escapes_and_truncates() {

@@ -86,11 +86,21 @@ fn runs_of(first: u64, recs: &[FrameRecord], runs: &mut Vec<Run>) {
 impl Store {
     /// Checks one session. Read errors are reported as problems, not returned.
     pub fn check_session(&self, id: SessionId) -> Result<CheckReport, StoreError> {
+        self.check_session_with(id, &mut |_| {})
+    }
+
+    /// [`Store::check_session`], telling `progress` how many frames it has read so far after
+    /// each chunk.
+    pub fn check_session_with(
+        &self,
+        id: SessionId,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CheckReport, StoreError> {
         let mut r = CheckReport {
             session: id.to_string(),
             ..CheckReport::default()
         };
-        if let Err(e) = self.check_into(id, &mut r) {
+        if let Err(e) = self.check_into(id, &mut r, progress) {
             r.problem(format!("unreadable: {}", e.detail()));
         }
         if r.more > 0 {
@@ -107,7 +117,12 @@ impl Store {
             .iterator_cf_opt(self.cf(cf), ro, IteratorMode::From(from, Scan::Forward))
     }
 
-    fn check_into(&self, id: SessionId, r: &mut CheckReport) -> Result<(), StoreError> {
+    fn check_into(
+        &self,
+        id: SessionId,
+        r: &mut CheckReport,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(), StoreError> {
         let Some(meta) = self.session(id)? else {
             r.problem("no catalog entry".into());
             return Ok(());
@@ -161,6 +176,7 @@ impl Store {
                 break;
             }
             expect = first + recs.len() as u64;
+            progress(expect);
             for (i, rec) in recs.iter().enumerate() {
                 let n = first + i as u64;
                 r.frames += 1;

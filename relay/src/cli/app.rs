@@ -22,6 +22,9 @@ use super::{
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Show no progress bars (long commands show them on stderr when it is a terminal).
+    #[arg(long, short = 'q', global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -145,6 +148,7 @@ pub fn main() -> ! {
             std::process::exit(0);
         }
     };
+    super::progress::set_quiet(cli.quiet);
     if !cli.cmd.handles_signals() {
         super::release_stop_signals();
     }

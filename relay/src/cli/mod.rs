@@ -23,6 +23,7 @@ pub(crate) mod fleet_key;
 pub(crate) mod mark;
 pub(crate) mod mcp;
 pub(crate) mod mod_sim;
+pub(crate) mod progress;
 pub(crate) mod prune;
 pub(crate) mod reload;
 pub(crate) mod repair;

@@ -198,31 +198,32 @@ pub fn run(a: SessionsArgs) -> Result<()> {
                     .collect();
                 return super::print_json(&json!({ "sessions": v }));
             }
-            outln!(
-                "{:<36}  {:<12} {:<14} {:<20} {:>12} {:>10} {:>10}  {:<14}  TAGS",
-                "SESSION",
-                "ROUTE",
-                "APP",
-                "START (UTC)",
-                "DURATION (s)",
-                "FRAMES",
-                "SIZE",
-                "END"
-            );
+            use display::Align::{Left, Right};
+            let mut table = display::Table::new(&[
+                ("SESSION", Left, 36),
+                ("ROUTE", Left, 24),
+                ("APP", Left, 24),
+                ("START (UTC)", Left, 20),
+                ("DURATION (s)", Right, 14),
+                ("FRAMES", Right, 14),
+                ("SIZE", Right, 12),
+                ("END", Left, 16),
+                ("TAGS", Left, 80),
+            ]);
             for m in &list {
-                outln!(
-                    "{:<36}  {:<12} {:<14} {:<20} {:>12.1} {:>10} {:>10}  {:<14}  {}",
-                    m.id,
+                table.row(vec![
+                    m.id.to_string(),
                     display::name(&m.route),
                     m.app_name.as_deref().map_or("-".into(), display::name),
                     display::utc(m.started_ns),
-                    m.duration_ns() as f64 / 1e9,
-                    m.frames,
+                    format!("{:.1}", m.duration_ns() as f64 / 1e9),
+                    m.frames.to_string(),
                     display::bytes(m.bytes),
-                    m.end_label(),
-                    tags_text(m)
-                );
+                    m.end_label().to_string(),
+                    tags_text(m),
+                ]);
             }
+            write!(std::io::stdout(), "{}", table.render())?;
         }
         SessionsCmd::Rm { session } => {
             let meta = resolve(&store, &session)?;
@@ -259,14 +260,19 @@ pub fn run(a: SessionsArgs) -> Result<()> {
         // Handled (and returned) before the data dir is opened here.
         SessionsCmd::Prune(_) => {}
         SessionsCmd::Check { session } => {
-            let ids: Vec<_> = match session {
-                Some(s) => vec![resolve(&store, &s)?.id],
-                None => store.sessions()?.into_iter().map(|m| m.id).collect(),
+            let metas: Vec<SessionMeta> = match session {
+                Some(s) => vec![resolve(&store, &s)?],
+                None => store.sessions()?,
             };
-            let mut reports = Vec::new();
-            for id in ids {
-                reports.push(store.check_session(id)?);
+            let progress =
+                super::progress::Progress::frames(metas.iter().map(|m| m.frames).sum(), a.json);
+            let (mut reports, mut before) = (Vec::new(), 0);
+            for m in &metas {
+                progress.reading(&m.id.to_string());
+                reports.push(store.check_session_with(m.id, &mut |n| progress.at(before + n))?);
+                before += m.frames;
             }
+            progress.done();
             let bad = reports.iter().filter(|r| !r.ok()).count();
             if a.json {
                 let v: Vec<_> = reports

@@ -28,27 +28,32 @@ pub fn run(a: StatsArgs) -> Result<()> {
     // One session named by id prints its figures alone (the form scripts already read);
     // a selection prints `{"sessions": [...]}`.
     let single = a.sessions.len() == 1 && !a.filters.any();
+    // Figures are small: all are computed (under one progress bar) before any is printed.
     let mut all = Vec::with_capacity(metas.len());
-    for (i, meta) in metas.iter().enumerate() {
-        let stats = gabp_analysis::stats::compute(&store, meta)?;
-        if a.json.json {
-            all.push(stats);
-            continue;
-        }
-        if i > 0 {
-            outln!();
-        }
-        write!(
-            std::io::stdout(),
-            "{}",
-            gabp_analysis::stats::render(&stats)
-        )?;
+    let total = metas.iter().map(|m| m.frames).sum();
+    let progress = super::progress::Progress::frames(total, a.json.json);
+    let mut before = 0;
+    for meta in &metas {
+        progress.reading(&meta.id.to_string());
+        all.push(gabp_analysis::stats::compute_with(
+            &store,
+            meta,
+            &mut |n| progress.at(before + n),
+        )?);
+        before += meta.frames;
     }
-    if a.json.json {
-        if single {
-            return super::print_json(&all[0]);
+    progress.done();
+    if !a.json.json {
+        for (i, stats) in all.iter().enumerate() {
+            if i > 0 {
+                outln!();
+            }
+            write!(std::io::stdout(), "{}", gabp_analysis::stats::render(stats))?;
         }
-        return super::print_json(&serde_json::json!({ "sessions": all }));
+        return Ok(());
     }
-    Ok(())
+    if single {
+        return super::print_json(&all[0]);
+    }
+    super::print_json(&serde_json::json!({ "sessions": all }))
 }

@@ -31,6 +31,7 @@ mod lease;
 mod matrix;
 mod mcp;
 mod mcp_limits;
+mod progress;
 mod prune;
 mod python_client;
 mod race;

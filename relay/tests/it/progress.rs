@@ -1,0 +1,117 @@
+//! Long commands show their progress on a terminal's stderr and nowhere else: driven under a
+//! pseudo-terminal (`script`), a command's stdout redirected to a file stays exactly what it
+//! prints when piped, while the terminal sees the bar; piped, with `--json` or `--quiet`, no
+//! bar is drawn at all.
+
+use crate::support::*;
+
+/// Runs `gabp-relay ARGS > OUT` inside `script`, so stderr is a pseudo-terminal and stdout a
+/// file: what the terminal showed, and what stdout got.
+async fn under_a_terminal(args: &[&str], dir: &std::path::Path) -> (String, String) {
+    let out = dir.join("stdout.txt");
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let line = std::iter::once(BIN)
+        .chain(args.iter().copied())
+        .map(quote)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let cmd = format!("{line} > {}", quote(out.to_str().expect("utf-8")));
+    let run = tokio::process::Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .env("COLUMNS", "120")
+        .stdin(std::process::Stdio::null())
+        .output();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(120), run)
+        .await
+        .expect("finished")
+        .expect("script(1) runs");
+    assert!(
+        r.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&r.stdout)
+    );
+    let stdout = std::fs::read_to_string(&out).expect("stdout file");
+    (String::from_utf8_lossy(&r.stdout).into_owned(), stdout)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    // A session big enough that reading it takes a few frames of the bar.
+    let demo = output(&[
+        "demo",
+        "--duration",
+        "3s",
+        "--rate",
+        "200000",
+        "--data-dir",
+        d,
+    ])
+    .await;
+    assert!(
+        demo.status.success(),
+        "{}",
+        String::from_utf8_lossy(&demo.stderr)
+    );
+    for args in [
+        &["stats", "latest", "--data-dir", d][..],
+        &["sessions", "check", "--data-dir", d],
+    ] {
+        let (terminal, stdout) = under_a_terminal(args, dir.path()).await;
+        assert!(
+            terminal.contains(" frames") && terminal.contains("left"),
+            "{args:?}: no progress on the terminal: {terminal:?}"
+        );
+        let piped = output(args).await;
+        assert!(piped.status.success());
+        assert_eq!(
+            stdout,
+            String::from_utf8_lossy(&piped.stdout),
+            "{args:?}: stdout under a terminal differs from stdout piped"
+        );
+        assert!(
+            !String::from_utf8_lossy(&piped.stderr).contains("left"),
+            "{args:?}: progress drawn on a pipe"
+        );
+        for quiet in ["--quiet", "--json"] {
+            let mut with: Vec<&str> = args.to_vec();
+            with.push(quiet);
+            let (terminal, _) = under_a_terminal(&with, dir.path()).await;
+            assert!(
+                !terminal.contains("left"),
+                "{with:?}: progress drawn: {terminal:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sessions_table_fits_a_long_route_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    let sim = start_mod(Some(1000.0));
+    for route in ["lab-rooftop-camera-7", "a"] {
+        let s = serve_recording(sim.addr(), &data, &["--route-name", route]).await;
+        // Welcomed: the mod's session has started, so it is recorded.
+        let (c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+            .await
+            .expect("hello");
+        drop(c);
+        s.stop_cleanly().await;
+    }
+    sim.stop();
+    let out = output(&["sessions", "--data-dir", d]).await;
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 2, "{text}");
+    // Each column starts where its header does.
+    for header in ["ROUTE", "FRAMES", "END", "TAGS"] {
+        let at = lines[0].find(header).expect("header");
+        let end_of_prev = lines[1][..at].trim_end().len();
+        assert!(end_of_prev < at, "{header} column out of line:\n{text}");
+    }
+}
