@@ -2,7 +2,8 @@
 //! connections that have not said hello yet have a bound of their own.
 //!
 //! The bridge cap is shared fairly between identities: when `max_bridges` are welcomed, a hello
-//! takes the place of the newest bridge of the identity holding the most, if that identity
+//! takes the place of the newest bridge of the identity holding the most (never the bridge
+//! holding the route's lease: the next newest), if that identity
 //! would still hold at least as many as the hello's identity afterwards (it holds at least two
 //! more); otherwise the hello is refused. So one identity filling the route never keeps another
 //! out, each identity keeps about its share once the route is full, and the exchange never
@@ -44,7 +45,7 @@ pub struct Gate {
     max_bridges: usize,
     /// Welcomed bridges (relay-only ones apart) by identity name, each identity's oldest
     /// first: at most `max_bridges` in all.
-    bridges: Mutex<BTreeMap<String, BTreeMap<u64, CancellationToken>>>,
+    bridges: Mutex<BTreeMap<String, BTreeMap<u64, (u32, CancellationToken)>>>,
     /// Welcomed relay-only connections, oldest first, with their identity's name (configured
     /// identities are few, so this is bounded by [`MAX_RELAY_ONLY`] per identity).
     relay_only: Mutex<BTreeMap<u64, (String, CancellationToken)>>,
@@ -174,7 +175,13 @@ impl Slot {
     /// that identity holds at least two more), or, if `relay_only`, into that identity's
     /// relay-only places (closing its oldest when they are full): false if it was evicted, or
     /// if the bridge cap is full (counted and logged); either way it then closes.
-    pub fn admit(&mut self, identity: &str, relay_only: bool) -> bool {
+    pub fn admit(
+        &mut self,
+        identity: &str,
+        relay_only: bool,
+        conn: u32,
+        lease_holder: Option<u32>,
+    ) -> bool {
         if !matches!(self.place, Place::Waiting) {
             return true;
         }
@@ -209,7 +216,7 @@ impl Slot {
             let mut held = self.gate.bridges.lock();
             let taken = if held.values().map(BTreeMap::len).sum::<usize>() >= self.gate.max_bridges
             {
-                match take_share(&mut held, identity) {
+                match take_share(&mut held, identity, lease_holder) {
                     Some(taken) => Some(taken),
                     None => {
                         drop(held);
@@ -223,7 +230,7 @@ impl Slot {
             };
             held.entry(identity.to_string())
                 .or_default()
-                .insert(self.id, self.evicted.clone());
+                .insert(self.id, (conn, self.evicted.clone()));
             taken
         };
         if let Some((from, t)) = taken {
@@ -243,17 +250,24 @@ impl Slot {
 
 /// At a full route, takes for `identity` the place of the newest bridge of the identity
 /// holding the most, if that one holds at least two more than `identity` (so it still holds at
-/// least as many afterwards): that identity's name and the bridge's eviction token.
+/// least as many afterwards): that identity's name and the bridge's eviction token. The bridge
+/// holding the route's lease (`lease_holder`) is never the one taken: the next newest is.
 fn take_share(
-    held: &mut BTreeMap<String, BTreeMap<u64, CancellationToken>>,
+    held: &mut BTreeMap<String, BTreeMap<u64, (u32, CancellationToken)>>,
     identity: &str,
+    lease_holder: Option<u32>,
 ) -> Option<(String, CancellationToken)> {
     let mine = held.get(identity).map_or(0, BTreeMap::len);
     let (top, bridges) = held.iter_mut().max_by_key(|(_, b)| b.len())?;
     if bridges.len() < mine + 2 {
         return None;
     }
-    let (_, token) = bridges.pop_last()?;
+    let id = *bridges
+        .iter()
+        .rev()
+        .find(|(_, (conn, _))| Some(*conn) != lease_holder)?
+        .0;
+    let (_, token) = bridges.remove(&id)?;
     let top = top.clone();
     if bridges.is_empty() {
         held.remove(&top);
@@ -291,7 +305,7 @@ mod tests {
     /// A welcomed bridge of `identity`, or `None` if refused.
     fn welcome(gate: &Arc<Gate>, identity: &str) -> Option<Slot> {
         let mut slot = gate.arrive();
-        slot.admit(identity, false).then_some(slot)
+        slot.admit(identity, false, 0, None).then_some(slot)
     }
 
     #[test]
@@ -302,6 +316,24 @@ mod tests {
         assert!(held.iter().all(|s| !s.evicted.is_cancelled()));
         drop(held);
         assert!(welcome(&gate, "a").is_some(), "places come back");
+    }
+
+    #[test]
+    fn the_lease_holder_keeps_its_place_when_its_identity_gives_one() {
+        let gate = Gate::new("r", 3);
+        let a: Vec<Slot> = (0..3u32)
+            .map(|conn| {
+                let mut slot = gate.arrive();
+                assert!(slot.admit("a", false, conn, None));
+                slot
+            })
+            .collect();
+        // Conn 2, a's newest, holds the lease: conn 1 gives its place instead.
+        let mut b = gate.arrive();
+        assert!(b.admit("b", false, 3, Some(2)));
+        assert!(!a[2].evicted.is_cancelled(), "the lease holder stays");
+        assert!(a[1].evicted.is_cancelled());
+        assert!(!a[0].evicted.is_cancelled());
     }
 
     #[test]

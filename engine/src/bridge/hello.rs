@@ -90,7 +90,11 @@ impl BridgeReader {
         // relay-only bridge takes one of its identity's few places (its oldest closed to make
         // room), so `status` always sees a relay whose bridge cap is full, and no other
         // identity's churn can close it.
-        if !self.slot.admit(identity.label(), relay_only) {
+        let lease_holder = self.route.lease.holder_conn();
+        if !self
+            .slot
+            .admit(identity.label(), relay_only, self.conn, lease_holder)
+        {
             self.done = true;
             return self
                 .reply_error(

@@ -101,6 +101,16 @@ impl Lease {
         }
     }
 
+    /// The bridge holding the lease now, if any.
+    pub fn holder_conn(&self) -> Option<u32> {
+        let state = self.state.lock();
+        state
+            .holder
+            .as_ref()
+            .filter(|h| h.until > Instant::now())
+            .map(|h| h.conn)
+    }
+
     /// The refusal a `relay/lease` request of bridge `conn` with `params` gets as things stand,
     /// if any: bad params, or the lease held by another bridge (or by nobody, for `renew` and
     /// `release`). Known before the request is recorded, so a bridge that keeps asking is

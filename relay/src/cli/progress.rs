@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanCount, ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 
 static QUIET: AtomicBool = AtomicBool::new(false);
 
@@ -27,13 +27,16 @@ impl Progress {
         let shown = !json && !QUIET.load(Ordering::Relaxed) && std::io::stderr().is_terminal();
         let bar = shown.then(|| {
             let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-            pb.set_style(
-                ProgressStyle::with_template(
-                    "{msg:12} [{bar:30}] {human_pos}/{human_len} frames  {per_sec}  {eta} left",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
+            // Under 80 columns with 9-digit counts; the rate in whole frames a second.
+            let style = ProgressStyle::with_template(
+                "{msg:12} [{bar:16}] {human_pos}/{human_len} frames, {rate}, {eta} left",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .with_key("rate", |s: &ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{}/s", HumanCount(s.per_sec() as u64));
+            })
+            .progress_chars("=> ");
+            pb.set_style(style);
             pb.enable_steady_tick(Duration::from_millis(200));
             pb
         });

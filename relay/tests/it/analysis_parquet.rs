@@ -475,44 +475,9 @@ fn walk(p: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// The virtualenv's python with `duckdb` and `polars` importable; creates the venv and installs
-/// them from PyPI if needed (once per test process).
+/// The virtualenv's python with `duckdb` and `polars` importable.
 fn python() -> PathBuf {
-    static READY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    READY
-        .get_or_init(|| {
-            let home = std::env::var_os("HOME").expect("HOME is set");
-            let venv = Path::new(&home).join(".cache/gabp-relay/venv");
-            let py = venv.join("bin/python");
-            let ready = |py: &Path| {
-                std::process::Command::new(py)
-                    .args(["-c", "import duckdb, polars"])
-                    .stderr(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            };
-            if !ready(&py) {
-                if !py.exists() {
-                    let made = std::process::Command::new("python3")
-                        .args(["-m", "venv"])
-                        .arg(&venv)
-                        .status()
-                        .expect("python3 runs");
-                    assert!(made.success(), "python3 -m venv failed");
-                }
-                let ok = std::process::Command::new(&py)
-                    .args(["-m", "pip", "install", "-q", "duckdb", "polars"])
-                    .status()
-                    .expect("pip runs");
-                assert!(ok.success(), "pip install duckdb polars failed");
-                assert!(
-                    ready(&py),
-                    "duckdb/polars still not importable after pip install"
-                );
-            }
-            py
-        })
-        .clone()
+    crate::support::mcp::venv_python("duckdb, polars", &["duckdb", "polars"])
 }
 
 fn example() -> PathBuf {

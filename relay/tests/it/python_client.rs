@@ -24,36 +24,9 @@ fn package_dir() -> PathBuf {
 }
 
 /// The test venv's python, with a setuptools that builds wheels by itself (70.1 or later; the
-/// one a fresh venv gets may be older): installed into the venv when missing, as
-/// `scripts/setup --test` does.
+/// one a fresh venv gets may be older), as `scripts/setup --test` installs it.
 fn python() -> PathBuf {
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    let venv = Path::new(&home).join(".cache/gabp-relay/venv");
-    let py = venv.join("bin/python");
-    let can_build = |py: &Path| {
-        std::process::Command::new(py)
-            .args(["-c", "import setuptools.command.bdist_wheel"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !can_build(&py) {
-        if !py.exists() {
-            let ok = std::process::Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(&venv)
-                .status()
-                .expect("python3 runs");
-            assert!(ok.success(), "python3 -m venv failed");
-        }
-        let ok = std::process::Command::new(&py)
-            .args(["-m", "pip", "install", "-q", "setuptools>=70.1"])
-            .status()
-            .expect("pip runs");
-        assert!(ok.success(), "pip install setuptools failed");
-        assert!(can_build(&py), "setuptools still cannot build a wheel");
-    }
-    py
+    crate::support::mcp::venv_python("setuptools.command.bdist_wheel", &["setuptools>=70.1"])
 }
 
 /// Copies the package's sources (not what an in-tree build left) from `from` into `to`.

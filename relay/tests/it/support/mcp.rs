@@ -17,35 +17,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_gabp-relay");
 /// The simulated mod's token (16+ characters: the relay warns about shorter bridge tokens).
 pub const MOD_TOKEN: &str = "mod-token-for-tests";
 
-/// The virtualenv's python with `mcp` importable; creates the venv and installs `mcp` if needed.
+/// The virtualenv's python with the MCP SDK importable.
 pub fn python() -> PathBuf {
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    let venv = Path::new(&home).join(".cache/gabp-relay/venv");
-    let py = venv.join("bin/python");
-    let has_mcp = |py: &Path| {
-        std::process::Command::new(py)
-            .args(["-c", "import mcp.client.streamable_http"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has_mcp(&py) {
-        if !py.exists() {
-            let ok = std::process::Command::new("python3")
-                .args(["-m", "venv"])
-                .arg(&venv)
-                .status()
-                .expect("python3 runs");
-            assert!(ok.success(), "python3 -m venv failed");
-        }
-        let ok = std::process::Command::new(&py)
-            .args(["-m", "pip", "install", "-q", "mcp"])
-            .status()
-            .expect("pip runs");
-        assert!(ok.success(), "pip install mcp failed");
-        assert!(has_mcp(&py), "mcp still not importable after pip install");
-    }
-    py
+    venv_python("mcp.client.streamable_http", &["mcp"])
 }
 
 pub fn client_script() -> PathBuf {
@@ -197,4 +171,45 @@ impl Py {
         );
         serde_json::from_str(&line).expect("client.py printed JSON")
     }
+}
+
+/// (Here, not in `support`, because the MCP bench includes this file alone.)
+/// The test virtualenv's python (`~/.cache/gabp-relay/venv`, made by `scripts/setup --test`)
+/// with `imports` importable (a Python `import` list, e.g. `"duckdb, polars"`): creates the
+/// venv and installs `requirements` from PyPI when they are not (one install at a time).
+pub fn venv_python(imports: &str, requirements: &[&str]) -> std::path::PathBuf {
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let home = std::env::var_os("HOME").expect("HOME is set");
+    let venv = std::path::Path::new(&home).join(".cache/gabp-relay/venv");
+    let py = venv.join("bin/python");
+    let ready = |py: &std::path::Path| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {imports}")])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready(&py) {
+        return py;
+    }
+    let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    if !py.exists() {
+        let made = std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 runs");
+        assert!(made.success(), "python3 -m venv failed");
+    }
+    let ok = std::process::Command::new(&py)
+        .args(["-m", "pip", "install", "-q"])
+        .args(requirements)
+        .status()
+        .expect("pip runs");
+    assert!(ok.success(), "pip install {requirements:?} failed");
+    assert!(
+        ready(&py),
+        "{imports} still not importable after pip install"
+    );
+    py
 }
