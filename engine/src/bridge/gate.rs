@@ -38,6 +38,10 @@ pub const MAX_RELAY_ONLY: usize = 4;
 /// At most one log line per this long about refusals and evictions.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// One identity's welcomed bridges: slot id (arrival order) to the bridge's conn and the token
+/// that closes it.
+type Places = BTreeMap<u64, (u32, CancellationToken)>;
+
 /// A route's admission state, shared by its accept loop and its connections.
 #[derive(Debug)]
 pub struct Gate {
@@ -45,7 +49,7 @@ pub struct Gate {
     max_bridges: usize,
     /// Welcomed bridges (relay-only ones apart) by identity name, each identity's oldest
     /// first: at most `max_bridges` in all.
-    bridges: Mutex<BTreeMap<String, BTreeMap<u64, (u32, CancellationToken)>>>,
+    bridges: Mutex<BTreeMap<String, Places>>,
     /// Welcomed relay-only connections, oldest first, with their identity's name (configured
     /// identities are few, so this is bounded by [`MAX_RELAY_ONLY`] per identity).
     relay_only: Mutex<BTreeMap<u64, (String, CancellationToken)>>,
@@ -253,7 +257,7 @@ impl Slot {
 /// least as many afterwards): that identity's name and the bridge's eviction token. The bridge
 /// holding the route's lease (`lease_holder`) is never the one taken: the next newest is.
 fn take_share(
-    held: &mut BTreeMap<String, BTreeMap<u64, (u32, CancellationToken)>>,
+    held: &mut BTreeMap<String, Places>,
     identity: &str,
     lease_holder: Option<u32>,
 ) -> Option<(String, CancellationToken)> {
@@ -368,7 +372,10 @@ mod tests {
         let gate = Gate::new("r", 1);
         let _a = welcome(&gate, "a").expect("room");
         let mut looking = gate.arrive();
-        assert!(looking.admit("b", true), "relay-only places are apart");
+        assert!(
+            looking.admit("b", true, 0, None),
+            "relay-only places are apart"
+        );
         assert!(!_a.evicted.is_cancelled());
     }
 }

@@ -93,7 +93,7 @@ impl BridgeReader {
         let lease_holder = self.route.lease.holder_conn();
         if !self
             .slot
-            .admit(identity.label(), relay_only, self.conn, lease_holder)
+            .admit(identity.label(), relay_only, self.bridge.conn, lease_holder)
         {
             self.done = true;
             return self
