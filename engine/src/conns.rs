@@ -7,7 +7,7 @@
 //! at either bound closes the oldest connection in its way (its peer's at the per-peer bound,
 //! anyone's at the total) that is not served, so connections that sent nothing, trickle, or
 //! fail authentication never keep out a client that sends its request. When every connection in
-//! the way is served, the new one gets no place: [`Conns::admit`] says so, and [`Conns::freed`]
+//! the way is served, the new one gets no place: [`Conns::admit_socket`] says so, and [`Conns::freed`]
 //! waits for a place to end. Among unserved connections, one whose request is already waiting
 //! in the kernel (sent, not yet read by its task on a busy relay) is closed last: an idle flood
 //! must not evict a client only because the relay was slow to read it.
@@ -207,7 +207,7 @@ impl Conns {
     }
 
     /// Resolves once a place has been freed since the last call (possibly before this one):
-    /// [`Conns::admit`] may succeed then.
+    /// [`Conns::admit_socket`] may succeed then.
     pub async fn freed(&self) {
         self.freed.notified().await;
     }

@@ -13,7 +13,7 @@
 //!
 //! Bounds: [`MAX_CONNS`] connections at once and [`PER_PEER`] from one address; one arriving at
 //! either bound closes the oldest connection in its way that has not yet sent an authenticated
-//! request ([`crate::conns`]), so idle connections never keep out a client with a token (when
+//! request ([`gabp_engine::conns`]), so idle connections never keep out a client with a token (when
 //! all are authenticated, the new one is closed at once). An authenticated connection belongs
 //! to the identity of its latest request, and one identity holds at most [`CONNS_PER_IDENTITY`]
 //! of them (one more closes its oldest), so no token holder, however many connections it

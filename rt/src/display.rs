@@ -43,7 +43,7 @@ pub fn text(s: &str, max: usize) -> String {
 }
 
 /// `s` without control characters (but `\n` and `\t` when `keep_lines`) and without the
-/// invisible and text-direction characters a reader cannot see ([`hidden`]).
+/// invisible and text-direction characters a reader cannot see (`hidden`).
 pub fn strip(s: &str, keep_lines: bool) -> String {
     s.chars()
         .filter(|&c| (keep_lines && (c == '\n' || c == '\t')) || !hidden(c))
@@ -65,7 +65,7 @@ pub fn utc(ns: u64) -> String {
 }
 
 /// Invisible and text-direction characters (one list for every table, page, route name and
-/// MCP text): what [`hidden`] adds to the controls.
+/// MCP text): what `hidden` adds to the controls.
 pub fn invisible(c: char) -> bool {
     matches!(c,
         '\u{00ad}' | '\u{034f}' | '\u{061c}' | '\u{115f}' | '\u{1160}' | '\u{17b4}'

@@ -53,7 +53,7 @@ impl Refusal {
 
 /// What stands behind a route's bridge front (see the module doc).
 pub trait Backend: Send + Sync + std::fmt::Debug {
-    /// Runs until the route is cancelled, publishing sessions in [`Route::session`].
+    /// Runs until the route is cancelled, publishing sessions in [`Route::sessions`].
     fn run(self: Arc<Self>, route: Arc<Route>) -> BoxFuture<'static, ()>;
 
     /// What it is, for status and logs.

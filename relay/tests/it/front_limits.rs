@@ -403,7 +403,6 @@ async fn a_relay_whose_bridge_cap_is_full_can_still_be_looked_at() {
 /// One identity filling `max_bridges` keeps no other identity out: at a full route a hello of
 /// an identity holding fewer takes the place of the newest bridge of the identity holding the
 /// most, as long as that one still holds at least as many afterwards; then both are refused.
-/// Before, every other identity's hello got -32002 while the first held the route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_filling_the_bridge_cap_keeps_no_other_out() {
     use crate::support::identities::{config_text, serve_config, WATCHER};

@@ -758,9 +758,9 @@ async fn answer_on(conn: &mut TcpStream) -> Option<String> {
 /// One identity holding many authenticated keep-alive connections (an `observe` one, from two
 /// loopback addresses, more than the front's 128 places and than one address's 64) keeps no
 /// other identity out: it holds at most 32, its oldest closed as each newer one authenticates,
-/// and another identity's client, from the same address, initializes. Before, a connection
-/// that had sent one authenticated request was never closed to make room, so the observer
-/// filled every place and every other identity's connection was closed unanswered.
+/// and another identity's client, from the same address, initializes: a connection that sent
+/// authenticated requests is never closed for another identity, so without the per-identity
+/// cap the observer would fill every place and close every other identity's connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_identity_holding_many_connections_keeps_no_other_out() {
     let dir = tempfile::tempdir().expect("tempdir");
