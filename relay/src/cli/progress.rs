@@ -1,6 +1,6 @@
 //! Progress of long commands (walking frames or sessions) on a terminal: a bar on stderr with
 //! frames done of the total the catalog knows, the rate and the time left, the current session
-//! named. Off when stderr is not a terminal, under `--json` and with `--quiet`; never on
+//! named. Off when stderr is not a terminal or `TERM` is `dumb`, under `--json` and with `--quiet`; never on
 //! stdout, so `-o -` and piped output stay clean.
 
 use std::io::IsTerminal;
@@ -24,7 +24,10 @@ pub(crate) struct Progress {
 impl Progress {
     /// A bar over `total` frames, shown only when stderr is a terminal and `json` is false.
     pub(crate) fn frames(total: u64, json: bool) -> Progress {
-        let shown = !json && !QUIET.load(Ordering::Relaxed) && std::io::stderr().is_terminal();
+        // A `dumb` terminal cannot redraw a line in place: the bar would print a line a tick.
+        let dumb = std::env::var_os("TERM").is_some_and(|t| t == "dumb");
+        let shown =
+            !json && !QUIET.load(Ordering::Relaxed) && !dumb && std::io::stderr().is_terminal();
         let bar = shown.then(|| {
             let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             // Under 80 columns with 9-digit counts; the rate in whole frames a second.
