@@ -105,18 +105,32 @@ pub async fn run(listener: Listener, opts: &Options) -> Report {
     let open = tasks.len();
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let mut log = std::mem::take(&mut *log.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let mut log = std::mem::take(
+        &mut *log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     log.still_open = open;
     let peer = (!log.versions.is_empty()).then(|| {
         let mut v = log.versions.clone();
         v.dedup();
-        format!("{} ({})", v.join(", "), count(log.connections as u64, "connection"))
+        format!(
+            "{} ({})",
+            v.join(", "),
+            count(log.connections as u64, "connection")
+        )
     });
-    Report::new("bridge", format!("listening on {target}"), peer, checks(&log, opts))
+    Report::new(
+        "bridge",
+        format!("listening on {target}"),
+        peer,
+        checks(&log, opts),
+    )
 }
 
 fn lock(log: &Mutex<Log>) -> std::sync::MutexGuard<'_, Log> {
-    log.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    log.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One bridge connection, until it closes or `deadline`.
@@ -156,9 +170,21 @@ async fn serve(conn: Conn, log: Arc<Mutex<Log>>, opts: Options, deadline: Instan
         if probed {
             after += 1;
         }
-        let answers = handle(&f.body, &f.msg, &log, &opts, &mut hello_ok, &mut ids, &mut probed);
+        let answers = handle(
+            &f.body,
+            &f.msg,
+            &log,
+            &opts,
+            &mut hello_ok,
+            &mut ids,
+            &mut probed,
+        );
         for a in answers {
-            if wire.send(&a, Header::Relay, Duration::from_secs(5)).await.is_err() {
+            if wire
+                .send(&a, Header::Relay, Duration::from_secs(5))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -196,7 +222,9 @@ fn handle(
     let mut l = lock(log);
     l.requests += 1;
     if msg["type"] != "request" {
-        let t = msg["type"].as_str().map_or_else(|| "none".into(), |t| format!("{t:?}"));
+        let t = msg["type"]
+            .as_str()
+            .map_or_else(|| "none".into(), |t| format!("{t:?}"));
         l.envelope.note(
             Verdict::Fail,
             format!("a frame of type {t} (a bridge sends requests)"),
@@ -237,17 +265,22 @@ fn handle(
         }
     }
     shapes::bridge_request(log_for(&mut l), body, &judged, schema_of(&method));
-    let error = |code: ErrorCode, text: &str| {
-        message::error_response(reply_id, code, text, None).to_vec()
-    };
+    let error =
+        |code: ErrorCode, text: &str| message::error_response(reply_id, code, text, None).to_vec();
     if method == "session/hello" {
         l.hellos += 1;
         if msg["params"]["token"].as_str() != Some(opts.token.as_str()) {
-            l.hello.note(Verdict::Fail, "session/hello with a token other than --token");
+            l.hello.note(
+                Verdict::Fail,
+                "session/hello with a token other than --token",
+            );
             return vec![error(ErrorCode::BadToken, "invalid token")];
         }
         if *hello_ok {
-            l.hello.note(Verdict::Tolerated, "a second session/hello on one connection");
+            l.hello.note(
+                Verdict::Tolerated,
+                "a second session/hello on one connection",
+            );
         }
         *hello_ok = true;
         if let Some(v) = msg["params"]["bridgeVersion"].as_str() {
@@ -267,14 +300,19 @@ fn handle(
             "schemaVersion": "1.0",
             UNKNOWN_MEMBER: "an unknown member: GABP 1.x adds members, a bridge ignores them",
         });
-        return vec![message::result_response(reply_id.unwrap_or(message::NIL_ID), welcome).to_vec()];
+        return vec![
+            message::result_response(reply_id.unwrap_or(message::NIL_ID), welcome).to_vec(),
+        ];
     }
     if !*hello_ok {
         l.hello.note(
             Verdict::Fail,
             format!("{} before session/hello", shown(&method)),
         );
-        return vec![error(ErrorCode::NoSession, "no session: send session/hello first")];
+        return vec![error(
+            ErrorCode::NoSession,
+            "no session: send session/hello first",
+        )];
     }
     let ok = |result: Value| {
         message::result_response(reply_id.unwrap_or(message::NIL_ID), result).to_vec()
@@ -296,7 +334,10 @@ fn handle(
                     if !l.probes.contains(&"an error answer") {
                         l.probes.push("an error answer");
                     }
-                    vec![error(ErrorCode::InternalError, "check/fail fails on purpose")]
+                    vec![error(
+                        ErrorCode::InternalError,
+                        "check/fail fails on purpose",
+                    )]
                 }
                 _ => vec![error(ErrorCode::MethodNotFound, "unknown tool")],
             }
@@ -309,7 +350,10 @@ fn handle(
             for c in &unknown {
                 l.subscribe.note(
                     Verdict::Tolerated,
-                    format!("subscribes to {}, which the mod does not advertise", shown(c)),
+                    format!(
+                        "subscribes to {}, which the mod does not advertise",
+                        shown(c)
+                    ),
                 );
             }
             let mut out = vec![ok(json!({ "subscribed": known }))];
@@ -414,19 +458,25 @@ fn checks(log: &Log, opts: &Options) -> Vec<Check> {
         match log.hello.verdict() {
             None => (
                 Verdict::Pass,
-                format!("{}, each as the schema says", count(log.hellos, "hello")),
+                format!("{}, as the schema says", count(log.hellos, "hello")),
             ),
             Some(v) => (v.worst(Verdict::Pass), log.hello.line(4)),
         }
     };
-    out.push(Check::new("handshake.hello", "§4.1", v, d).schema("methods/session.hello.request.json"));
+    out.push(
+        Check::new("handshake.hello", "§4.1", v, d).schema("methods/session.hello.request.json"),
+    );
     // Every request's envelope.
     let methods: Vec<String> = log
         .methods
         .iter()
         .map(|(m, n)| format!("{} ×{n}", shown(m)))
         .collect();
-    let said = format!("{} ({})", count(log.requests, "request"), methods.join(", "));
+    let said = format!(
+        "{} ({})",
+        count(log.requests, "request"),
+        methods.join(", ")
+    );
     let c = match log.envelope.verdict() {
         None => Check::new("envelope.requests", "§3.2", Verdict::Pass, said),
         Some(v) => Check::new(
@@ -458,11 +508,26 @@ fn checks(log: &Log, opts: &Options) -> Vec<Check> {
         ),
     ] {
         let c = if n == 0 {
-            Check::new(id, section, Verdict::Skip, format!("the bridge sent no {what}"))
+            Check::new(
+                id,
+                section,
+                Verdict::Skip,
+                format!("the bridge sent no {what}"),
+            )
         } else if f.verdict().is_none() {
-            Check::new(id, section, Verdict::Pass, format!("{n} × {what}, each as the schema says"))
+            Check::new(
+                id,
+                section,
+                Verdict::Pass,
+                format!("{n} × {what}, each as the schema says"),
+            )
         } else {
-            Check::new(id, section, verdict_of(f), format!("{n} × {what}: {}", f.line(4)))
+            Check::new(
+                id,
+                section,
+                verdict_of(f),
+                format!("{n} × {what}: {}", f.line(4)),
+            )
         };
         out.push(c.schema(schema));
     }
@@ -480,10 +545,14 @@ fn checks(log: &Log, opts: &Options) -> Vec<Check> {
             "§7.2",
             Verdict::Pass,
             format!(
-                "after {}, the bridge went on ({} more{})",
+                "after {}, the bridge went on ({} after them{})",
                 and_list(&log.probes),
                 count(log.after_probes, "request"),
-                if log.still_open > 0 { ", still connected at the end" } else { "" }
+                if log.still_open > 0 {
+                    ", still connected at the end"
+                } else {
+                    ""
+                }
             ),
         )
     } else {

@@ -173,7 +173,13 @@ impl Report {
                 text(&c.detail, 600)
             );
             if let Some(h) = &c.hint {
-                out += &format!("{:<9}  {:<id_width$}  {:<5}  hint: {}\n", "", "", "", text(h, 600));
+                out += &format!(
+                    "{:<9}  {:<id_width$}  {:<5}  hint: {}\n",
+                    "",
+                    "",
+                    "",
+                    text(h, 600)
+                );
             }
         }
         let s = &self.summary;
@@ -234,10 +240,7 @@ impl Findings {
 
     /// The worst verdict noted, or `None` when nothing was.
     pub fn verdict(&self) -> Option<Verdict> {
-        self.items
-            .iter()
-            .map(|(v, ..)| *v)
-            .reduce(Verdict::worst)
+        self.items.iter().map(|(v, ..)| *v).reduce(Verdict::worst)
     }
 
     /// The findings with a verdict worse than a pass, worst first, as one line (at most
@@ -252,7 +255,13 @@ impl Findings {
         let mut parts: Vec<String> = bad
             .iter()
             .take(max)
-            .map(|(_, w, n)| if *n > 1 { format!("{w} (×{n})") } else { w.clone() })
+            .map(|(_, w, n)| {
+                if *n > 1 {
+                    format!("{w} (×{n})")
+                } else {
+                    w.clone()
+                }
+            })
             .collect();
         if bad.len() > max {
             parts.push(format!("and {} more", bad.len() - max));
@@ -293,6 +302,9 @@ mod tests {
         let t = r.text();
         assert!(!t.contains('\u{1b}') && !t.contains('\u{202e}'), "{t}");
         assert!(t.contains("FAIL") && t.contains("hint: fix"), "{t}");
-        assert!(t.ends_with("2 checks: 1 pass, 0 tolerated, 1 fail, 0 skipped\n"), "{t}");
+        assert!(
+            t.ends_with("2 checks: 1 pass, 0 tolerated, 1 fail, 0 skipped\n"),
+            "{t}"
+        );
     }
 }

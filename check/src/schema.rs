@@ -138,7 +138,11 @@ pub struct Violation {
 
 impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let at = if self.path.is_empty() { "/" } else { &self.path };
+        let at = if self.path.is_empty() {
+            "/"
+        } else {
+            &self.path
+        };
         write!(f, "{at}: {}", self.what)
     }
 }
@@ -207,11 +211,21 @@ fn walk(file: &'static str, schema: &Value, value: &Value, path: &str, out: &mut
             let name = ref_file(file, target);
             match docs().get_key_value(name.as_str()) {
                 Some((k, _)) => *k,
-                None => return fail(out, path, format!("the schema names {r}, which is not vendored")),
+                None => {
+                    return fail(
+                        out,
+                        path,
+                        format!("the schema names {r}, which is not vendored"),
+                    )
+                }
             }
         };
         let Some(sub) = resolve_pointer(&docs()[file], pointer) else {
-            return fail(out, path, format!("the schema names {r}, which does not exist"));
+            return fail(
+                out,
+                path,
+                format!("the schema names {r}, which does not exist"),
+            );
         };
         return walk(file, sub, value, path, out);
     }
@@ -223,7 +237,11 @@ fn walk(file: &'static str, schema: &Value, value: &Value, path: &str, out: &mut
         };
         if !types.is_empty() && !types.iter().any(|t| is_type(value, t)) {
             // A value of the wrong type has nothing more to check.
-            return fail(out, path, format!("expected {}, got {}", types.join(" or "), kind(value)));
+            return fail(
+                out,
+                path,
+                format!("expected {}, got {}", types.join(" or "), kind(value)),
+            );
         }
     }
     if let Some(c) = s.get("const") {
@@ -234,11 +252,15 @@ fn walk(file: &'static str, schema: &Value, value: &Value, path: &str, out: &mut
     if let Some(Value::Array(options)) = s.get("enum") {
         if !options.contains(value) {
             let options: Vec<String> = options.iter().map(Value::to_string).collect();
-            fail(out, path, format!(
-                "expected one of {}, got {}",
-                options.join(", "),
-                shown(value)
-            ));
+            fail(
+                out,
+                path,
+                format!(
+                    "expected one of {}, got {}",
+                    options.join(", "),
+                    shown(value)
+                ),
+            );
         }
     }
     if let Value::String(text) = value {
@@ -350,7 +372,11 @@ fn walk(file: &'static str, schema: &Value, value: &Value, path: &str, out: &mut
                     out.extend(best);
                 }
             }
-            n => fail(out, path, format!("matches {n} alternatives, not exactly one (oneOf)")),
+            n => fail(
+                out,
+                path,
+                format!("matches {n} alternatives, not exactly one (oneOf)"),
+            ),
         }
     }
     if let Some(sub) = s.get("not") {
@@ -466,11 +492,19 @@ mod tests {
         ("valid/004", "events/event.message.json", ""),
         ("valid/006", "methods/tools.list.response.json", ""),
         ("valid/007", "methods/attention.current.response.json", ""),
-        ("valid/008", "events/attention.payload.schema.json", "/payload"),
+        (
+            "valid/008",
+            "events/attention.payload.schema.json",
+            "/payload",
+        ),
         ("valid/009", "methods/attention.ack.response.json", ""),
         ("invalid/006", "methods/tools.call.request.json", ""),
         ("invalid/007", "methods/attention.ack.request.json", ""),
-        ("invalid/008", "events/attention.payload.schema.json", "/payload"),
+        (
+            "invalid/008",
+            "events/attention.payload.schema.json",
+            "/payload",
+        ),
     ];
 
     #[test]
@@ -535,7 +569,10 @@ mod tests {
         both["result"] = json!(1);
         both["error"] = json!({"code": 1, "message": "m"});
         let v = validate("envelope.schema.json", "#/$defs/response", &both);
-        assert!(v.iter().any(|v| v.what.contains("must not have all")), "{v:?}");
+        assert!(
+            v.iter().any(|v| v.what.contains("must not have all")),
+            "{v:?}"
+        );
         let v = validate("envelope.schema.json", "#/$defs/response", &base);
         assert!(v.iter().any(|v| v.what.contains("anyOf")), "{v:?}");
         assert!(is_uuid("550e8400-e29b-41d4-a716-446655440000"));

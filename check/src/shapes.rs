@@ -13,7 +13,13 @@ use crate::schema::{self, Violation};
 /// `path` with array indices as `*`, so one finding counts every element it applies to.
 fn general(path: &str) -> String {
     path.split('/')
-        .map(|p| if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) { "*" } else { p })
+        .map(|p| {
+            if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) {
+                "*"
+            } else {
+                p
+            }
+        })
         .collect::<Vec<_>>()
         .join("/")
 }
@@ -108,19 +114,25 @@ pub fn mod_event(found: &mut Findings, body: &[u8], msg: &Value) {
 
 /// Notes what is wrong with a method's answer beyond its envelope (`file`: the method's
 /// response schema): extra members are tolerated, the rest fails. The envelope's own members
-/// are [`mod_answer`]'s, so only `result` is judged here.
+/// are [`mod_answer`]'s, so only the answer (`result` or `error`) is judged here.
 pub fn method_result(found: &mut Findings, file: &str, msg: &Value) {
     let mut msg = msg.clone();
     if let Value::Object(m) = &mut msg {
-        // The envelope's quirks are judged once, by `mod_answer`.
-        m.retain(|k, _| matches!(k.as_str(), "v" | "id" | "type" | "result"));
+        // The envelope's quirks (extra members, a `null` beside the answer) are judged once,
+        // by `mod_answer`.
+        m.retain(|k, v| match k.as_str() {
+            "v" | "id" | "type" => true,
+            "result" | "error" => !v.is_null(),
+            _ => false,
+        });
     }
     let violations = schema::validate(file, "", &msg);
     note_violations(found, &violations, |v| (Verdict::Fail, said(v)));
 }
 
 /// Notes what is wrong with a request from a bridge: what the relay's strict reader refuses
-/// fails (the relay answers it -32600 or -32602); what only the schema refuses is tolerated.
+/// fails (the relay answers it -32600 or -32602), with whatever else the schema refuses in it;
+/// what only the schema refuses is tolerated (extra members always are, as GABP 1.x allows).
 pub fn bridge_request(found: &mut Findings, body: &[u8], msg: &Value, file: Option<&str>) {
     let strict = Parser::new().parse(body, Mode::Strict).err();
     if let Some(e) = &strict {
@@ -133,11 +145,12 @@ pub fn bridge_request(found: &mut Findings, body: &[u8], msg: &Value, file: Opti
     // The token is the operator's choice, whatever its length.
     violations.retain(|v| v.path != "/params/token");
     violations.dedup();
-    note_violations(found, &violations, |v| {
-        (
+    note_violations(found, &violations, |v| match strict {
+        Some(_) => (Verdict::Fail, said(v)),
+        None => (
             Verdict::Tolerated,
             format!("{} (the relay lets it through)", said(v)),
-        )
+        ),
     });
 }
 
@@ -158,14 +171,35 @@ mod tests {
     fn answers_with_a_null_beside_are_tolerated_and_with_both_set_fail() {
         let ok = answer(json!({"v": "gabp/1", "id": ID, "type": "response", "result": {}}));
         assert_eq!(ok.verdict(), None);
-        let null = answer(json!({"v": "gabp/1", "id": ID, "type": "response", "result": {}, "error": null}));
+        let null = answer(
+            json!({"v": "gabp/1", "id": ID, "type": "response", "result": {}, "error": null}),
+        );
         assert_eq!(null.verdict(), Some(Verdict::Tolerated), "{}", null.line(5));
-        let both = answer(json!({"v": "gabp/1", "id": ID, "type": "response", "result": 1, "error": {"code": 1, "message": "m"}}));
+        let both = answer(
+            json!({"v": "gabp/1", "id": ID, "type": "response", "result": 1, "error": {"code": 1, "message": "m"}}),
+        );
         assert_eq!(both.verdict(), Some(Verdict::Fail));
         assert!(both.line(5).contains("neither null"), "{}", both.line(5));
-        let extra = answer(json!({"v": "gabp/1", "id": ID, "type": "response", "result": 1, "x": 2}));
+        let extra =
+            answer(json!({"v": "gabp/1", "id": ID, "type": "response", "result": 1, "x": 2}));
         assert_eq!(extra.verdict(), Some(Verdict::Tolerated));
         assert_eq!(extra.line(5), "extra member /x");
+    }
+
+    #[test]
+    fn a_tool_answering_an_error_or_a_null_beside_its_result_is_well_formed() {
+        const SCHEMA: &str = "methods/tools.call.response.json";
+        let mut f = Findings::default();
+        let error = json!({"v": "gabp/1", "id": ID, "type": "response",
+            "error": {"code": -32001, "message": "m", "data": {"method": "tools/call"}}});
+        method_result(&mut f, SCHEMA, &error);
+        let null =
+            json!({"v": "gabp/1", "id": ID, "type": "response", "result": {}, "error": null});
+        method_result(&mut f, SCHEMA, &null);
+        assert_eq!(f.verdict(), None, "{}", f.line(5));
+        let bad = json!({"v": "gabp/1", "id": ID, "type": "response", "error": {"code": "x"}});
+        method_result(&mut f, SCHEMA, &bad);
+        assert_eq!(f.verdict(), Some(Verdict::Fail), "{}", f.line(5));
     }
 
     #[test]

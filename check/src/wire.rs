@@ -217,13 +217,18 @@ impl Wire {
             self.write.write_all(bytes).await?;
             self.write.flush().await
         };
-        tokio::time::timeout(wait, write)
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer reads nothing"))?
+        tokio::time::timeout(wait, write).await.map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "the peer reads nothing")
+        })?
     }
 
     /// Writes one frame of `body` with the `header` form, in one write.
-    pub async fn send(&mut self, body: &[u8], header: Header, wait: Duration) -> std::io::Result<()> {
+    pub async fn send(
+        &mut self,
+        body: &[u8],
+        header: Header,
+        wait: Duration,
+    ) -> std::io::Result<()> {
         let mut wire = header.bytes(body.len());
         wire.extend_from_slice(body);
         self.send_raw(&wire, wait).await
@@ -304,10 +309,16 @@ impl Wire {
         let declared = match length {
             Some(Some(n)) if n <= MAX_BODY => n,
             Some(Some(n)) => {
-                return self.broken(Problem::BadHeader(format!("Content-Length: {n} is over 64 MiB")), head)
+                return self.broken(
+                    Problem::BadHeader(format!("Content-Length: {n} is over 64 MiB")),
+                    head,
+                )
             }
             Some(None) => {
-                return self.broken(Problem::BadHeader("Content-Length is not a number".into()), head)
+                return self.broken(
+                    Problem::BadHeader("Content-Length is not a number".into()),
+                    head,
+                )
             }
             None => return self.broken(Problem::BadHeader("no Content-Length".into()), head),
         };
@@ -478,7 +489,9 @@ mod tests {
         }
         let (got, seen) = all(&bytes).await;
         assert_eq!(got.len(), 4);
-        assert!(got.iter().all(|g| matches!(g, Got::Frame(f) if !f.char_counted && f.msg["a"] == "héllo")));
+        assert!(got
+            .iter()
+            .all(|g| matches!(g, Got::Frame(f) if !f.char_counted && f.msg["a"] == "héllo")));
         assert_eq!((seen.frames, seen.raw_utf8), (4, 4));
         assert!(seen.problems.is_empty(), "{:?}", seen.problems);
         assert_eq!(seen.header_forms.len(), 4, "{:?}", seen.header_forms);
@@ -519,7 +532,10 @@ mod tests {
             "{:?}",
             seen.problems
         );
-        assert!(matches!(got.last(), Some(Got::Frame(f)) if f.msg == serde_json::json!({})), "{got:?}");
+        assert!(
+            matches!(got.last(), Some(Got::Frame(f)) if f.msg == serde_json::json!({})),
+            "{got:?}"
+        );
     }
 
     #[tokio::test]
@@ -531,8 +547,14 @@ mod tests {
         let (got, seen) = all(&bytes).await;
         assert!(matches!(&got[0], Got::Frame(_)));
         assert_eq!(seen.problems[0], Problem::BareLf);
-        assert!(matches!(&seen.problems[1], Problem::BadHeader(w) if w.contains("no Content-Length")));
-        assert!(matches!(&seen.problems[2], Problem::NotJson(_)), "{:?}", seen.problems);
+        assert!(
+            matches!(&seen.problems[1], Problem::BadHeader(w) if w.contains("no Content-Length"))
+        );
+        assert!(
+            matches!(&seen.problems[2], Problem::NotJson(_)),
+            "{:?}",
+            seen.problems
+        );
         assert!(matches!(got.last(), Some(Got::Frame(_))));
     }
 
@@ -549,6 +571,9 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         drop(ours);
         let (got, _) = all(b"Content-Length: 10\r\n\r\n{}").await;
-        assert!(matches!(&got[..], [Got::Broken(Problem::Truncated)]), "{got:?}");
+        assert!(
+            matches!(&got[..], [Got::Broken(Problem::Truncated)]),
+            "{got:?}"
+        );
     }
 }

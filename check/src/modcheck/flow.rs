@@ -151,7 +151,10 @@ impl Runner<'_> {
         }
         let said = format!("{PIPELINED} {method} requests in one write");
         let c = if let Some(p) = broken {
-            check(Verdict::Fail, format!("{said}: the answers broke the stream: {p}"))
+            check(
+                Verdict::Fail,
+                format!("{said}: the answers broke the stream: {p}"),
+            )
         } else if tally.unanswered() > 0 {
             check(
                 Verdict::Fail,
@@ -167,10 +170,7 @@ impl Runner<'_> {
                 format!("{said}: {} answered more than once", tally.repeated()),
             )
         } else {
-            check(
-                Verdict::Pass,
-                format!("{said}, each answered once"),
-            )
+            check(Verdict::Pass, format!("{said}, each answered once"))
         };
         self.checks.push(c);
     }
@@ -178,7 +178,8 @@ impl Runner<'_> {
     pub(super) async fn check_flow(&mut self) {
         let wait = self.opts.wait;
         let flow = self.opts.flow;
-        let seq_check = |v, d| Check::new("events.seq", "§8", v, d).schema("events/event.message.json");
+        let seq_check =
+            |v, d| Check::new("events.seq", "§8", v, d).schema("events/event.message.json");
         let flow_check = |v, d| Check::new("concurrency.events", "§8", v, d);
         if self.channels.is_empty() {
             let why = "the welcome advertises no channels (capabilities.events)".to_string();
@@ -198,7 +199,11 @@ impl Runner<'_> {
         let mut tally = Tally::default();
         let sub = uuid::Uuid::new_v4().to_string();
         tally.expect(&sub);
-        let body = wire::request(&sub, "events/subscribe", &json!({ "channels": self.channels }));
+        let body = wire::request(
+            &sub,
+            "events/subscribe",
+            &json!({ "channels": self.channels }),
+        );
         let mut seqs: BTreeMap<String, SeqTrack> = BTreeMap::new();
         let mut events = 0u64;
         let start = Instant::now();
@@ -319,9 +324,15 @@ impl Runner<'_> {
 }
 
 /// The seq check's verdict over every channel followed.
-fn seq_verdict(seqs: &BTreeMap<String, SeqTrack>, check: impl Fn(Verdict, String) -> Check) -> Check {
+fn seq_verdict(
+    seqs: &BTreeMap<String, SeqTrack>,
+    check: impl Fn(Verdict, String) -> Check,
+) -> Check {
     if seqs.is_empty() {
-        return check(Verdict::Skip, "no event with a channel and a seq arrived".into());
+        return check(
+            Verdict::Skip,
+            "no event with a channel and a seq arrived".into(),
+        );
     }
     if let Some((c, t)) = seqs.iter().find(|(_, t)| t.backs > 0) {
         let (a, b) = t.back.unwrap_or_default();
@@ -385,13 +396,24 @@ mod tests {
 
     #[test]
     fn seq_from_zero_passes_from_one_is_tolerated_and_gaps_or_steps_back_fail() {
-        assert_eq!(verdict(&[("a", &[0, 1, 2]), ("b", &[0])]).verdict, Verdict::Pass);
+        assert_eq!(
+            verdict(&[("a", &[0, 1, 2]), ("b", &[0])]).verdict,
+            Verdict::Pass
+        );
         let from_one = verdict(&[("a", &[1, 2, 3])]);
         assert_eq!(from_one.verdict, Verdict::Tolerated);
-        assert!(from_one.detail.contains("\"a\" from 1"), "{}", from_one.detail);
+        assert!(
+            from_one.detail.contains("\"a\" from 1"),
+            "{}",
+            from_one.detail
+        );
         let gap = verdict(&[("a", &[0, 1, 3, 4, 6])]);
         assert_eq!(gap.verdict, Verdict::Fail);
-        assert!(gap.detail.contains("seq 3 after 1 (2 gaps)"), "{}", gap.detail);
+        assert!(
+            gap.detail.contains("seq 3 after 1 (2 gaps)"),
+            "{}",
+            gap.detail
+        );
         let back = verdict(&[("a", &[0, 1, 1])]);
         assert_eq!(back.verdict, Verdict::Fail);
         assert!(back.detail.contains("seq 1 after 1"), "{}", back.detail);

@@ -368,13 +368,17 @@ impl Runner<'_> {
         let check = |v, d| Check::new("methods.tools-list", "§4.2", v, d).schema(SCHEMA);
         let Answer::Msg(frame) = answer else {
             let why = answer.failure(self.opts.wait).unwrap_or_default();
-            self.checks.push(check(Verdict::Fail, format!("tools/list: {why}")));
+            self.checks
+                .push(check(Verdict::Fail, format!("tools/list: {why}")));
             return;
         };
         if let Some(e) = frame.msg.get("error").filter(|e| !e.is_null()) {
             let offered = self.methods.iter().any(|m| m == "tools/list");
             let (v, d) = if offered {
-                (Verdict::Fail, format!("advertised, but answered with an error: {e}"))
+                (
+                    Verdict::Fail,
+                    format!("advertised, but answered with an error: {e}"),
+                )
             } else {
                 (Verdict::Skip, format!("not offered (answered {e})"))
             };
@@ -511,7 +515,10 @@ impl Runner<'_> {
                 }
                 other => (
                     Verdict::Fail,
-                    format!("{}{listed}", other.failure(self.opts.wait).unwrap_or_default()),
+                    format!(
+                        "{}{listed}",
+                        other.failure(self.opts.wait).unwrap_or_default()
+                    ),
                 ),
             };
             self.checks
@@ -525,7 +532,10 @@ impl Runner<'_> {
         let strays = &self.log.strays;
         let (v, d) = match (answers.verdict(), self.log.answers_seen) {
             (_, 0) => (Verdict::Skip, "no response arrived".to_string()),
-            (None, n) => (Verdict::Pass, format!("{n} responses, each with one of result and error")),
+            (None, n) => (
+                Verdict::Pass,
+                format!("{n} responses, each with one of result and error"),
+            ),
             (Some(v), n) => (v, format!("{n} responses: {}", answers.line(4))),
         };
         let (v, d) = match strays.verdict() {
@@ -539,12 +549,14 @@ impl Runner<'_> {
         let events = &self.log.events;
         let (v, d) = match (events.verdict(), self.log.events_seen) {
             (_, 0) => (Verdict::Skip, "no event arrived".to_string()),
-            (None, n) => (Verdict::Pass, format!("{n} events, each as the schema says")),
+            (None, n) => (
+                Verdict::Pass,
+                format!("{n} events, each as the schema says"),
+            ),
             (Some(v), n) => (v, format!("{n} events: {}", events.line(4))),
         };
-        self.checks.push(
-            Check::new("envelope.events", "§3.4", v, d).schema("events/event.message.json"),
-        );
+        self.checks
+            .push(Check::new("envelope.events", "§3.4", v, d).schema("events/event.message.json"));
     }
 
     async fn check_drop(&mut self) {

@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
-    check_bridge, check_mod, collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair, replay, report, serve,
-    sessions, ship, stats, status, wrap,
+    check_bridge, check_mod, collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair,
+    replay, report, serve, sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]

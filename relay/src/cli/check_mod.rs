@@ -25,8 +25,14 @@ use crate::config::{limits, parse_duration, parse_timeout, units};
 pub struct CheckModArgs {
     /// The mod: HOST:PORT or unix:PATH (or --command).
     pub addr: Option<String>,
-    /// The token the mod expects in session/hello.
-    #[arg(long, env = "GABP_TOKEN", default_value = "", hide_env_values = true)]
+    /// The token the mod expects in session/hello [default: none].
+    #[arg(
+        long,
+        env = "GABP_TOKEN",
+        default_value = "",
+        hide_default_value = true,
+        hide_env_values = true
+    )]
     pub token: String,
     /// Also call this tool, with these arguments (a JSON object, default {}); repeatable. Only
     /// read methods and the tools named here are ever called.
@@ -162,11 +168,9 @@ pub async fn run(a: CheckModArgs) -> Result<i32> {
                 "give the mod's address or --command with its command line, not both",
             ))
         }
-        (None, true) => {
-            return Err(usage(
-                "give the mod's address (HOST:PORT or unix:PATH) or --command with its command line",
-            ))
-        }
+        (None, true) => return Err(usage(
+            "give the mod's address (HOST:PORT or unix:PATH) or --command with its command line",
+        )),
     };
     let large =
         units::parse_size_in(&a.large, limits::MIN_SIZE, limits::MAX_BODY).map_err(usage)?;
@@ -197,7 +201,10 @@ mod tests {
     #[test]
     fn a_call_is_a_tool_with_an_object_of_arguments() {
         let c = split_call("sim/echo").expect("bare tool");
-        assert_eq!((c.tool.as_str(), c.arguments.to_string().as_str()), ("sim/echo", "{}"));
+        assert_eq!(
+            (c.tool.as_str(), c.arguments.to_string().as_str()),
+            ("sim/echo", "{}")
+        );
         let c = split_call(r#"sim/echo={"text":"h=é"}"#).expect("with arguments");
         assert_eq!(c.arguments["text"], "h=é");
         assert!(split_call("sim/echo=[1]").is_err());
