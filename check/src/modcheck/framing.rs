@@ -196,11 +196,6 @@ impl Runner<'_> {
                 }
             }
         }
-        let largest = self.log.seen.largest;
-        let wrote = format!(
-            "the largest frame the mod wrote was {}",
-            gabp_rt::display::bytes(largest as u64)
-        );
         let limits = advertised.map_or_else(
             || "no limits.maxMessageSize advertised".to_string(),
             |a| {
@@ -220,7 +215,7 @@ impl Runner<'_> {
             None => check(
                 Verdict::Pass,
                 format!(
-                    "requests of {} answered ({limits}); {wrote}",
+                    "requests of {} answered ({limits})",
                     sizes_said(&answered)
                 ),
             ),
@@ -317,11 +312,17 @@ impl Runner<'_> {
                 _ => false,
             })
             .collect();
-        let forms: Vec<String> = seen
+        let mut forms: Vec<String> = seen
             .header_forms
             .iter()
             .map(|(form, n)| format!("{form} (×{n})"))
             .collect();
+        if let Some(last) = forms.last_mut() {
+            *last += &format!(
+                "; the largest body {}",
+                gabp_rt::display::bytes(seen.largest as u64)
+            );
+        }
         let c = match broken.first() {
             Some(first) => Check::new(
                 "framing.headers-out",

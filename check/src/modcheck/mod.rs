@@ -140,8 +140,9 @@ pub(crate) struct Runner<'a> {
     opts: &'a Options,
     log: Log,
     checks: Vec<Check>,
-    /// The welcome's result.
+    /// The first welcome's result, and whether it was checked.
     welcome: Value,
+    welcomed: bool,
     /// `capabilities.methods`, `capabilities.events`.
     methods: Vec<String>,
     channels: Vec<String>,
@@ -158,13 +159,14 @@ pub async fn run(target: &dyn Target, opts: &Options) -> Report {
         log: Log::default(),
         checks: Vec::new(),
         welcome: Value::Null,
+        welcomed: false,
         methods: Vec::new(),
         channels: Vec::new(),
         tools_list_works: false,
         tools: Vec::new(),
     };
     r.all().await;
-    let peer = (!r.welcome.is_null()).then(|| {
+    let peer = r.welcomed.then(|| {
         let w = &r.welcome;
         let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
         format!(
@@ -256,7 +258,8 @@ impl Runner<'_> {
             self.close(peer).await;
             return Err(format!("the mod refused session/hello: {e}"));
         }
-        if self.welcome.is_null() {
+        if !self.welcomed {
+            self.welcomed = true;
             self.check_welcome(&frame.msg);
         }
         Ok(peer)

@@ -158,9 +158,7 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
         buf.extend_from_slice(&chunk[..n]);
         loop {
             let decoded = if shared.cfg.defects.count_chars {
-                decode_counting_chars(&mut buf)
-                    .map(|b| b.map(|body| gabp_proto::Frame { body }))
-                    .map_err(|()| ())
+                decode_counting_chars(&mut buf).map(|b| b.map(|body| gabp_proto::Frame { body }))
             } else {
                 codec.decode(&mut buf).map_err(|_| ())
             };
