@@ -119,6 +119,9 @@ pub struct RouteConfig {
     pub lease_max_ttl: Duration,
     /// Marks one session keeps (`relay/mark`); later ones are refused.
     pub max_marks: u32,
+    /// Write every request to the mod in ASCII, its non-ASCII characters as `\uXXXX` escapes
+    /// (the same JSON): a shield for a mod that counts `Content-Length` in characters.
+    pub ascii_requests: bool,
 }
 
 impl RouteConfig {
@@ -168,6 +171,7 @@ impl RouteConfig {
             leased: Vec::new(),
             lease_max_ttl: crate::identity::DEFAULT_MAX_TTL,
             max_marks: 10_000,
+            ascii_requests: false,
         }
     }
 }
@@ -220,7 +224,8 @@ impl RouteConfig {
             restart: name, upstream, upstream_token, listen, token, token_generated, on_slow,
                 outbox_frames, outbox_bytes, request_timeout, hello_wait, frame_timeout,
                 write_deadline, subscribe_all, max_body, max_pending, max_subscriptions,
-                max_bridges, resume_window_frames, resume_window_bytes, record, tags, max_marks;
+                max_bridges, resume_window_frames, resume_window_bytes, record, tags, max_marks,
+                ascii_requests;
             compared_apart:
         );
         // A token generated at each start is not a change the operator made.

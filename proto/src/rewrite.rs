@@ -2,7 +2,9 @@
 //!
 //! The relay forwards what it received. To multiplex bridges onto one mod it swaps request ids
 //! (same length, so in place), and to sequence events it replaces the mod's `seq` with its own
-//! (the digit count may change, so one new buffer, shared by every subscriber).
+//! (the digit count may change, so one new buffer, shared by every subscriber). For a mod that
+//! counts `Content-Length` in characters, a request's non-ASCII can be written as `\uXXXX`
+//! escapes on the way to it ([`put_wire_ascii`]): the same JSON, in bytes both counts agree on.
 
 use std::ops::Range;
 
@@ -105,6 +107,52 @@ pub fn with_seq(body: &[u8], seq_span: Option<Range<usize>>, seq: u64) -> Bytes 
     out.freeze()
 }
 
+/// The length of `body` once every non-ASCII character in it is written as `\uXXXX` escapes
+/// (one per UTF-16 unit: 6 bytes for a 2- or 3-byte sequence, 12 for a 4-byte one). A body
+/// that is not UTF-8 is left as it is.
+pub fn len_ascii_escaped(body: &[u8]) -> usize {
+    if std::str::from_utf8(body).is_err() {
+        return body.len();
+    }
+    // Each lead byte says how long its sequence is; continuation bytes add nothing more.
+    body.iter().fold(body.len(), |len, &b| {
+        len + match b {
+            0xC0..=0xDF => 4,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 8,
+            _ => 0,
+        }
+    })
+}
+
+/// Appends the complete wire frame (header and body) of `body` with every non-ASCII character
+/// written as a `\uXXXX` escape. In valid JSON non-ASCII occurs only inside strings, where the
+/// escape means the same character, so the frame says what `body` says in ASCII alone, and a
+/// peer counting `Content-Length` in characters reads it whole. A body that is not UTF-8 is
+/// framed as it is.
+pub fn put_wire_ascii(body: &[u8], out: &mut BytesMut) {
+    let Ok(text) = std::str::from_utf8(body) else {
+        crate::codec::encode_frame(body, out);
+        return;
+    };
+    crate::codec::encode_header(len_ascii_escaped(body), out);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut rest = text;
+    while let Some(at) = rest.bytes().position(|b| !b.is_ascii()) {
+        out.put_slice(&rest.as_bytes()[..at]);
+        let c = rest[at..].chars().next().expect("a character starts here");
+        let mut units = [0u16; 2];
+        for &u in c.encode_utf16(&mut units).iter() {
+            out.put_slice(b"\\u");
+            for shift in [12, 8, 4, 0] {
+                out.put_u8(HEX[usize::from((u >> shift) & 0xF)]);
+            }
+        }
+        rest = &rest[at + c.len_utf8()..];
+    }
+    out.put_slice(rest.as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +206,33 @@ mod tests {
         let mut b = [0; 20];
         assert_eq!(decimal(0, &mut b), b"0");
         assert_eq!(decimal(u64::MAX, &mut b), b"18446744073709551615");
+    }
+
+    #[test]
+    fn ascii_frames_escape_every_non_ascii_character_and_keep_the_meaning() {
+        use crate::codec::GabpCodec;
+        use tokio_util::codec::Decoder;
+        for body in [
+            r#"{"a":"h\u00e9llo"}"#.to_string(),
+            r#"{"a":"héllo","b":"€ 🎮 \u2028","é":["ü",1]}"#.to_string(),
+            r#"{"plain":"ascii only"}"#.to_string(),
+        ] {
+            let mut wire = BytesMut::new();
+            put_wire_ascii(body.as_bytes(), &mut wire);
+            let frame = GabpCodec::default()
+                .decode(&mut wire)
+                .expect("framed")
+                .expect("whole");
+            assert!(frame.body.is_ascii(), "{:?}", frame.body);
+            assert_eq!(frame.body.len(), len_ascii_escaped(body.as_bytes()));
+            let was: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let now: serde_json::Value = serde_json::from_slice(&frame.body).expect("JSON");
+            assert_eq!(was, now, "the same JSON");
+        }
+        let mut wire = BytesMut::new();
+        put_wire_ascii("\"é🎮\"".as_bytes(), &mut wire);
+        assert!(wire.ends_with(br#""\u00e9\ud83c\udfae""#), "{wire:?}");
+        // Not UTF-8: framed as it is.
+        assert_eq!(len_ascii_escaped(b"\xff\xfe"), 2);
     }
 }

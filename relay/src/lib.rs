@@ -1,7 +1,8 @@
 //! The `gabp-relay` command line: parsing, config files, and one module per command, over the
 //! engine (`gabp-engine`), the readers of recordings (`gabp-analysis`), shipping
-//! (`gabp-ship`), the MCP front (`gabp-mcp`) and the simulated mod (`gabp-sim`, for `demo` and
-//! `mod-sim` only). The only crate of the workspace's product that reads flags or TOML.
+//! (`gabp-ship`), the MCP front (`gabp-mcp`), the conformance checks (`gabp-check`, for
+//! `check-mod` and `check-bridge`) and the simulated mod (`gabp-sim`, for `demo` and `mod-sim`
+//! only). The only crate of the workspace's product that reads flags or TOML.
 //!
 //! - [`cli`]: parsing, dispatch and one module per command.
 //! - [`config`]: the TOML config file, layered with flags over defaults into the engine's

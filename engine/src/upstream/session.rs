@@ -97,15 +97,28 @@ pub(super) async fn run(route: Arc<Route>, connector: Arc<dyn Connector>) {
     }
 }
 
+/// Frames `body` for the mod: as it is, or with `ascii` (the route's `ascii_requests`) its
+/// non-ASCII escaped, so a mod counting `Content-Length` in characters reads it whole. An ASCII
+/// body (every frame the relay writes itself) is framed as it is either way.
+#[inline]
+fn encode_for_mod(body: &[u8], ascii: bool, buf: &mut BytesMut) {
+    if ascii && !body.is_ascii() {
+        gabp_proto::rewrite::put_wire_ascii(body, buf);
+    } else {
+        gabp_proto::encode_frame(body, buf);
+    }
+}
+
 async fn write_loop(mut write: BoxWrite, mut rx: mpsc::Receiver<Bytes>, route: Arc<Route>) {
     let mut buf = BytesMut::with_capacity(64 * 1024);
+    let ascii = route.cfg.ascii_requests;
     while let Some(body) = rx.recv().await {
-        gabp_proto::encode_frame(&body, &mut buf);
+        encode_for_mod(&body, ascii, &mut buf);
         let mut n = 1;
         while buf.len() < 256 * 1024 {
             match rx.try_recv() {
                 Ok(b) => {
-                    gabp_proto::encode_frame(&b, &mut buf);
+                    encode_for_mod(&b, ascii, &mut buf);
                     n += 1;
                 }
                 Err(_) => break,

@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
-    collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair, replay, report, serve,
-    sessions, ship, stats, status, wrap,
+    check_bridge, check_mod, collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair,
+    replay, report, serve, sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -55,6 +55,12 @@ enum Cmd {
     Wrap(Box<wrap::WrapArgs>),
     /// Run the built-in simulated mod on its own.
     ModSim(mod_sim::ModSimArgs),
+    /// Check a mod against GABP 1.0 as a bridge connected to it: framing, concurrency, shapes,
+    /// seq, a dropped connection; exit 1 on a failure.
+    CheckMod(Box<check_mod::CheckModArgs>),
+    /// Be a simulated mod for a bridge to connect to, and report where the bridge deviates
+    /// from GABP 1.0; exit 1 on a failure.
+    CheckBridge(check_bridge::CheckBridgeArgs),
     /// Print a fresh 128-bit token.
     Token,
     /// Send recorded sessions to a NATS JetStream cluster (backfill; shipping twice changes nothing).
@@ -199,6 +205,8 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Repair(a) => repair::run(a)?,
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,
+        Cmd::CheckMod(a) => return check_mod::run(*a).await,
+        Cmd::CheckBridge(a) => return check_bridge::run(a).await,
         Cmd::Mcp(a) => mcp::run(a).await?,
         Cmd::Ship(a) => ship::run(a).await?,
         Cmd::Collect(a) => collect::run(a).await?,

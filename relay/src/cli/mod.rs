@@ -16,6 +16,8 @@ macro_rules! outln {
 }
 
 mod app;
+pub(crate) mod check_bridge;
+pub(crate) mod check_mod;
 pub(crate) mod collect;
 pub(crate) mod demo;
 pub(crate) mod export;

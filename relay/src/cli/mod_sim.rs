@@ -33,13 +33,44 @@ pub struct ModSimArgs {
     /// Delay before answering tools/call (e.g. 5ms).
     #[arg(long, value_parser = parse_duration, default_value = "0s")]
     pub tool_latency: Duration,
-    /// Behave like a quirky real mod library (seq from 1, null fields, timestamps).
+    /// Behave like a quirky real mod library (seq from 1, null fields, timestamps, unknown
+    /// welcome members): quirks the relay passes through.
     #[arg(long)]
     pub quirks: bool,
     /// Seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Switch on a defect of real mod libraries, for checkers and shields to be tried against
+    /// (repeatable or comma separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub defect: Vec<Defect>,
 }
+
+/// The defects `--defect` switches on ([`gabp_sim::Defects`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Defect {
+    /// Count Content-Length in characters, not bytes (a raw non-ASCII request hangs).
+    CountChars,
+    /// Write each frame's header and body in two writes (frames interleave under load).
+    SplitWrites,
+    /// Crash when a connection drops while one of its requests is handled.
+    CrashOnDrop,
+    /// Answer with both result and error, the other one null.
+    BothResultAndError,
+}
+
+fn defects(list: &[Defect]) -> gabp_sim::Defects {
+    gabp_sim::Defects {
+        count_chars: list.contains(&Defect::CountChars),
+        split_writes: list.contains(&Defect::SplitWrites),
+        crash_on_drop: list.contains(&Defect::CrashOnDrop),
+        both_result_and_error: list.contains(&Defect::BothResultAndError),
+    }
+}
+
+/// The one line a crashed simulated mod exits with.
+const CRASHED: &str =
+    "the simulated mod crashed: a connection dropped while one of its requests was handled (--defect crash-on-drop)";
 
 pub async fn run(a: ModSimArgs) -> Result<()> {
     let cfg = gabp_sim::ModSimConfig {
@@ -57,12 +88,15 @@ pub async fn run(a: ModSimArgs) -> Result<()> {
         tool_latency: a.tool_latency,
         seq_start: if a.quirks { 1 } else { 0 },
         quirks: a.quirks,
+        defects: defects(&a.defect),
         ..gabp_sim::ModSimConfig::default()
     };
     if a.stdio {
         // Spoken to over stdio by a relay that owns its lifetime: signals act as usual.
         super::release_stop_signals();
-        tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await?;
+        if tokio::task::spawn_blocking(move || gabp_sim::ModSim::serve_stdio(cfg)).await? {
+            anyhow::bail!(CRASHED);
+        }
         return Ok(());
     }
     let mut signals = Signals::install()?;
@@ -79,8 +113,20 @@ pub async fn run(a: ModSimArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "simulated mod listening on {}", sim.addr()).and_then(|()| out.flush());
     drop(out);
-    let sig = signals.shutdown().await;
-    tracing::info!("{sig} received: stopping the simulated mod");
-    sim.stop();
-    Ok(())
+    let crashed = async {
+        while !sim.crashed() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        sig = signals.shutdown() => {
+            tracing::info!("{sig} received: stopping the simulated mod");
+            sim.stop();
+            Ok(())
+        }
+        () = crashed => {
+            sim.stop();
+            anyhow::bail!(CRASHED)
+        }
+    }
 }

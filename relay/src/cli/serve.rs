@@ -62,6 +62,11 @@ pub struct PolicyFlags {
         serialize_with = "negated"
     )]
     pub no_subscribe_all: bool,
+    /// Write requests to the mod in ASCII, non-ASCII as \uXXXX escapes (the same JSON): for a
+    /// mod that counts Content-Length in characters (`check-mod` says when).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "unset")]
+    pub ascii_requests: bool,
     /// Do not record.
     #[arg(long)]
     #[serde(

@@ -124,6 +124,8 @@ pub struct FileRoute {
     pub lease_max_ttl: Option<String>,
     /// Marks one session keeps (`relay/mark`).
     pub max_marks: Option<u32>,
+    /// Write requests to the mod in ASCII (non-ASCII as `\uXXXX` escapes).
+    pub ascii_requests: Option<bool>,
 }
 
 /// One `[[route.bridge]]` table: a named bridge identity.
@@ -606,6 +608,7 @@ impl FileConfig {
         }
         rc.subscribe_all = r.subscribe_all.unwrap_or(rc.subscribe_all);
         rc.record = r.record.unwrap_or(rc.record);
+        rc.ascii_requests = r.ascii_requests.unwrap_or(rc.ascii_requests);
         if let Some(tags) = &r.tags {
             for (k, v) in tags {
                 gabp_storage::check_tag(k, v).map_err(|m| err("tags", m))?;

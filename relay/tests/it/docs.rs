@@ -437,6 +437,26 @@ fn guide_python_runs() {
     }
 }
 
+#[test]
+fn guide_mod_authors_runs() {
+    let out = run_guide("mod-authors.md");
+    for said in [
+        "0 tolerated, 0 fail, 1 skipped", // the clean mod
+        "check-mod exited 1",             // the one counting characters
+        "counts Content-Length in characters, not bytes",
+        "hint: count Content-Length in bytes",
+        "pass       methods.tools-call sim/echo  §4.2   answered with a result", // shielded
+        "\"code\":-32001",                                                       // not shielded
+        "bridge listening on", // check-bridge's report
+        "0 tolerated, 0 fail, 0 skipped",
+    ] {
+        assert!(
+            out.contains(said),
+            "the guide's output lacks {said:?}:\n{out}"
+        );
+    }
+}
+
 /// The keys a config table accepts, as serde's own "unknown field" error lists them.
 fn accepted_keys(toml: &str) -> BTreeSet<String> {
     let e = gabp_relay::config::FileConfig::parse(toml, "probe.toml")

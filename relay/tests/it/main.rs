@@ -10,6 +10,7 @@ mod analysis_parquet;
 mod backpressure;
 mod bounds;
 mod catalog_counts;
+mod check;
 mod cli;
 mod cli_commands;
 mod cli_secrets;

@@ -12,7 +12,11 @@ use crate::support::in_process::{emit, error_code, quiet_mod, Harness, MOD_TOKEN
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn welcome_is_the_mods_own_plus_the_relay_extension() {
-    let h = Harness::start(quiet_mod()).await;
+    let h = Harness::start(ModSimConfig {
+        quirks: true,
+        ..quiet_mod()
+    })
+    .await;
     let (_, welcome) = Client::connect_hello(&h.addr, &h.token)
         .await
         .expect("hello");

@@ -15,7 +15,8 @@
 //! `hostile_tool` it also lists `sim/hostile` (it echoes), whose title, description, schema
 //! texts and annotations are the kind of prompt injection a game could send an assistant:
 //! instructions hidden behind control, bidirectional and invisible characters, at 64 KiB
-//! ([`HOSTILE_TEXT`]).
+//! ([`HOSTILE_TEXT`]). Each of [`Defects`] is a switch of its own: the checker
+//! (`gabp-relay check-mod`) must name each, and the relay's shields absorb what they can.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -50,7 +51,8 @@ pub struct ModSimConfig {
     pub tool_latency: Duration,
     /// First seq per channel (a widely used mod library starts at 1).
     pub seq_start: u64,
-    /// Write `"error": null` in successes, `"result": null` in errors and an event `timestamp`.
+    /// Write `"error": null` in successes, `"result": null` in errors, an event `timestamp` and
+    /// welcome members the schema does not name (`x-unknown-field`, `capabilities.x-sim`).
     pub quirks: bool,
     /// Start streaming at the first subscription.
     pub autostart: bool,
@@ -62,7 +64,33 @@ pub struct ModSimConfig {
     pub pace: Option<Arc<Pace>>,
     /// Also list `sim/hostile`, a tool whose texts are [`HOSTILE_TEXT`].
     pub hostile_tool: bool,
+    /// The defects of real mod libraries that break peers, each on its own switch, for the
+    /// conformance checker and the relay's shields to be tested against.
+    pub defects: Defects,
 }
+
+/// Defects of real mod libraries, each a switch (all off by default). Unlike
+/// [`ModSimConfig::quirks`], which the relay passes through unchanged, each of these breaks a
+/// peer that does not defend against it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Defects {
+    /// Counts `Content-Length` in characters, not bytes, reading and writing, and writes its
+    /// answers' non-ASCII raw: a request with raw non-ASCII UTF-8 waits for characters that
+    /// never come, and an answer with some is cut short.
+    pub count_chars: bool,
+    /// Writes each frame's header and body in two writes, each under the writer lock on its
+    /// own, so frames written by two threads (answers, events) interleave.
+    pub split_writes: bool,
+    /// Stops accepting and drops every connection (a crash) when a connection closes while one
+    /// of its requests is being handled. Every answer is then written at least
+    /// [`CRASH_WINDOW`] after its request was read, as a game's main thread would.
+    pub crash_on_drop: bool,
+    /// Answers with both `result` and `error`, the other one `null`.
+    pub both_result_and_error: bool,
+}
+
+/// With [`Defects::crash_on_drop`], how long after its request an answer is written.
+pub const CRASH_WINDOW: Duration = Duration::from_millis(50);
 
 /// What `sim/hostile` says in its title, description, schema texts and annotation title: an
 /// instruction to the assistant behind a terminal escape, a right-to-left override, zero-width
@@ -93,6 +121,7 @@ impl Default for ModSimConfig {
             app_name: "SimGame".into(),
             pace: None,
             hostile_tool: false,
+            defects: Defects::default(),
         }
     }
 }
@@ -112,6 +141,31 @@ struct Shared {
     accepted: AtomicUsize,
     emitted: AtomicU64,
     calls: AtomicU64,
+    /// Set when [`Defects::crash_on_drop`] brought the mod down.
+    crashed: AtomicBool,
+}
+
+impl Shared {
+    fn new(cfg: ModSimConfig, accepted: usize) -> Shared {
+        Shared {
+            cfg,
+            stopped: AtomicBool::new(false),
+            conns: Mutex::new(Vec::new()),
+            accepted: AtomicUsize::new(accepted),
+            emitted: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            crashed: AtomicBool::new(false),
+        }
+    }
+
+    /// The crash of [`Defects::crash_on_drop`]: nothing is accepted or served any more.
+    fn crash(&self) {
+        self.crashed.store(true, Ordering::Release);
+        self.stopped.store(true, Ordering::Release);
+        for c in self.conns.lock().expect("conn list lock").drain(..) {
+            c.shutdown();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -161,14 +215,7 @@ impl Write for Stream {
 impl ModSim {
     /// Binds `addr` and starts accepting bridges (normally the relay) on a background thread.
     pub fn start(addr: &Addr, cfg: ModSimConfig) -> std::io::Result<ModSim> {
-        let shared = Arc::new(Shared {
-            cfg,
-            stopped: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            accepted: AtomicUsize::new(0),
-            emitted: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-        });
+        let shared = Arc::new(Shared::new(cfg, 0));
         let (bound, accept): (Addr, Box<dyn FnMut() -> std::io::Result<Stream> + Send>) = match addr
         {
             Addr::Tcp(a) => {
@@ -220,19 +267,18 @@ impl ModSim {
     }
 
     /// Serves one already-connected peer on the current thread (the stdio transport uses this).
-    pub fn serve_stdio(cfg: ModSimConfig) {
-        let shared = Arc::new(Shared {
-            cfg,
-            stopped: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            accepted: AtomicUsize::new(1),
-            emitted: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-        });
+    /// Returns whether it crashed ([`Defects::crash_on_drop`]).
+    pub fn serve_stdio(cfg: ModSimConfig) -> bool {
+        let shared = Arc::new(Shared::new(cfg, 1));
         let out = Arc::new(Mutex::new(
             Box::new(std::io::stdout()) as Box<dyn Write + Send>
         ));
-        run_session(shared, Box::new(std::io::stdin()), out);
+        run_session(shared.clone(), Box::new(std::io::stdin()), out);
+        if shared.cfg.defects.crash_on_drop {
+            // An answer still waiting may find its connection gone.
+            thread::sleep(CRASH_WINDOW * 2);
+        }
+        shared.crashed.load(Ordering::Acquire)
     }
 
     /// The address the mod listens on.
@@ -248,6 +294,11 @@ impl ModSim {
     /// How many events it has written.
     pub fn emitted(&self) -> u64 {
         self.shared.emitted.load(Ordering::Relaxed)
+    }
+
+    /// Whether it crashed ([`Defects::crash_on_drop`]): it then accepts no more connections.
+    pub fn crashed(&self) -> bool {
+        self.shared.crashed.load(Ordering::Acquire)
     }
 
     /// How many `tools/call` requests it has answered.

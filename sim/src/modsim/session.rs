@@ -35,10 +35,100 @@ pub(super) struct Session {
     pub(super) closed: AtomicBool,
 }
 
-pub(super) fn write_frames(out: &SharedWriter, wire: &[u8]) -> bool {
+/// Writes whole frames: in one write under the writer lock, or, with
+/// [`Defects::split_writes`](super::Defects), each header and each body in a write of its own
+/// with the lock let go between them (another thread's frame can then land in the middle).
+pub(super) fn write_frames(out: &SharedWriter, wire: &[u8], split: bool) -> bool {
     // Flush: on the stdio transport stdout is line-buffered and a body has no newline.
-    let mut w = out.lock().expect("writer lock");
-    w.write_all(wire).is_ok() && w.flush().is_ok()
+    let write = |bytes: &[u8]| {
+        let mut w = out.lock().expect("writer lock");
+        w.write_all(bytes).is_ok() && w.flush().is_ok()
+    };
+    if !split {
+        return write(wire);
+    }
+    let mut rest = wire;
+    while !rest.is_empty() {
+        let Some(head) = memchr::memmem::find(rest, b"\r\n\r\n").map(|i| i + 4) else {
+            return write(rest);
+        };
+        // Frames here are the sim's own, one per reply, so a length it cannot read (counted in
+        // characters) means the body is the rest.
+        let end = GabpCodec::default()
+            .extent(rest)
+            .ok()
+            .flatten()
+            .map_or(rest.len(), |(h, len)| (h + len).min(rest.len()));
+        if !write(&rest[..head]) {
+            return false;
+        }
+        // Long enough for a thread writing a frame of its own to take the lock meanwhile.
+        thread::sleep(std::time::Duration::from_micros(100));
+        if !write(&rest[head..end.max(head)]) {
+            return false;
+        }
+        rest = &rest[end.max(head)..];
+    }
+    true
+}
+
+/// The frame of the body at the start of `buf` with its `Content-Length` counted in
+/// characters ([`Defects::count_chars`](super::Defects)): `None` until that many characters
+/// (the last one whole) have arrived. An unreadable header is an error, as the codec's is.
+fn decode_counting_chars(buf: &mut BytesMut) -> Result<Option<bytes::Bytes>, ()> {
+    let Some(head) = memchr::memmem::find(buf, b"\r\n\r\n").map(|i| i + 4) else {
+        return if buf.len() > gabp_proto::DEFAULT_MAX_HEADER {
+            Err(())
+        } else {
+            Ok(None)
+        };
+    };
+    let header = std::str::from_utf8(&buf[..head]).map_err(|_| ())?;
+    let chars: usize = header
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .ok_or(())?;
+    // Walk the body character by character (a lead byte starts one), as a reader decoding
+    // UTF-8 and counting what it decoded would.
+    let mut seen = 0;
+    let mut end = head;
+    while seen < chars {
+        let Some(&b) = buf.get(end) else {
+            return Ok(None);
+        };
+        let len = match b {
+            0xF0..=0xF7 => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        if buf.len() < end + len {
+            return Ok(None);
+        }
+        end += len;
+        seen += 1;
+    }
+    let mut frame = buf.split_to(end);
+    Ok(Some(frame.split_off(head).freeze()))
+}
+
+/// The frame of `body` as this sim writes it: `Content-Length` in bytes, or in characters
+/// with [`Defects::count_chars`](super::Defects).
+fn frame_of(cfg: &ModSimConfig, body: &[u8]) -> BytesMut {
+    let mut wire = BytesMut::new();
+    if cfg.defects.count_chars {
+        let chars = String::from_utf8_lossy(body).chars().count();
+        wire.extend_from_slice(format!("Content-Length: {chars}\r\n\r\n").as_bytes());
+        wire.extend_from_slice(body);
+    } else {
+        encode_frame(body, &mut wire);
+    }
+    wire
 }
 
 pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, out: SharedWriter) {
@@ -67,10 +157,15 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
         };
         buf.extend_from_slice(&chunk[..n]);
         loop {
-            let frame = match codec.decode(&mut buf) {
+            let decoded = if shared.cfg.defects.count_chars {
+                decode_counting_chars(&mut buf).map(|b| b.map(|body| gabp_proto::Frame { body }))
+            } else {
+                codec.decode(&mut buf).map_err(|_| ())
+            };
+            let frame = match decoded {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
-                Err(_) => break 'read,
+                Err(()) => break 'read,
             };
             let view = match parser.parse(&frame.body, Mode::Tolerant) {
                 Ok(v) => v,
@@ -115,12 +210,26 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
             let echoed = (method == "tools/call" && ECHO_TOOLS.contains(&tool))
                 .then(|| raw_arguments(&frame.body, view.params.clone()))
                 .flatten();
-            if method == "tools/call" && !shared.cfg.tool_latency.is_zero() {
+            let mut delay = if method == "tools/call" {
+                shared.cfg.tool_latency
+            } else {
+                std::time::Duration::ZERO
+            };
+            if shared.cfg.defects.crash_on_drop {
+                delay = delay.max(super::CRASH_WINDOW);
+            }
+            if !delay.is_zero() {
                 // Answer later without blocking the reader, as a game's main thread would.
-                let (out, cfg, delay) = (out.clone(), shared.cfg.clone(), shared.cfg.tool_latency);
+                let (out, sh, se) = (out.clone(), shared.clone(), session.clone());
                 thread::spawn(move || {
                     thread::sleep(delay);
-                    reply_answer(&out, &cfg, &id, answer, echoed.as_deref());
+                    if sh.cfg.defects.crash_on_drop && se.closed.load(Ordering::Acquire) {
+                        // A widely used mod library throws here ("connection is not active")
+                        // and takes the game's mod down with it.
+                        sh.crash();
+                        return;
+                    }
+                    reply_answer(&out, &sh.cfg, &id, answer, echoed.as_deref());
                 });
             } else {
                 // Misbehaviour on request, for fault tests: a response to an id nobody sent,
@@ -155,18 +264,22 @@ pub(super) fn run_session(shared: Arc<Shared>, mut input: Box<dyn Read + Send>, 
 }
 
 pub(super) fn welcome(cfg: &ModSimConfig) -> Value {
-    json!({
+    let mut welcome = json!({
         "agentId": "gabp-sim",
         "app": { "name": cfg.app_name, "version": "1.0.0" },
         "capabilities": {
-            "methods": ["tools/list", "tools/call", "events/subscribe", "events/unsubscribe", "state/get"],
+            "methods": ["tools/list", "tools/call", "events/subscribe", "events/unsubscribe", "state/get", "attention/current", "attention/ack"],
             "events": cfg.channels,
-            "resources": [],
-            "x-sim": { "seed": cfg.seed }
+            "resources": []
         },
-        "schemaVersion": "1.0",
-        "x-unknown-field": true
-    })
+        "schemaVersion": "1.0"
+    });
+    if cfg.quirks {
+        // Members the schema does not name, as libraries add them: they pass through.
+        welcome["capabilities"]["x-sim"] = json!({ "seed": cfg.seed });
+        welcome["x-unknown-field"] = json!(true);
+    }
+    welcome
 }
 
 /// The tools that answer `{"echo": <their arguments>}`.
@@ -195,13 +308,19 @@ fn reply_answer(
         return reply(out, cfg, Some(id), answer);
     };
     let id = String::from_utf8(message::to_ascii_json(&Value::from(id))).expect("ASCII");
-    let quirk = if cfg.quirks { r#","error":null"# } else { "" };
+    let quirk = if cfg.quirks || cfg.defects.both_result_and_error {
+        r#","error":null"#
+    } else {
+        ""
+    };
     let body = format!(
         r#"{{"v":"gabp/1","id":{id},"type":"response","result":{{"echo":{args}}}{quirk}}}"#
     );
-    let mut wire = BytesMut::new();
-    encode_frame(body.as_bytes(), &mut wire);
-    write_frames(out, &wire);
+    write_frames(
+        out,
+        &frame_of(cfg, body.as_bytes()),
+        cfg.defects.split_writes,
+    );
 }
 
 pub(super) fn reply(
@@ -211,21 +330,26 @@ pub(super) fn reply(
     answer: Result<Value, (i64, String)>,
 ) {
     let id = id.unwrap_or(message::NIL_ID);
+    let both = cfg.quirks || cfg.defects.both_result_and_error;
     let body = match answer {
-        Ok(result) if cfg.quirks => {
+        Ok(result) if both => {
             json!({"v": "gabp/1", "id": id, "type": "response", "result": result, "error": null})
         }
         Ok(result) => json!({"v": "gabp/1", "id": id, "type": "response", "result": result}),
-        Err((code, msg)) if cfg.quirks => {
+        Err((code, msg)) if both => {
             json!({"v": "gabp/1", "id": id, "type": "response", "result": null, "error": {"code": code, "message": msg}})
         }
         Err((code, msg)) => {
             json!({"v": "gabp/1", "id": id, "type": "response", "error": {"code": code, "message": msg}})
         }
     };
-    let mut wire = BytesMut::new();
-    encode_frame(&message::to_ascii_json(&body), &mut wire);
-    write_frames(out, &wire);
+    // A library counting characters writes its non-ASCII raw: only then do the counts differ.
+    let json = if cfg.defects.count_chars {
+        serde_json::to_vec(&body).expect("a Value serializes")
+    } else {
+        message::to_ascii_json(&body)
+    };
+    write_frames(out, &frame_of(cfg, &json), cfg.defects.split_writes);
 }
 
 pub(super) fn handle(
@@ -280,13 +404,13 @@ pub(super) fn handle(
                         let seq = idx.map_or(0, |i| seqs[i].fetch_add(1, Ordering::Relaxed));
                         template.write_frame(0, seq, now_ns(), &mut wire);
                         if wire.len() > 192 * 1024 {
-                            if !write_frames(out, &wire) {
+                            if !write_frames(out, &wire, shared.cfg.defects.split_writes) {
                                 break;
                             }
                             wire.clear();
                         }
                     }
-                    write_frames(out, &wire);
+                    write_frames(out, &wire, shared.cfg.defects.split_writes);
                     shared.emitted.fetch_add(count, Ordering::Relaxed);
                     Ok(json!({"emitted": count}))
                 }
@@ -357,7 +481,7 @@ pub(super) fn stream_events(
             }
         }
         emitted += n;
-        if !wire.is_empty() && !write_frames(out, &wire) {
+        if !wire.is_empty() && !write_frames(out, &wire, cfg.defects.split_writes) {
             break;
         }
         shared.emitted.fetch_add(n, Ordering::Relaxed);
