@@ -18,6 +18,7 @@ macro_rules! outln {
 mod app;
 pub(crate) mod collect;
 pub(crate) mod demo;
+pub(crate) mod episodes;
 pub(crate) mod export;
 pub(crate) mod fleet_key;
 pub(crate) mod mark;
