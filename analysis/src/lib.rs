@@ -2,13 +2,16 @@
 //! pages. Everything here reads a [`gabp_storage::Store`] opened for reading; nothing here
 //! knows the relay engine, a socket or a runtime, so the engine never links Parquet or Arrow.
 //!
-//! - [`export`]: the row every format writes, which frames a filter keeps, JSONL and Parquet
-//!   (a file per session or a Hive directory), and atomic output files.
+//! - [`export`]: the row every format writes, which frames a filter keeps, which episode each
+//!   frame belongs to, JSONL, Parquet (a file per session or a Hive directory) and MCAP, and
+//!   atomic output files.
+//! - [`episodes`]: `gabp-relay episodes`: each session's episodes, one pass per session.
 //! - [`stats`]: `gabp-relay stats`: counts, rates and call latency per method of one session.
 //! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page.
 //! - `calls`: what stats and the report share when they match answers to requests.
 
 mod calls;
+pub mod episodes;
 pub mod export;
 pub mod report;
 pub mod stats;

@@ -417,7 +417,7 @@ class ExportTest(unittest.TestCase):
         '{"session":"s1","frame":1,"tNs":1700000000000000001,"offsetMs":0.5,'
         '"dir":"bridge->relay","conn":1,"kind":"mark","channel":null,"modSeq":null,'
         '"relaySeq":null,"label":"episode-start","tags":{},"data":{"n":123456789012345678901234},'
-        '"msg":{"v":"gabp/1","id":"b","type":"request","method":"relay/mark","params":{}}}',
+        '"episode":1,"msg":{"v":"gabp/1","id":"b","type":"request","method":"relay/mark","params":{}}}',
         '',
         '{"session":"s1","frame":2,"tNs":1700000000000000002,"offsetMs":1.0,'
         '"dir":"mod->relay","conn":0,"kind":"other","channel":null,"modSeq":null,'
@@ -441,6 +441,8 @@ class ExportTest(unittest.TestCase):
         self.assertEqual(call.payload, {"name": "sim/echo"})
         self.assertEqual(mark.label, "episode-start")
         self.assertEqual(mark.data, {"n": 123456789012345678901234})
+        # The episode a row lies in; none outside one (and in exports from before the column).
+        self.assertEqual((mark.episode, call.episode), (1, None))
         self.assertEqual((other.msg, other.raw), (None, "not json"))
         self.assertEqual(refusal.error_code, -32008)
         self.assertEqual(call.t_ns, 1700000000000000000)

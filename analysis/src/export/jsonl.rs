@@ -2,8 +2,9 @@
 //!
 //! Each line holds the session id, frame number, receive time, offset from the session start,
 //! direction, bridge connection, kind (request, response, event, mark, other), channel, mod and
-//! relay seq, a mark's label and data, the session's tags (`{}` when none, so every line has the same keys), and the frame
-//! itself as JSON (`msg`), or as a string (`raw`) when it was not valid JSON when received.
+//! relay seq, a mark's label and data, the episode (null outside any), the session's tags (`{}`
+//! when none, so every line has the same keys), and the frame itself as JSON (`msg`), or as a
+//! string (`raw`) when it was not valid JSON when received.
 
 use std::io::Write;
 
@@ -19,24 +20,31 @@ pub fn export(
     filter: &ExportFilter,
     out: &mut dyn Write,
 ) -> Result<u64, ExportError> {
-    Ok(export_sessions(store, std::slice::from_ref(meta), filter, out)?[0])
+    Ok(export_sessions(store, std::slice::from_ref(meta), filter, out)?[0].unwrap_or(0))
 }
 
-/// Writes the sessions' frames as JSONL, one after another; returns the lines of each.
+/// Writes the sessions' frames as JSONL, one after another; returns the lines of each, `None`
+/// for a session left out for lacking the episode asked for
+/// ([`ExportFilter::skip_without_episode`]: it wrote no line, since rows start with the
+/// episode).
 pub fn export_sessions(
     store: &Store,
     metas: &[SessionMeta],
     filter: &ExportFilter,
     out: &mut dyn Write,
-) -> Result<Vec<u64>, ExportError> {
+) -> Result<Vec<Option<u64>>, ExportError> {
     let mut counts = Vec::with_capacity(metas.len());
     for meta in metas {
         let meta = &*store.with_details(meta)?;
         let session = meta.id.to_string();
         let n = for_each_row(store, meta, filter, |row| {
             line(meta, &session, row, &mut *out)
-        })?;
-        counts.push(n);
+        });
+        counts.push(match n {
+            Ok(n) => Some(n),
+            Err(ExportError::NoEpisode { .. }) if filter.skip_without_episode => None,
+            Err(e) => return Err(e),
+        });
     }
     out.flush()?;
     Ok(counts)
@@ -60,6 +68,7 @@ fn line(
         "channel": row.channel,
         "modSeq": rec.mod_seq,
         "relaySeq": rec.relay_seq,
+        "episode": row.episode,
     });
     if row.kind == Kind::Mark {
         head["label"] = json!(row.label);
@@ -102,13 +111,14 @@ fn write_one_line(json: &[u8], out: &mut dyn Write) -> std::io::Result<()> {
     out.write_all(&flat)
 }
 
-/// Exports into `path` atomically (see [`write_atomically`]); returns the lines per session.
+/// Exports into `path` atomically (see [`write_atomically`]); returns the lines per session
+/// (as [`export_sessions`]).
 pub fn export_to_file(
     store: &Store,
     metas: &[SessionMeta],
     filter: &ExportFilter,
     path: &std::path::Path,
-) -> Result<Vec<u64>, ExportError> {
+) -> Result<Vec<Option<u64>>, ExportError> {
     write_atomically(path, |f| {
         let mut out = std::io::BufWriter::new(f);
         let n = export_sessions(store, metas, filter, &mut out)?;

@@ -7,10 +7,13 @@
 //! per frame, columns, a Hive-partitioned directory for many sessions); both write this row.
 //!
 //! A mark is a bridge's `relay/mark {label, data?}` request: recorded as a frame like any
-//! other, exported with kind `mark`, its label and data.
+//! other, exported with kind `mark`, its label and data. Marks make episodes ([`episode`]):
+//! every row carries the episode it belongs to, found in the same walk that exports it.
 
 mod atomic;
+pub mod episode;
 pub mod jsonl;
+pub mod mcap;
 pub mod parquet;
 
 use std::borrow::Cow;
@@ -21,6 +24,7 @@ use gabp_proto::{Mode, MsgType, Parser};
 use gabp_storage::{Direction, FrameRecord, SessionMeta, Store, StoreError};
 
 pub use atomic::{is_link_to_a_directory, write_atomically};
+pub use episode::{EpisodeMarks, Tracker};
 pub use jsonl::{export, export_sessions, export_to_file};
 
 /// Which frames to export.
@@ -36,6 +40,13 @@ pub struct ExportFilter {
     pub from_mark: Option<String>,
     /// To the next mark with this label after the start (inclusive).
     pub to_mark: Option<String>,
+    /// Only the frames of this episode (numbered from 1).
+    pub episode: Option<u64>,
+    /// The marks that start and end an episode.
+    pub episode_marks: EpisodeMarks,
+    /// With [`ExportFilter::episode`]: a session without that episode is left out (no rows)
+    /// instead of failing the export, as a selection does.
+    pub skip_without_episode: bool,
 }
 
 /// What a frame is.
@@ -93,6 +104,8 @@ pub struct Row<'a> {
     pub label: Option<String>,
     /// A mark's data (JSON text).
     pub data: Option<String>,
+    /// The episode the frame belongs to (numbered from 1), if any.
+    pub episode: Option<u64>,
 }
 
 /// Classifies frames; keeps one parser for the whole export.
@@ -126,6 +139,7 @@ impl Classifier {
             payload: None,
             label: None,
             data: None,
+            episode: None,
         };
         let body = &rec.body[..];
         let Ok(view) = self.parser.parse(body, Mode::Tolerant) else {
@@ -186,6 +200,8 @@ pub fn check(store: &Store, meta: &SessionMeta, filter: &ExportFilter) -> Result
 }
 
 /// Calls `each` with every exported row of one session, in frame order; returns how many.
+/// Every row carries its episode, found in this same walk: the walk looks at every bridge
+/// frame for marks, exported or not, so episodes are numbered alike whatever is cut.
 pub fn for_each_row(
     store: &Store,
     meta: &SessionMeta,
@@ -208,14 +224,36 @@ pub fn for_each_row(
     let span = mark_span(store, meta, filter)?;
     let mut classifier = Classifier::default();
     let mut rows = 0;
-    let frames = match span {
-        Some((first, _)) => store.frames_from(meta.id, first),
-        None => store.frames(meta.id),
+    let (frames, mut tracker, last) = match span {
+        Some(s) => (store.frames_from(meta.id, s.first), s.tracker, s.last),
+        None => (
+            store.frames(meta.id),
+            Tracker::new(filter.episode_marks.clone()),
+            u64::MAX,
+        ),
     };
+    let mut in_episode = false;
     for item in frames {
         let (n, rec) = item?;
-        if span.is_some_and(|(_, last)| n > last) {
+        if n > last {
             break;
+        }
+        // Only a bridge's requests can be marks: the rest are classified only if exported.
+        let bridge_row =
+            (rec.dir == Direction::BridgeToRelay).then(|| classifier.row(meta, n, &rec));
+        let label = bridge_row
+            .as_ref()
+            .filter(|r| r.kind == Kind::Mark)
+            .and_then(|r| r.label.as_deref());
+        let episode = tracker.step(label).episode;
+        if let Some(want) = filter.episode {
+            if episode == Some(want) {
+                in_episode = true;
+            } else if in_episode {
+                break;
+            } else {
+                continue;
+            }
         }
         if !ids.is_empty() && !rec.channel.is_some_and(|c| ids.contains(&c)) {
             continue;
@@ -226,10 +264,30 @@ pub fn for_each_row(
         if to_ns.is_some_and(|t| rec.time_ns >= t) {
             break;
         }
-        each(&classifier.row(meta, n, &rec))?;
+        let mut row = match bridge_row {
+            Some(r) => r,
+            None => classifier.row(meta, n, &rec),
+        };
+        row.episode = episode;
+        each(&row)?;
         rows += 1;
     }
-    Ok(rows)
+    match filter.episode {
+        Some(want) if !in_episode => Err(ExportError::NoEpisode {
+            session: meta.id.to_string(),
+            episode: want,
+            episodes: tracker.begun(),
+        }),
+        _ => Ok(rows),
+    }
+}
+
+/// Where an export between two marks starts and ends, and the episodes as they stood just
+/// before its first frame (so the rows after it are numbered as in a whole-session export).
+struct Span {
+    first: u64,
+    last: u64,
+    tracker: Tracker,
 }
 
 /// The frame numbers of the first mark labelled `from_mark` and the next one labelled
@@ -238,12 +296,13 @@ fn mark_span(
     store: &Store,
     meta: &SessionMeta,
     filter: &ExportFilter,
-) -> Result<Option<(u64, u64)>, ExportError> {
+) -> Result<Option<Span>, ExportError> {
     if filter.from_mark.is_none() && filter.to_mark.is_none() {
         return Ok(None);
     }
     let mut classifier = Classifier::default();
-    let mut first = None;
+    let mut tracker = Tracker::new(filter.episode_marks.clone());
+    let mut first: Option<(u64, Tracker)> = None;
     for item in store.frames(meta.id) {
         let (n, rec) = item?;
         // Only a bridge's requests can be marks: skip the rest without parsing.
@@ -255,16 +314,28 @@ fn mark_span(
             continue;
         }
         let label = row.label.as_deref();
-        match first {
+        match &first {
             None if filter.from_mark.is_none() || label == filter.from_mark.as_deref() => {
-                first = Some(n);
                 if filter.to_mark.is_none() {
-                    return Ok(Some((n, u64::MAX)));
+                    return Ok(Some(Span {
+                        first: n,
+                        last: u64::MAX,
+                        tracker,
+                    }));
                 }
+                first = Some((n, tracker.clone()));
             }
-            Some(f) if label == filter.to_mark.as_deref() => return Ok(Some((f, n))),
+            Some((f, at_first)) if label == filter.to_mark.as_deref() => {
+                return Ok(Some(Span {
+                    first: *f,
+                    last: n,
+                    tracker: at_first.clone(),
+                }))
+            }
             _ => {}
         }
+        // Only marks move episodes: the state before the start mark is all the walk needs.
+        tracker.step(label);
     }
     let missing = match first {
         None => filter.from_mark.clone().unwrap_or_default(),
@@ -317,6 +388,12 @@ impl ExportError {
                 "it has no mark labelled {label:?}{}",
                 if *after { " after the start mark" } else { "" }
             )),
+            ExportError::NoEpisode {
+                episode, episodes, ..
+            } => Some(format!(
+                "it has no episode {episode} ({episodes} episode{})",
+                if *episodes == 1 { "" } else { "s" }
+            )),
             _ => None,
         }
     }
@@ -347,4 +424,17 @@ pub enum ExportError {
         /// Whether it was looked for after the start mark.
         after: bool,
     },
+    /// An `--episode` the session does not have.
+    #[error("session {session} has no episode {episode} (it has {episodes})")]
+    NoEpisode {
+        /// The session.
+        session: String,
+        /// The episode asked for.
+        episode: u64,
+        /// How many episodes it has.
+        episodes: u64,
+    },
+    /// The MCAP writer failed (not an I/O error: those are [`ExportError::Io`]).
+    #[error("writing mcap: {0}")]
+    Mcap(String),
 }

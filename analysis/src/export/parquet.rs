@@ -66,6 +66,8 @@ pub fn schema(with_route: bool) -> SchemaRef {
         text("label", true),
         text("data", true),
         Field::new("tags", tags_type(), false),
+        // Last: columns are only ever added after the ones readers already know.
+        int("episode", true),
     ]);
     Arc::new(Schema::new(fields))
 }
@@ -135,6 +137,7 @@ struct Columns {
     label: StringBuilder,
     data: StringBuilder,
     tags: MapBuilder<StringBuilder, StringBuilder>,
+    episode: Int64Builder,
     rows: usize,
     bytes: usize,
 }
@@ -171,6 +174,7 @@ impl Columns {
             label: StringBuilder::new(),
             data: StringBuilder::new(),
             tags: MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new()),
+            episode: Int64Builder::new(),
             rows: 0,
             bytes: 0,
         }
@@ -215,6 +219,7 @@ impl Columns {
         self.tags
             .append(true)
             .map_err(|e| ExportError::Parquet(e.to_string()))?;
+        self.episode.append_option(row.episode.map(i64_of));
         self.rows += 1;
         self.bytes += rec.body.len();
         Ok(())
@@ -230,7 +235,7 @@ impl Columns {
         if let Some(r) = &mut self.route {
             cols.push(Arc::new(r.finish()));
         }
-        cols.extend::<[ArrayRef; 17]>([
+        cols.extend::<[ArrayRef; 18]>([
             Arc::new(self.frame.finish()),
             Arc::new(self.t_ns.finish()),
             Arc::new(self.offset_ms.finish()),
@@ -248,6 +253,7 @@ impl Columns {
             Arc::new(self.label.finish()),
             Arc::new(self.data.finish()),
             Arc::new(self.tags.finish()),
+            Arc::new(self.episode.finish()),
         ]);
         self.rows = 0;
         self.bytes = 0;
@@ -391,8 +397,9 @@ pub fn non_empty_dir(dir: &Path) -> std::io::Result<bool> {
     }
 }
 
-/// Exports the sessions into a Hive-partitioned directory at `dir`. Everything is written in
-/// a temporary directory beside it first; `dir` appears (or is replaced) by a rename only when
+/// Exports the sessions into a Hive-partitioned directory at `dir` (a session left out for
+/// lacking the episode asked for has no file: see [`ExportFilter::skip_without_episode`]).
+/// Everything is written in a temporary directory beside it first; `dir` appears (or is replaced) by a rename only when
 /// every file was written, so a failed export leaves `dir` as it was.
 pub fn export_hive(
     store: &Store,
@@ -444,7 +451,19 @@ pub fn export_hive(
             .mode(0o600)
             .open(&path)?;
         let mut out = std::io::BufWriter::new(&file);
-        let rows = write_session(store, meta, filter, false, &mut out)?;
+        let rows = match write_session(store, meta, filter, false, &mut out) {
+            Ok(rows) => rows,
+            Err(ExportError::NoEpisode { .. }) if filter.skip_without_episode => {
+                // Left out whole: no file, and no partition directory holding nothing.
+                drop(out);
+                std::fs::remove_file(&path)?;
+                for dir in path.ancestors().skip(1).take(2) {
+                    let _ = std::fs::remove_dir(dir);
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         drop(out);
         file.sync_all()?;
         written.push(Written {

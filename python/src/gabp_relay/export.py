@@ -90,6 +90,12 @@ class ExportRow:
         return None
 
     @property
+    def episode(self) -> int | None:
+        """The episode the frame lies in, numbered from 1 in its session (``None`` outside any)."""
+        e = self.line.get("episode")
+        return e if isinstance(e, int) and not isinstance(e, bool) else None
+
+    @property
     def error_code(self) -> int | None:
         """An error response's code."""
         err = self._field("error")

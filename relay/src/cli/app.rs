@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
-    check_bridge, check_mod, collect, demo, export, fleet_key, mark, mcp, mod_sim, reload, repair,
-    replay, report, serve, sessions, ship, stats, status, wrap,
+    check_bridge, check_mod, collect, demo, episodes, export, fleet_key, mark, mcp, mod_sim, reload,
+    repair, replay, report, serve, sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -43,7 +43,9 @@ enum Cmd {
     Sessions(sessions::SessionsArgs),
     /// Per-channel and per-method figures of a recorded session.
     Stats(stats::StatsArgs),
-    /// Write recorded sessions as JSON lines or Parquet (one session, a selection, or all).
+    /// List the episodes of recorded sessions (from a start mark to the next end mark).
+    Episodes(episodes::EpisodesArgs),
+    /// Write recorded sessions as JSON lines, Parquet or MCAP (one session, a selection, or all).
     Export(export::ExportArgs),
     /// Write a recorded session as one self-contained HTML report with charts.
     Report(report::ReportArgs),
@@ -199,6 +201,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Mark(a) => mark::run(a).await?,
         Cmd::Sessions(a) => sessions::run(a)?,
         Cmd::Stats(a) => stats::run(a)?,
+        Cmd::Episodes(a) => episodes::run(a)?,
         Cmd::Export(a) => export::run(a)?,
         Cmd::Report(a) => report::run(a)?,
         Cmd::Replay(a) => replay::run(a).await?,

@@ -1,5 +1,6 @@
-//! `gabp-relay export`: recorded sessions as JSON lines (stdout or a file) or Parquet (a file
-//! for one session, a Hive-partitioned directory for a selection).
+//! `gabp-relay export`: recorded sessions as JSON lines (stdout or a file), Parquet (a file
+//! for one session, a Hive-partitioned directory for a selection) or MCAP (one session, a
+//! file), whole or cut to channels, offsets, marks or one episode.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use crate::config::parse_duration;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use gabp_analysis::export::{self, parquet, ExportFilter};
+use gabp_analysis::export::{self, mcap, parquet, EpisodeMarks, ExportFilter};
 use gabp_storage::Store;
 
 use super::select::{select, Filters};
@@ -37,11 +38,21 @@ pub struct ExportArgs {
     /// End at the next mark with this label (inclusive).
     #[arg(long, value_name = "LABEL", conflicts_with_all = ["from", "to"], value_parser = mark_label)]
     pub to_mark: Option<String>,
+    /// Only episode N of each session (numbered from 1; both marks included). A selection
+    /// leaves out the sessions without it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          conflicts_with_all = ["from", "to", "from_mark", "to_mark"])]
+    pub episode: Option<u64>,
+    /// The labels of the marks that start and end an episode.
+    #[arg(long, value_name = "START,END", value_parser = EpisodeMarks::parse,
+          default_value = "episode-start,episode-end")]
+    pub episode_marks: EpisodeMarks,
     /// Write here instead of stdout (`-` is stdout too; with --format parquet: a file for one
     /// session id, a directory for a selection).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// jsonl (one frame per line) or parquet (one row per frame; needs -o).
+    /// jsonl (one frame per line), parquet (one row per frame; needs -o) or mcap (one session
+    /// id; needs -o).
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub format: Format,
     /// With --format parquet and a selection: replace a non-empty output directory.
@@ -67,6 +78,8 @@ pub enum Format {
     Jsonl,
     /// Apache Parquet.
     Parquet,
+    /// MCAP (Foxglove, Rerun): a channel per event channel and per kind of call.
+    Mcap,
 }
 
 pub fn run(a: ExportArgs) -> Result<()> {
@@ -89,6 +102,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
     if a.format == Format::Parquet && a.output.is_none() {
         return Err(usage(
             "--format parquet writes a file or directory: give it with -o PATH",
+        ));
+    }
+    if a.format == Format::Mcap && (!single || a.output.is_none()) {
+        return Err(usage(
+            "--format mcap writes one session into one file: give one session id and -o FILE",
         ));
     }
     if a.force && (a.format != Format::Parquet || single) {
@@ -124,6 +142,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
             let example = match a.format {
                 Format::Jsonl => "export.jsonl",
                 Format::Parquet => "export.parquet",
+                Format::Mcap => "export.mcap",
             };
             refuse_a_directory(o, "the export is one file", example)?;
         }
@@ -136,6 +155,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
         to: a.to,
         from_mark: a.from_mark,
         to_mark: a.to_mark,
+        episode: a.episode,
+        episode_marks: a.episode_marks,
+        // Found in the export's own walk: a selection leaves out, after the fact, the
+        // sessions that ended before that episode began (they wrote nothing).
+        skip_without_episode: !single,
     };
     if !single
         && (!filter.channels.is_empty() || filter.from_mark.is_some() || filter.to_mark.is_some())
@@ -143,13 +167,14 @@ pub fn run(a: ExportArgs) -> Result<()> {
         metas = keep_those_with_cuts(&store, metas, &filter)?;
     }
     let Some(path) = &a.output else {
-        export::export_sessions(
+        let counts = export::export_sessions(
             &store,
             &metas,
             &filter,
             &mut std::io::BufWriter::new(std::io::stdout().lock()),
         )?;
-        return Ok(());
+        let kept = metas.iter().zip(counts).filter_map(|(m, n)| n.map(|_| m));
+        return without_the_episode(&metas, kept.map(|m| m.id.to_string()).collect(), &filter);
     };
     let written: Vec<(String, u64, Option<PathBuf>)> = match (a.format, single) {
         (Format::Jsonl, _) => {
@@ -158,8 +183,26 @@ pub fn run(a: ExportArgs) -> Result<()> {
             metas
                 .iter()
                 .zip(counts)
-                .map(|(m, n)| (m.id.to_string(), n, None))
+                .filter_map(|(m, n)| Some((m.id.to_string(), n?, None)))
                 .collect()
+        }
+        (Format::Mcap, _) => {
+            let w = mcap::export_to_file(&store, &metas[0], &filter, path)
+                .with_context(|| format!("exporting to {}", path.display()))?;
+            let session = metas[0].id.to_string();
+            if a.json {
+                return super::print_json(&serde_json::json!({
+                    "session": session, "output": path.display().to_string(),
+                    "messages": w.messages, "channels": w.topics,
+                }));
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "exported {} messages on {} channels of session {session}",
+                w.messages,
+                w.topics.len()
+            );
+            return Ok(());
         }
         (Format::Parquet, true) => {
             let n = parquet::export_to_file(&store, &metas[0], &filter, path)
@@ -178,6 +221,11 @@ pub fn run(a: ExportArgs) -> Result<()> {
                 .collect()
         }
     };
+    without_the_episode(
+        &metas,
+        written.iter().map(|(s, ..)| s.clone()).collect(),
+        &filter,
+    )?;
     let frames: u64 = written.iter().map(|(_, n, _)| n).sum();
     if a.json {
         let sessions: Vec<serde_json::Value> = written
@@ -243,6 +291,36 @@ fn keep_those_with_cuts(
         let _ = writeln!(err, "skipping {s}");
     }
     Ok(kept)
+}
+
+/// Names on stderr each session of a selection left out for lacking `--episode N` (found as it
+/// was exported); none exported at all is one error line (exit 1): an empty export would look
+/// like success.
+fn without_the_episode(
+    metas: &[gabp_storage::SessionMeta],
+    kept: Vec<String>,
+    filter: &ExportFilter,
+) -> anyhow::Result<()> {
+    let Some(n) = filter.episode else {
+        return Ok(());
+    };
+    let kept: std::collections::HashSet<String> = kept.into_iter().collect();
+    let skipped: Vec<String> = metas
+        .iter()
+        .map(|m| m.id.to_string())
+        .filter(|id| !kept.contains(id))
+        .collect();
+    if kept.is_empty() {
+        anyhow::bail!(
+            "none of the {} selected sessions has an episode {n}",
+            metas.len()
+        );
+    }
+    let mut err = std::io::stderr().lock();
+    for s in skipped {
+        let _ = writeln!(err, "skipping session {s}: it has no episode {n}");
+    }
+    Ok(())
 }
 
 /// Refuses an existing directory where one file is written (found before any reading, not

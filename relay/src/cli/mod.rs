@@ -20,6 +20,7 @@ pub(crate) mod check_bridge;
 pub(crate) mod check_mod;
 pub(crate) mod collect;
 pub(crate) mod demo;
+pub(crate) mod episodes;
 pub(crate) mod export;
 pub(crate) mod fleet_key;
 pub(crate) mod mark;

@@ -28,7 +28,7 @@ const FAIL_EVERY: usize = 10;
 
 /// The columns of a single-session file, in order, with their Arrow types (the README's
 /// table). A Hive directory's files are the same without `route`.
-const COLUMNS: [(&str, &str); 19] = [
+const COLUMNS: [(&str, &str); 20] = [
     ("session", "Utf8"),
     ("route", "Utf8"),
     ("frame", "Int64"),
@@ -48,6 +48,7 @@ const COLUMNS: [(&str, &str); 19] = [
     ("label", "Utf8"),
     ("data", "Utf8"),
     ("tags", "Map"),
+    ("episode", "Int64"),
 ];
 
 /// Records one session on `route` with `tags`: a bridge subscribes to every channel and reads
@@ -126,7 +127,7 @@ fn ok(out: &std::process::Output) -> String {
 }
 
 /// Every row of a Parquet file, as one batch.
-fn read_parquet(path: &Path) -> RecordBatch {
+pub(crate) fn read_parquet(path: &Path) -> RecordBatch {
     let file = std::fs::File::open(path).expect("parquet file");
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .expect("a Parquet file")
@@ -235,6 +236,7 @@ async fn parquet_columns_are_the_contract_and_say_what_jsonl_says() {
         );
         assert_eq!(int(&b, "mod_seq", i), l["modSeq"].as_i64(), "{what}");
         assert_eq!(int(&b, "relay_seq", i), l["relaySeq"].as_i64(), "{what}");
+        assert_eq!(int(&b, "episode", i), l["episode"].as_i64(), "{what}");
         // No identity names are configured: the bridge column is null throughout.
         assert_eq!(text(&b, "bridge", i), None, "{what}");
         let msg = &l["msg"];
@@ -462,7 +464,7 @@ async fn a_selection_is_a_hive_directory_written_whole_or_not_at_all() {
     assert_eq!(listing(&out), [PathBuf::from(&files[1])]);
 }
 
-fn walk(p: &Path) -> Vec<PathBuf> {
+pub(crate) fn walk(p: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
     for e in std::fs::read_dir(p).expect("read dir") {
         let path = e.expect("entry").path();

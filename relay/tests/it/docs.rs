@@ -304,13 +304,13 @@ fn venv() -> PathBuf {
         PathBuf::from,
     );
     let ok = Command::new(venv.join("bin/python"))
-        .args(["-c", "import duckdb, polars, mcp"])
+        .args(["-c", "import duckdb, polars, mcp, mcap"])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         ok,
-        "{} lacks duckdb, polars or mcp: run scripts/setup --test",
+        "{} lacks duckdb, polars, mcp or mcap: run scripts/setup --test",
         venv.display()
     );
     venv

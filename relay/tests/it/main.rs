@@ -5,7 +5,9 @@
 //! file directly in `relay/tests/` would be built and linked as a binary of its own.
 
 mod accept_backoff;
+mod analysis_episodes;
 mod analysis_export;
+mod analysis_mcap;
 mod analysis_parquet;
 mod backpressure;
 mod bounds;
