@@ -5,10 +5,13 @@
 //! - [`export`]: the row every format writes, which frames a filter keeps, JSONL and Parquet
 //!   (a file per session or a Hive directory), and atomic output files.
 //! - [`stats`]: `gabp-relay stats`: counts, rates and call latency per method of one session.
-//! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page.
+//! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page of
+//!   a session or of a selection of sessions.
+//! - [`episode_marks`]: episodes cut from marks (a start mark to the next end mark).
 //! - `calls`: what stats and the report share when they match answers to requests.
 
 mod calls;
+pub mod episode_marks;
 pub mod export;
 pub mod report;
 pub mod stats;

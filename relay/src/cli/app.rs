@@ -42,7 +42,7 @@ enum Cmd {
     Stats(stats::StatsArgs),
     /// Write recorded sessions as JSON lines or Parquet (one session, a selection, or all).
     Export(export::ExportArgs),
-    /// Write a recorded session as one self-contained HTML report with charts.
+    /// Write recorded sessions as one self-contained HTML report with charts (one session, or an experiment).
     Report(report::ReportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(replay::ReplayArgs),
