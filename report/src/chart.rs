@@ -32,6 +32,8 @@ pub const MARK_ROWS: usize = 3;
 
 /// Space around the drawing.
 const MARGIN: i32 = 12;
+/// Right of the plot: room for the last x label, centred on the plot's edge.
+const RIGHT: i32 = 32;
 /// Left of the plot: the y axis' numbers and its description.
 const Y_LABELS: i32 = 72;
 /// Below the plot: the x axis' numbers and its description.
@@ -335,6 +337,7 @@ fn xy(
         let mut chart = ChartBuilder::on(&root)
             .margin(MARGIN as u32)
             .margin_top((MARGIN + band + 6) as u32)
+            .margin_right(RIGHT as u32)
             .x_label_area_size(X_LABELS as u32)
             .y_label_area_size(Y_LABELS as u32)
             .build_cartesian_2d(x0..x1, 0.0..y1)
@@ -420,6 +423,7 @@ pub fn percentiles(y_desc: &str, series: &[Series]) -> Result<String, ChartError
         let mut chart = ChartBuilder::on(&root)
             .margin(MARGIN as u32)
             .margin_top((MARGIN + band + 6) as u32)
+            .margin_right(RIGHT as u32)
             .x_label_area_size(X_LABELS as u32)
             .y_label_area_size(Y_LABELS as u32)
             .build_cartesian_2d(0.0..quantile_x(0.9999), 0.0..y1)

@@ -58,7 +58,7 @@ pub struct Page {
 const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1800px}\
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
 table{border-collapse:collapse;margin:8px 0;font-size:14px}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}\
-td,th{white-space:nowrap}td.t{white-space:normal;min-width:16em;overflow-wrap:anywhere}\
+td{white-space:nowrap}td.t{white-space:normal;min-width:16em;overflow-wrap:anywhere}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
 figure{margin:8px 0}figure.chart svg{display:block;width:100%;height:auto}\
 figcaption{font-size:13px;color:#555}p.note{color:#555;font-size:13px}\
