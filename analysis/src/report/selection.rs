@@ -254,7 +254,10 @@ pub fn render(
         });
     }
 
-    let mut p = Page::new(&format!("{} sessions: {selection}", metas.len()));
+    let mut p = Page::new(&match metas.len() {
+        1 => format!("1 session: {selection}"),
+        n => format!("{n} sessions: {selection}"),
+    });
     let first = metas.iter().map(|m| m.started_ns).min().unwrap_or(0);
     let last = metas
         .iter()

@@ -87,10 +87,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
         gabp_analysis::report::selection::render(&store, &metas, &a.episode_marks, &describe(&a))
             .with_context(writing)?;
     let n = gabp_analysis::report::write_page(&html, &a.output).with_context(writing)?;
-    let _ = writeln!(
-        std::io::stderr(),
-        "wrote {to} ({n} bytes) for {} sessions",
-        metas.len()
-    );
+    let sessions = match metas.len() {
+        1 => "1 session".to_string(),
+        n => format!("{n} sessions"),
+    };
+    let _ = writeln!(std::io::stderr(), "wrote {to} ({n} bytes) for {sessions}");
     Ok(())
 }
