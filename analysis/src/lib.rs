@@ -7,7 +7,9 @@
 //!   atomic output files.
 //! - [`episodes`]: `gabp-relay episodes`: each session's episodes, one pass per session.
 //! - [`stats`]: `gabp-relay stats`: counts, rates and call latency per method of one session.
-//! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page.
+//! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page of
+//!   a session or of a selection of sessions.
+//! - [`episode_marks`]: episodes cut from marks (a start mark to the next end mark).
 //! - `calls`: what stats and the report share when they match answers to requests.
 
 mod calls;

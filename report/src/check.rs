@@ -1,6 +1,8 @@
 //! Reads a report's DOM as a browser dumped it (after the page's own check script ran) and
-//! says whether every chart rendered: the page marked itself `data-check="ok"`, the number of
-//! charts is the number announced, and each chart's `<svg>` holds enough elements.
+//! says whether every chart rendered: the page marked itself `data-check="ok"` (every chart
+//! drawn, no two texts of a chart overlapping, no script error, nothing blocked), the number of
+//! charts is the number announced, and each chart's `<svg>` holds enough elements. Each chart's
+//! drawn width and the page's are read too, for a test of the layout.
 
 use crate::page::MIN_ELEMENTS;
 
@@ -11,6 +13,10 @@ pub struct Rendered {
     pub chart: String,
     /// Elements inside its `<svg>`, as counted by the page's script.
     pub elements: usize,
+    /// Its drawn width in CSS pixels, as the page's script measured it.
+    pub width: u32,
+    /// The width of the page's body (what a chart at full width takes).
+    pub page_width: u32,
 }
 
 /// The value of attribute `name` in the start tag `tag` (its text up to `>`).
@@ -30,6 +36,9 @@ pub fn check_dom(dom: &str) -> Result<Vec<Rendered>, String> {
     if verdict != "ok" {
         return Err(format!("the page reports {verdict}"));
     }
+    let page_width: u32 = attr(body_tag, "data-width")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     let want: usize = attr(body_tag, "data-charts")
         .and_then(|n| n.parse().ok())
         .ok_or("the page does not say how many charts it has")?;
@@ -54,7 +63,15 @@ pub fn check_dom(dom: &str) -> Result<Vec<Rendered>, String> {
                 "chart {chart} did not render ({elements} elements)"
             ));
         }
-        charts.push(Rendered { chart, elements });
+        let width = attr(tag, "data-width")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        charts.push(Rendered {
+            chart,
+            elements,
+            width,
+            page_width,
+        });
         rest = &rest[close..];
     }
     if charts.len() != want {

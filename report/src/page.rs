@@ -7,9 +7,12 @@
 //!
 //! A tiny inline script in `<head>` collects script errors and blocked loads; another at the
 //! end of `<body>` checks, once the page is laid out, that every chart has an `<svg>`
-//! with at least [`MIN_ELEMENTS`] elements and a visible size, and that no script error
-//! occurred and nothing tried to load from elsewhere; it writes the outcome on `<body data-check="ok">` (or `fail: …`) and each
-//! chart's element count on its figure (`data-elements`), for [`crate::check`] to read.
+//! with at least [`MIN_ELEMENTS`] elements and a visible size, that no two texts of a chart
+//! overlap (their boxes as laid out, [`OVERLAP_SLACK_PX`]), and that no script error
+//! occurred and nothing tried to load from elsewhere; it writes the outcome on
+//! `<body data-check="ok">` (or `fail: …`), each chart's element count and drawn width on its
+//! figure (`data-elements`, `data-width`) and the page's width on `<body data-width>`, for
+//! [`crate::check`] to read. Charts take the page's full width (their `viewBox` scales).
 
 use std::fmt::Write;
 
@@ -18,6 +21,10 @@ use sha2::{Digest, Sha256};
 
 /// Fewer elements than this in a chart's `<svg>` means it did not draw (an axis alone has more).
 pub const MIN_ELEMENTS: usize = 10;
+
+/// Two texts of a chart whose boxes share more than this many pixels both across and down
+/// overlap (a box is the font's full line height, so neighbours a pixel apart may touch).
+pub const OVERLAP_SLACK_PX: u32 = 1;
 
 /// Escapes text for HTML and SVG content and attribute values.
 pub fn escape(s: &str) -> String {
@@ -48,11 +55,13 @@ pub struct Page {
     charts: usize,
 }
 
-const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1150px}\
+const STYLE: &str = "body{font-family:sans-serif;margin:24px;color:#222;max-width:1800px}\
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}\
-table{border-collapse:collapse;margin:8px 0}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}\
+table{border-collapse:collapse;margin:8px 0;font-size:14px}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left}\
+td{white-space:nowrap}td.t{white-space:normal;min-width:16em;overflow-wrap:anywhere}\
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}\
-figure{margin:8px 0}figcaption{font-size:13px;color:#555}p.note{color:#555;font-size:13px}\
+figure{margin:8px 0}figure.chart svg{display:block;width:100%;height:auto}\
+figcaption{font-size:13px;color:#555}p.note{color:#555;font-size:13px}\
 dl{display:grid;grid-template-columns:max-content auto;gap:2px 16px}dt{color:#555}dd{margin:0}";
 
 /// In `<head>`, before anything else runs: collects script errors and blocked loads.
@@ -66,11 +75,28 @@ document.addEventListener('securitypolicyviolation',function(e){window.reportErr
 /// At the end of `<body>`: checks every chart and writes the verdict on `<body>`.
 const SCRIPT: &str = r#"(function(){
 var bad=[],figs=document.querySelectorAll('figure.chart');
+function overlap(s){
+ var ts=s.querySelectorAll('text'),bs=[];
+ for(var i=0;i<ts.length&&i<4000;i++){
+  var t=ts[i].textContent.trim(),b=ts[i].getBoundingClientRect();
+  if(t&&b.width>0&&b.height>0)bs.push([b,t]);
+ }
+ for(var a=0;a<bs.length;a++)for(var c=a+1;c<bs.length;c++){
+  var p=bs[a][0],q=bs[c][0];
+  if(Math.min(p.right,q.right)-Math.max(p.left,q.left)>SLACK&&Math.min(p.bottom,q.bottom)-Math.max(p.top,q.top)>SLACK)
+   return JSON.stringify(bs[a][1])+' and '+JSON.stringify(bs[c][1]);
+ }
+ return '';
+}
 for(var i=0;i<figs.length;i++){
  var f=figs[i],s=f.querySelector('svg'),n=s?s.querySelectorAll('*').length:0,r=s?s.getBoundingClientRect():null;
  f.setAttribute('data-elements',String(n));
+ f.setAttribute('data-width',String(r?Math.round(r.width):0));
  if(!s||n<MIN||!r||r.width<10||r.height<10)bad.push(f.getAttribute('data-chart'));
+ var o=s?overlap(s):'';
+ if(o)bad.push(f.getAttribute('data-chart')+': text overlaps, '+o);
 }
+document.body.setAttribute('data-width',String(Math.round(document.body.getBoundingClientRect().width)));
 var want=Number(document.body.getAttribute('data-charts'));
 if(figs.length!==want)bad.push('expected '+want+' charts, found '+figs.length);
 window.reportVerdict=function(){
@@ -113,27 +139,31 @@ impl Page {
         self
     }
 
-    /// A table; a column whose header ends in `#` is numeric (right-aligned, `#` not shown).
+    /// A table; a column whose header ends in `#` is numeric (right-aligned), one whose header
+    /// ends in `~` is free text that may wrap (a long value); every other cell stays on one
+    /// line (ids, times). The marker is not shown.
     pub fn table(&mut self, headers: &[&str], rows: &[Vec<String>]) -> &mut Self {
-        let numeric: Vec<bool> = headers.iter().map(|h| h.ends_with('#')).collect();
+        let class: Vec<&str> = headers
+            .iter()
+            .map(|h| match h.chars().last() {
+                Some('#') => " class=\"n\"",
+                Some('~') => " class=\"t\"",
+                _ => "",
+            })
+            .collect();
         self.body.push_str("<table>\n<tr>");
-        for (h, &n) in headers.iter().zip(&numeric) {
-            let cls = if n { " class=\"n\"" } else { "" };
+        for (h, cls) in headers.iter().zip(&class) {
             let _ = write!(
                 self.body,
                 "<th{cls}>{}</th>",
-                escape(h.trim_end_matches('#'))
+                escape(h.strip_suffix(['#', '~']).unwrap_or(h))
             );
         }
         self.body.push_str("</tr>\n");
         for row in rows {
             self.body.push_str("<tr>");
             for (i, cell) in row.iter().enumerate() {
-                let cls = if numeric.get(i).copied().unwrap_or(false) {
-                    " class=\"n\""
-                } else {
-                    ""
-                };
+                let cls = class.get(i).copied().unwrap_or("");
                 let _ = write!(self.body, "<td{cls}>{}</td>", escape(cell));
             }
             self.body.push_str("</tr>\n");
@@ -176,7 +206,9 @@ impl Page {
 
 /// The check script as the page carries it.
 fn check_script() -> String {
-    SCRIPT.replace("MIN", &MIN_ELEMENTS.to_string())
+    SCRIPT
+        .replace("MIN", &MIN_ELEMENTS.to_string())
+        .replace("SLACK", &OVERLAP_SLACK_PX.to_string())
 }
 
 /// A CSP hash source for an inline element's exact text: `'sha256-…'`.

@@ -1,22 +1,32 @@
 //! One streaming pass over a session's frames into fixed-size time buckets: events per channel,
-//! calls, errors, dropped events and gaps per bucket, a latency histogram per method, and the
-//! marks. Memory is bounded whatever the session's length: [`BUCKETS`] counters per channel (at
-//! most the relay's channel cap), [`MAX_METHODS`] histograms, [`MAX_MARKS`] marks and
-//! [`MAX_OPEN`] requests awaiting their answer; no frame is kept.
+//! calls, errors, dropped events and gaps per bucket, a latency histogram per method, the marks
+//! with their data, the episodes they cut (`crate::export::episode`, the rule the export and the listing share) with what happened in each,
+//! and per bridge its role (from the welcome the relay recorded) and the relay's error answers
+//! to it. Memory is bounded whatever the session's length: [`BUCKETS`] counters per channel (at
+//! most the relay's channel cap), [`MAX_METHODS`] histograms, [`MAX_MARKS`] marks,
+//! [`MAX_EPISODES`] episodes, [`MAX_BRIDGES`] bridges and [`MAX_OPEN`] requests awaiting their
+//! answer; no frame is kept.
 
 use std::collections::HashMap;
 
 use gabp_proto::{Mode, MsgType, Parser};
+use gabp_rt::display::strip;
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use hdrhistogram::Histogram;
 
 pub use crate::calls::{latency_at, MAX_METHODS, MAX_OPEN, OTHER_METHODS};
 use crate::calls::{new_latency, take_answered};
+use crate::export::episode::{EpisodeMarks, Tracker};
 
 /// Time buckets across the session.
 pub const BUCKETS: usize = 120;
 /// Marks kept with their labels; later ones are only counted.
 pub const MAX_MARKS: usize = 1000;
+/// Episodes kept with their figures; later ones are only counted.
+pub const MAX_EPISODES: usize = 1000;
+/// Bridges whose role and refusals are followed (the catalog's first ones: the page lists as
+/// many).
+pub const MAX_BRIDGES: usize = 200;
 
 /// One channel's events.
 #[derive(Debug, Clone)]
@@ -58,6 +68,42 @@ pub struct Mark {
     pub conn: u32,
     /// Its label.
     pub label: String,
+    /// Its data as the bridge wrote it (JSON text), if it gave any.
+    pub data: Option<String>,
+}
+
+/// One episode: from its start mark to its end mark (or the session's end, without one).
+#[derive(Debug, Clone, Default)]
+pub struct Episode {
+    /// Its number in the session, from 1.
+    pub index: u64,
+    /// Its start mark's offset from the session's start, in nanoseconds.
+    pub start_ns: u64,
+    /// Its end mark's offset; `None` when it had none (the session ended, or a start mark
+    /// came first).
+    pub end_ns: Option<u64>,
+    /// The start mark's data (JSON text).
+    pub start_data: Option<String>,
+    /// The end mark's data (JSON text).
+    pub end_data: Option<String>,
+    /// Events from the mod within it.
+    pub events: u64,
+    /// Requests forwarded to the mod within it.
+    pub calls: u64,
+    /// Error answers from the mod within it.
+    pub errors: u64,
+}
+
+/// What the recording says of one bridge beyond the catalog.
+#[derive(Debug, Clone, Default)]
+pub struct BridgeSeen {
+    /// Its connection number.
+    pub conn: u32,
+    /// Its identity's role, from the welcome the relay answered its hello with.
+    pub role: Option<String>,
+    /// The relay's own error answers to it, (code, count) in order of first use: refused
+    /// (forbidden, over its rate, a lease held by another) or failed (mod gone, timed out).
+    pub refused: Vec<(i64, u64)>,
 }
 
 /// What one pass gathered.
@@ -89,6 +135,56 @@ pub struct Collected {
     pub marks_total: u64,
     /// Answers whose request was not tracked (past [`MAX_OPEN`] awaiting at once).
     pub untracked: u64,
+    /// Episodes, in order (the first [`MAX_EPISODES`]).
+    pub episodes: Vec<Episode>,
+    /// Every episode started, also those past [`MAX_EPISODES`].
+    pub episodes_total: u64,
+    /// Of them, those without an end mark.
+    pub episodes_unfinished: u64,
+    /// The first [`MAX_BRIDGES`] bridges of the catalog, in its order.
+    pub bridges: Vec<BridgeSeen>,
+}
+
+impl Collected {
+    /// What the recording says of bridge `conn`, if it is one of those followed.
+    pub fn bridge(&self, conn: u32) -> Option<&BridgeSeen> {
+        self.bridges.iter().find(|b| b.conn == conn)
+    }
+
+    /// Error answers from the mod.
+    pub fn errors_total(&self) -> u64 {
+        self.errors.iter().sum()
+    }
+
+    /// Requests forwarded to the mod.
+    pub fn calls_total(&self) -> u64 {
+        self.calls.iter().sum()
+    }
+}
+
+/// The role in a welcome the relay wrote (`capabilities.extensions.relay.bridge.role` of its
+/// result), as text fit for a table.
+fn welcome_role(body: &[u8]) -> Option<String> {
+    let mut v = body;
+    for key in [
+        "result",
+        "capabilities",
+        "extensions",
+        "relay",
+        "bridge",
+        "role",
+    ] {
+        v = v.get(gabp_proto::scan::member_value(v, key)?)?;
+    }
+    let role: String = serde_json::from_slice(v).ok()?;
+    Some(strip(&role, false).chars().take(32).collect())
+}
+
+/// A mark's data: the `data` member of its params as the bridge wrote it.
+fn mark_data(body: &[u8], params: Option<std::ops::Range<usize>>) -> Option<String> {
+    let p = body.get(params?)?;
+    let d = p.get(gabp_proto::scan::member_value(p, "data")?)?;
+    std::str::from_utf8(d).ok().map(String::from)
 }
 
 /// A JSON value's field as text, from a span of `body`.
@@ -101,8 +197,12 @@ fn field(
     v.get(key).cloned()
 }
 
-/// Reads the session once.
-pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreError> {
+/// Reads the session once; episodes are cut at marks labelled as `labels` say.
+pub fn collect(
+    store: &Store,
+    meta: &SessionMeta,
+    labels: &EpisodeMarks,
+) -> Result<Collected, StoreError> {
     let meta = &*store.with_details(meta)?;
     let duration = meta.duration_ns().max(1);
     let bucket_ns = duration.div_ceil(BUCKETS as u64).max(1);
@@ -122,7 +222,28 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
         marks: Vec::new(),
         marks_total: 0,
         untracked: 0,
+        episodes: Vec::new(),
+        episodes_total: 0,
+        episodes_unfinished: 0,
+        bridges: meta
+            .bridges
+            .iter()
+            .take(MAX_BRIDGES)
+            .map(|b| BridgeSeen {
+                conn: b.conn,
+                ..BridgeSeen::default()
+            })
+            .collect(),
     };
+    let bridge_ix: HashMap<u32, usize> = c
+        .bridges
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.conn, i))
+        .collect();
+    let mut cutter = Tracker::new(labels.clone());
+    // The episode in progress, counted as frames pass.
+    let mut episode: Option<Episode> = None;
     let channel_cap = gabp_storage::catalog::MAX_CHANNELS.max(meta.channels.len());
     let mut method_ix: HashMap<String, usize> = HashMap::new();
     let mut open: HashMap<String, (usize, u64, u32)> = HashMap::new();
@@ -167,6 +288,9 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                         .unwrap_or_else(|| view.channel.as_deref().unwrap_or("?").to_string());
                 }
                 ch.events += 1;
+                if let Some(e) = episode.as_mut() {
+                    e.events += 1;
+                }
                 ch.per_bucket[b] = ch.per_bucket[b].saturating_add(1);
                 if let Some(s) = rec.mod_seq {
                     if let Some(prev) = ch.last_mod_seq {
@@ -204,6 +328,9 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                 };
                 c.methods[ix].calls += 1;
                 c.calls[b] += 1;
+                if let Some(e) = episode.as_mut() {
+                    e.calls += 1;
+                }
                 if let Some(id) = view.id.as_deref() {
                     if open.len() < MAX_OPEN {
                         open.insert(id.to_string(), (ix, rec.time_ns, rec.conn));
@@ -226,6 +353,9 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                 if view.is_error() {
                     m.errors += 1;
                     c.errors[b] += 1;
+                    if let Some(e) = episode.as_mut() {
+                        e.errors += 1;
+                    }
                 }
                 let took = rec.time_ns.saturating_sub(sent).max(1);
                 m.latency.saturating_record(took);
@@ -239,6 +369,23 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                     .unwrap_or(1);
                 c.dropped[b] += count;
             }
+            (Direction::RelayToBridge, MsgType::Response) => {
+                let Some(seen) = bridge_ix.get(&rec.conn).map(|&i| &mut c.bridges[i]) else {
+                    continue;
+                };
+                match view.error_code {
+                    Some(code) => {
+                        match seen.refused.iter().position(|r| r.0 == code) {
+                            Some(i) => seen.refused[i].1 += 1,
+                            // The relay uses a handful of codes; the list stays small anyway.
+                            None if seen.refused.len() < 32 => seen.refused.push((code, 1)),
+                            None => {}
+                        }
+                    }
+                    None if seen.role.is_none() => seen.role = welcome_role(&rec.body),
+                    None => {}
+                }
+            }
             (Direction::BridgeToRelay, MsgType::Request)
                 if view.method.as_deref() == Some("relay/mark") =>
             {
@@ -246,12 +393,36 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
                 let Some(label) = gabp_proto::mark::accepted_mark(&mut strict, &rec.body) else {
                     continue;
                 };
+                let offset_ns = rec.time_ns.saturating_sub(meta.started_ns);
+                let data = mark_data(&rec.body, view.params.clone());
+                let step = cutter.step(Some(&label));
+                if step.begins {
+                    if step.cut {
+                        if let Some(e) = episode.take() {
+                            c.finish(e);
+                        }
+                    }
+                    c.episodes_total += 1;
+                    episode = Some(Episode {
+                        index: step.episode.unwrap_or_default(),
+                        start_ns: offset_ns,
+                        start_data: data.clone(),
+                        ..Episode::default()
+                    });
+                } else if step.ends {
+                    if let Some(mut e) = episode.take() {
+                        e.end_ns = Some(offset_ns);
+                        e.end_data = data.clone();
+                        c.finish(e);
+                    }
+                }
                 c.marks_total += 1;
                 if c.marks.len() < MAX_MARKS {
                     c.marks.push(Mark {
-                        offset_ns: rec.time_ns.saturating_sub(meta.started_ns),
+                        offset_ns,
                         conn: rec.conn,
                         label,
+                        data,
                     });
                 }
             }
@@ -264,5 +435,20 @@ pub fn collect(store: &Store, meta: &SessionMeta) -> Result<Collected, StoreErro
     for (ix, ..) in open.into_values() {
         c.methods[ix].unanswered += 1;
     }
+    if let Some(e) = episode.take() {
+        c.finish(e);
+    }
     Ok(c)
+}
+
+impl Collected {
+    /// An episode over: kept if there is room, counted as unfinished without its end mark.
+    fn finish(&mut self, e: Episode) {
+        if e.end_ns.is_none() {
+            self.episodes_unfinished += 1;
+        }
+        if self.episodes.len() < MAX_EPISODES {
+            self.episodes.push(e);
+        }
+    }
 }

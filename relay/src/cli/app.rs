@@ -9,8 +9,8 @@ use std::io::Write;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
-    check_bridge, check_mod, collect, demo, episodes, export, fleet_key, mark, mcp, mod_sim, reload,
-    repair, replay, report, serve, sessions, ship, stats, status, wrap,
+    check_bridge, check_mod, collect, demo, episodes, export, fleet_key, mark, mcp, mod_sim,
+    reload, repair, replay, report, serve, sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -47,7 +47,7 @@ enum Cmd {
     Episodes(episodes::EpisodesArgs),
     /// Write recorded sessions as JSON lines, Parquet or MCAP (one session, a selection, or all).
     Export(export::ExportArgs),
-    /// Write a recorded session as one self-contained HTML report with charts.
+    /// Write recorded sessions as one self-contained HTML report with charts (one session, or an experiment).
     Report(report::ReportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(replay::ReplayArgs),

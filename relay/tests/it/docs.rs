@@ -391,6 +391,10 @@ fn guide_recording_experiments_runs() {
         .count();
     assert_eq!(rows, 18, "one row per seed, episode and channel:\n{out}");
     assert!(out.contains("ppo-42-seed-2.html"), "{out}");
+    assert!(
+        out.contains("for 2 sessions"),
+        "one report for the experiment: {out}"
+    );
 }
 
 #[test]
