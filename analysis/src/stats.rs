@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gabp_proto::{Mode, MsgType, Parser};
+use gabp_proto::{ErrorCode, Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use serde::Serialize;
 
@@ -146,6 +146,20 @@ pub struct BridgeStats {
     pub drop_notices: u64,
     /// Bad frames it sent that were answered and counted but not recorded (past the first 16).
     pub unrecorded_bad_frames: u64,
+    /// Requests the relay refused because its identity's role or globs forbid them (-32006),
+    /// as `relay/status` counts them.
+    pub denied: u64,
+    /// Requests refused because another bridge held the route's controller lease (-32008).
+    pub lease_refused: u64,
+    /// Requests refused over its identity's rate (-32007): counted as it left, not recorded.
+    pub rate_limited: u64,
+}
+
+/// The relay's own recorded refusals of one bridge's requests, by kind.
+#[derive(Default, Clone, Copy)]
+struct Refusals {
+    denied: u64,
+    lease_refused: u64,
 }
 
 /// Everything `stats` reports.
@@ -208,6 +222,12 @@ pub fn compute_with(
     let mut open: HashMap<String, (String, u64, u32)> = HashMap::new();
     let mut unanswered_untracked: HashMap<String, u64> = HashMap::new();
     let mut notices: HashMap<u32, u64> = HashMap::new();
+    // Keyed by the catalog's bridges only, so a recording's junk conns add no entries.
+    let mut refusals: HashMap<u32, Refusals> = meta
+        .bridges
+        .iter()
+        .map(|b| (b.conn, Refusals::default()))
+        .collect();
     let mut parser = Parser::new();
     for (n, item) in store.frames(meta.id).enumerate() {
         if n % 4096 == 0 {
@@ -292,6 +312,16 @@ pub fn compute_with(
             {
                 *notices.entry(rec.conn).or_default() += 1;
             }
+            (Direction::RelayToBridge, MsgType::Response) => {
+                let (Some(code), Some(r)) = (view.error_code, refusals.get_mut(&rec.conn)) else {
+                    continue;
+                };
+                match ErrorCode::from_code(code) {
+                    Some(ErrorCode::Forbidden) => r.denied += 1,
+                    Some(ErrorCode::LeaseHeld) => r.lease_refused += 1,
+                    _ => {}
+                }
+            }
             _ => {}
         }
     }
@@ -345,14 +375,20 @@ pub fn compute_with(
         bridges: meta
             .bridges
             .iter()
-            .map(|b| BridgeStats {
-                conn: b.conn,
-                name: b.name.clone(),
-                bridge_version: b.bridge_version.clone(),
-                label: b.label.clone(),
-                dropped: b.dropped,
-                drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
-                unrecorded_bad_frames: b.unrecorded_bad_frames,
+            .map(|b| {
+                let r = refusals.get(&b.conn).copied().unwrap_or_default();
+                BridgeStats {
+                    conn: b.conn,
+                    name: b.name.clone(),
+                    bridge_version: b.bridge_version.clone(),
+                    label: b.label.clone(),
+                    dropped: b.dropped,
+                    drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
+                    unrecorded_bad_frames: b.unrecorded_bad_frames,
+                    denied: r.denied,
+                    lease_refused: r.lease_refused,
+                    rate_limited: b.rate_limited,
+                }
             })
             .collect(),
     })
@@ -437,8 +473,16 @@ pub fn render(s: &SessionStats) -> String {
     if !s.bridges.is_empty() {
         let _ = writeln!(
             o,
-            "\n{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
-            "CONN", "NAME", "LABEL", "BRIDGE", "DROPPED", "DROP NOTICES"
+            "\n{:<6} {:<20} {:<20} {:<28} {:>10} {:>12} {:>6} {:>13} {:>12}",
+            "CONN",
+            "NAME",
+            "LABEL",
+            "BRIDGE",
+            "DROPPED",
+            "DROP NOTICES",
+            "DENIED",
+            "LEASE REFUSED",
+            "RATE LIMITED"
         );
     }
     // A session that thousands of bridges joined keeps the table readable: the first ones are
@@ -446,7 +490,7 @@ pub fn render(s: &SessionStats) -> String {
     for b in s.bridges.iter().take(BRIDGE_ROWS) {
         let _ = writeln!(
             o,
-            "{:<6} {:<20} {:<20} {:<28} {:>10} {:>12}",
+            "{:<6} {:<20} {:<20} {:<28} {:>10} {:>12} {:>6} {:>13} {:>12}",
             b.conn,
             b.name
                 .as_deref()
@@ -454,7 +498,10 @@ pub fn render(s: &SessionStats) -> String {
             b.label.as_deref().map_or_else(|| "-".into(), name),
             name(&b.bridge_version),
             b.dropped,
-            b.drop_notices
+            b.drop_notices,
+            b.denied,
+            b.lease_refused,
+            b.rate_limited
         );
     }
     if s.bridges.len() > BRIDGE_ROWS {

@@ -94,6 +94,10 @@ pub struct BridgeInfo {
     /// so garbage cannot fill the disk. Absent in older recordings (0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unrecorded_bad_frames: u64,
+    /// Its requests refused over its identity's rate: counted, not recorded (like the bad
+    /// frames above, a flood of them cannot fill the disk). Absent in older recordings (0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rate_limited: u64,
     /// The label it gave itself (its hello's `clientInfo.name`, cleaned and capped by the relay),
     /// shown beside its identity's name; absent when it gave none and in older recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]

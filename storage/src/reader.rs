@@ -2,6 +2,9 @@
 //! given relay seq; one frame by number; the first frame at a time offset; event counts from
 //! the channel index. Memory stays at one chunk whatever the session's size.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
 use rocksdb::{Direction as ScanDirection, IteratorMode, DB};
 
 use crate::chunk::{self, FrameRecord};
@@ -13,9 +16,31 @@ use crate::SessionId;
 /// A frame with its number within the session.
 pub type Numbered = (u64, FrameRecord);
 
+/// What the store's readers have read so far: frames, and the session read last. A command
+/// that reads whole recordings watches it from another thread to show its progress, whichever
+/// reader (export, report, episodes) walks the frames. Counted a chunk at a time.
+#[derive(Debug, Default)]
+pub struct ReadMeter {
+    frames: AtomicU64,
+    session: Mutex<Option<SessionId>>,
+}
+
+impl ReadMeter {
+    /// Frames decoded so far, by every reader of this store.
+    pub fn frames(&self) -> u64 {
+        self.frames.load(Ordering::Relaxed)
+    }
+
+    /// The session the newest reader walks.
+    pub fn session(&self) -> Option<SessionId> {
+        *self.session.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Iterates a session's frames in arrival order.
 pub struct FrameIter<'a> {
     iter: rocksdb::DBIteratorWithThreadMode<'a, DB>,
+    meter: &'a ReadMeter,
     session: SessionId,
     chunk: std::vec::IntoIter<FrameRecord>,
     next_no: u64,
@@ -51,7 +76,12 @@ impl Iterator for FrameIter<'_> {
                 Some((s, first)) if s == self.session => {
                     self.next_no = first;
                     match chunk::decode(bytes::Bytes::from(v.into_vec())) {
-                        Ok(recs) => self.chunk = recs.into_iter(),
+                        Ok(recs) => {
+                            self.meter
+                                .frames
+                                .fetch_add(recs.len() as u64, Ordering::Relaxed);
+                            self.chunk = recs.into_iter();
+                        }
                         Err(e) => {
                             self.done = true;
                             return Some(Err(e));
@@ -68,6 +98,11 @@ impl Iterator for FrameIter<'_> {
 }
 
 impl Store {
+    /// What this store's readers have read so far (to watch from another thread).
+    pub fn read_meter(&self) -> std::sync::Arc<ReadMeter> {
+        self.meter.clone()
+    }
+
     /// Every frame of `session` in arrival order, from frame `from` on.
     pub fn frames_from(&self, session: SessionId, from: u64) -> FrameIter<'_> {
         // Start at the chunk holding `from`: the last chunk key at or before it.
@@ -93,8 +128,10 @@ impl Store {
             ro,
             IteratorMode::From(&first, ScanDirection::Forward),
         );
+        *self.meter.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
         FrameIter {
             iter,
+            meter: &self.meter,
             session,
             chunk: Vec::new().into_iter(),
             next_no: 0,

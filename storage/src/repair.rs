@@ -68,7 +68,7 @@ fn usage(dir: &Path) -> std::io::Result<(usize, u64)> {
     Ok(n)
 }
 
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+fn copy_dir(from: &Path, to: &Path, copied: &mut dyn FnMut(u64)) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o700).create(to)?;
     for e in std::fs::read_dir(from)? {
@@ -76,10 +76,11 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         let ty = e.file_type()?;
         let dest = to.join(e.file_name());
         if ty.is_dir() {
-            copy_dir(&e.path(), &dest)?;
+            copy_dir(&e.path(), &dest, copied)?;
         } else if ty.is_file() {
-            std::fs::copy(e.path(), &dest)?;
+            let n = std::fs::copy(e.path(), &dest)?;
             std::fs::File::open(&dest)?.sync_all()?;
+            copied(n);
         }
     }
     std::fs::File::open(to)?.sync_all()
@@ -89,6 +90,33 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
 /// the manifest from the table files and turning write-ahead logs into tables), then opens it
 /// as the relay would, marking sessions of a dead relay as ended by crash.
 pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
+    repair_with(path, &mut |_| {})
+}
+
+/// How far a repair has got, for a command's progress.
+#[derive(Debug, Clone, Copy)]
+pub enum RepairProgress {
+    /// Copying the data dir aside: bytes copied of all.
+    Copying {
+        /// Copied so far.
+        bytes: u64,
+        /// The data dir's size.
+        of: u64,
+    },
+    /// Checking the repaired sessions: frames read of all the catalog lists.
+    Checking {
+        /// Read so far.
+        frames: u64,
+        /// Every session's frames.
+        of: u64,
+    },
+}
+
+/// [`repair`], telling `progress` how far it has got (a file copied, 4,096 frames checked).
+pub fn repair_with(
+    path: &Path,
+    progress: &mut dyn FnMut(RepairProgress),
+) -> Result<RepairReport, StoreError> {
     let p = path.display().to_string();
     crate::dir::check_access(path, true)?;
     if !path.is_dir() {
@@ -124,7 +152,15 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
         })
         .find(|b| !b.exists())
         .expect("an unused backup name");
-    if let Err(e) = copy_dir(path, &backup) {
+    let mut bytes = 0;
+    let mut copied = |n: u64| {
+        bytes += n;
+        progress(RepairProgress::Copying {
+            bytes,
+            of: before.1,
+        });
+    };
+    if let Err(e) = copy_dir(path, &backup, &mut copied) {
         // Only our own partial copy is removed; the data dir is untouched.
         let _ = std::fs::remove_dir_all(&backup);
         return Err(StoreError::Open {
@@ -250,8 +286,16 @@ pub fn repair(path: &Path) -> Result<RepairReport, StoreError> {
                 names.join(", ")
             ));
         }
+        let of = metas.iter().map(|m| m.frames).sum();
+        let mut checked = 0;
         for m in &metas {
-            let r = store.check_session(m.id)?;
+            let r = store.check_session_with(m.id, &mut |n| {
+                progress(RepairProgress::Checking {
+                    frames: checked + n,
+                    of,
+                })
+            })?;
+            checked += m.frames;
             if !r.ok() {
                 lost.push(format!(
                     "session {} is not sound ({} frames readable; {})",

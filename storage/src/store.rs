@@ -100,6 +100,8 @@ pub struct Store {
     /// Opened for recording: the data dir's hold, which a [`crate::SessionWriter`] keeps
     /// across its reopens (RocksDB's own lock is let go during each).
     pub(crate) hold: Option<Arc<DirHold>>,
+    /// Frames read so far, for a command's progress.
+    pub(crate) meter: Arc<crate::reader::ReadMeter>,
 }
 
 impl std::fmt::Debug for Store {
@@ -387,6 +389,7 @@ impl Store {
             details,
             orphaned,
             hold: None,
+            meter: Default::default(),
         })
     }
 

@@ -43,6 +43,7 @@ fn bridge(conn: u32) -> BridgeInfo {
         dropped: 0,
         policy: "drop-oldest".into(),
         unrecorded_bad_frames: 0,
+        rate_limited: 0,
         label: None,
     }
 }

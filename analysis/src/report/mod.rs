@@ -100,6 +100,7 @@ mod tests {
                 attached_ns: 1_000_000_000,
                 policy: "drop-oldest".into(),
                 unrecorded_bad_frames: 0,
+                rate_limited: 0,
                 label: Some(EVIL.into()),
                 ..BridgeInfo::default()
             },

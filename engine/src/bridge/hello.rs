@@ -259,6 +259,7 @@ impl BridgeReader {
             dropped: 0,
             policy: route.cfg.on_slow.as_str().into(),
             unrecorded_bad_frames: 0,
+            rate_limited: 0,
             label,
         };
         *self.bridge.info.lock() = Some(info.clone());

@@ -79,7 +79,20 @@ pub async fn run(a: CollectArgs) -> Result<()> {
         c.data_dir.display()
     ));
     let tally = Tally::default();
-    let done = c.run(cancel, &tally).await;
+    // No total: a collector takes what the stream holds and then waits for more.
+    let progress = super::progress::Progress::counting("frames collected");
+    let done = {
+        let run = c.run(cancel, &tally);
+        tokio::pin!(run);
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            tokio::select! {
+                done = &mut run => break done,
+                _ = tick.tick() => progress.at(tally.frames()),
+            }
+        }
+    };
+    progress.done();
     // Said even when the archive failed: what was taken is in it, what was refused is gone.
     super::print_best_effort(&format!(
         "collected {} new frame(s); refused {} message(s) not signed with the fleet key and {} unreadable\n",

@@ -56,19 +56,27 @@ pub fn run(a: EpisodesArgs) -> Result<()> {
             w = DATA_CHARS
         )?;
     }
+    out.flush()?;
     let mut total = 0u64;
+    let watch = super::progress::Following::reads(
+        &store,
+        metas.iter().map(|m| m.frames).sum(),
+        a.json.json,
+    );
     for meta in &metas {
         for_each_episode(&store, meta, &a.episode_marks, |e| -> Result<()> {
             if a.json.json {
                 let sep = if total == 0 { "" } else { "," };
                 write!(out, "{sep}\n{}", e.to_json_line())?;
             } else {
-                row(&mut out, e)?;
+                // A row reaches the terminal whole, with the bar out of its way.
+                watch.suspend(|| row(&mut out, e).and_then(|()| Ok(out.flush()?)))?;
             }
             total += 1;
             Ok(())
         })?;
     }
+    drop(watch);
     if a.json.json {
         writeln!(out, "\n]}}")?;
     }

@@ -166,6 +166,9 @@ pub fn run(a: ExportArgs) -> Result<()> {
     {
         metas = keep_those_with_cuts(&store, metas, &filter)?;
     }
+    // Cleared before the summary below is printed (and on every early return).
+    let watch =
+        super::progress::Following::reads(&store, metas.iter().map(|m| m.frames).sum(), a.json);
     let Some(path) = &a.output else {
         let counts = export::export_sessions(
             &store,
@@ -189,6 +192,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
         (Format::Mcap, _) => {
             let w = mcap::export_to_file(&store, &metas[0], &filter, path)
                 .with_context(|| format!("exporting to {}", path.display()))?;
+            drop(watch);
             let session = metas[0].id.to_string();
             if a.json {
                 return super::print_json(&serde_json::json!({
@@ -221,6 +225,7 @@ pub fn run(a: ExportArgs) -> Result<()> {
                 .collect()
         }
     };
+    drop(watch);
     without_the_episode(
         &metas,
         written.iter().map(|(s, ..)| s.clone()).collect(),

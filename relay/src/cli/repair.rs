@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
+use gabp_storage::repair::RepairProgress;
 
 use super::DataDir;
 
@@ -15,7 +16,34 @@ pub fn run(a: RepairArgs) -> Result<()> {
     // The repaired dir and every file RocksDB writes into it stay private.
     gabp_engine::recorder::private_file_modes();
     let dir = &a.dir.data_dir;
-    let r = gabp_storage::repair::repair(dir)?;
+    // The copy's bar, then (once the copy is done) the check's.
+    let copying = super::progress::Progress::bytes(0, false);
+    copying.reading("copying");
+    let mut copying = Some(copying);
+    let mut checking: Option<super::progress::Progress> = None;
+    let r = gabp_storage::repair::repair_with(dir, &mut |p| match p {
+        RepairProgress::Copying { bytes, of } => {
+            if let Some(bar) = &copying {
+                bar.at_of(bytes, of);
+            }
+        }
+        RepairProgress::Checking { frames, of } => {
+            if let Some(bar) = copying.take() {
+                bar.done();
+            }
+            checking
+                .get_or_insert_with(|| {
+                    let bar = super::progress::Progress::frames(of, false);
+                    bar.reading("checking");
+                    bar
+                })
+                .at(frames);
+        }
+    });
+    for bar in [copying, checking].into_iter().flatten() {
+        bar.done();
+    }
+    let r = r?;
     let size = gabp_rt::display::bytes;
     super::print_best_effort(&format!(
         "kept an untouched copy at {} ({} files, {})\n",

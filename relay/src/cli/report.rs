@@ -70,8 +70,10 @@ pub fn run(a: ReportArgs) -> Result<()> {
     // gets the page of the whole selection.
     if a.sessions.len() == 1 && !a.filters.any() {
         let meta = super::sessions::resolve(&store, &a.sessions[0])?;
+        let watch = super::progress::Following::reads(&store, meta.frames, false);
         let n = gabp_analysis::report::write(&store, &meta, &a.episode_marks, &a.output)
             .with_context(writing)?;
+        drop(watch);
         let _ = writeln!(
             std::io::stderr(),
             "wrote {to} ({n} bytes) for session {}",
@@ -80,9 +82,12 @@ pub fn run(a: ReportArgs) -> Result<()> {
         return Ok(());
     }
     let metas = select(&store, &a.sessions, &a.filters, false)?;
+    let watch =
+        super::progress::Following::reads(&store, metas.iter().map(|m| m.frames).sum(), false);
     let html =
         gabp_analysis::report::selection::render(&store, &metas, &a.episode_marks, &describe(&a))
             .with_context(writing)?;
+    drop(watch);
     let n = gabp_analysis::report::write_page(&html, &a.output).with_context(writing)?;
     let sessions = match metas.len() {
         1 => "1 session".to_string(),

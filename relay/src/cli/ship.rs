@@ -132,17 +132,13 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     signing.check().map_err(usage)?;
     // The cursor is written, so the data dir is opened for change (not while a relay records).
     let store = Store::open_for_change(&a.dir.data_dir).map_err(|e| anyhow!("{e}"))?;
-    let ids = if a.all {
-        store
-            .sessions()?
-            .into_iter()
-            .map(|m| m.id)
-            .collect::<Vec<_>>()
+    let metas = if a.all {
+        store.sessions()?
     } else {
         a.sessions
             .iter()
-            .map(|q| store.resolve(q).map(|m| m.id))
-            .collect::<Result<_, _>>()?
+            .map(|q| store.resolve(q))
+            .collect::<Result<Vec<_>, _>>()?
     };
     let conn = gabp_ship::connect(&a.to, &a.nats, "gabp-relay ship").await?;
     let target = Target {
@@ -153,10 +149,21 @@ pub async fn run(a: ShipArgs) -> Result<()> {
     };
     let status = Arc::new(ShipStatus::new(&a.to));
     let mut frames = 0;
-    for id in &ids {
+    let mut cursors = Vec::with_capacity(metas.len());
+    for m in &metas {
         // Each destination (a stream, as created) has its own cursor: shipping to a new one
         // sends everything.
-        let cursor = store.ship_cursor(*id, conn.to)?;
+        cursors.push(store.ship_cursor(m.id, conn.to)?);
+    }
+    let to_ship = metas
+        .iter()
+        .zip(&cursors)
+        .map(|(m, c)| m.frames.saturating_sub(c.frames))
+        .sum();
+    let progress = super::progress::Progress::frames(to_ship, false);
+    for (m, &cursor) in metas.iter().zip(&cursors) {
+        let id = &m.id;
+        progress.reading(&id.to_string());
         // A turn is bounded in time: go on until the session is caught up.
         let mut after = cursor;
         loop {
@@ -164,6 +171,7 @@ pub async fn run(a: ShipArgs) -> Result<()> {
             let (finished, c) =
                 shipper::ship_session(&conn, &store, *id, after, &target, &status).await?;
             after = c;
+            progress.at(frames + (after.frames - cursor.frames));
             if finished
                 || (after.frames == before.frames && after.catalog_seq == before.catalog_seq)
             {
@@ -172,9 +180,10 @@ pub async fn run(a: ShipArgs) -> Result<()> {
         }
         frames += after.frames - cursor.frames;
     }
+    progress.done();
     outln!(
         "shipped {} session(s) to {}: {frames} new frame(s)",
-        ids.len(),
+        metas.len(),
         gabp_ship::shown(&a.to)
     );
     Ok(())

@@ -283,6 +283,24 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     for n in ["planner", "watcher", "slowpoke"] {
         assert!(names.iter().any(|x| x == n), "{n} in {st}");
     }
+    // The refusals `status` counted live are in the recording too.
+    let recorded = |name: &str, field: &str| {
+        st["bridges"]
+            .as_array()
+            .or_else(|| st[0]["bridges"].as_array())
+            .expect("bridges")
+            .iter()
+            .filter(|b| b["name"] == name)
+            .map(|b| b[field].as_u64().expect("a count"))
+            .sum::<u64>()
+    };
+    assert_eq!(recorded("watcher", "denied"), 5, "{st}");
+    assert_eq!(recorded("planner", "denied"), 3, "{st}");
+    assert_eq!(
+        recorded("slowpoke", "rateLimited"),
+        2 + slowed_1 + slowed_2,
+        "{st}"
+    );
     let text = output(&[
         "stats",
         "--data-dir",
@@ -290,7 +308,12 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
         "latest",
     ])
     .await;
-    assert!(String::from_utf8_lossy(&text.stdout).contains("planner"));
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("planner"), "{text}");
+    assert!(
+        text.contains("DENIED") && text.contains("LEASE REFUSED"),
+        "{text}"
+    );
 
     // No token anywhere: recording (uncompressed), logs, metrics.
     let log = log.lock().join("\n");

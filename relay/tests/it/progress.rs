@@ -7,7 +7,7 @@ use crate::support::*;
 
 /// Runs `gabp-relay ARGS > OUT` inside `script`, so stderr is a pseudo-terminal and stdout a
 /// file: what the terminal showed, and what stdout got.
-async fn under_a_terminal(args: &[&str], dir: &std::path::Path) -> (String, String) {
+pub(crate) async fn under_a_terminal(args: &[&str], dir: &std::path::Path) -> (String, String) {
     let out = dir.join("stdout.txt");
     let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
     let line = std::iter::once(BIN)
@@ -55,9 +55,46 @@ async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
         "{}",
         String::from_utf8_lossy(&demo.stderr)
     );
-    for args in [
-        &["stats", "latest", "--data-dir", d][..],
-        &["sessions", "check", "--data-dir", d],
+    let page = dir.path().join("report.html");
+    let page = page.to_str().expect("utf-8");
+    let parquet = dir.path().join("export.parquet");
+    let parquet = parquet.to_str().expect("utf-8");
+    // Each command, and the flags that turn its bar off (`--json` where it has one).
+    for (args, off) in [
+        (
+            &["stats", "latest", "--data-dir", d][..],
+            &["--quiet", "--json"][..],
+        ),
+        (
+            &["sessions", "check", "--data-dir", d],
+            &["--quiet", "--json"],
+        ),
+        (&["export", "latest", "--data-dir", d], &["--quiet"]),
+        (
+            &[
+                "export",
+                "latest",
+                "--data-dir",
+                d,
+                "--format",
+                "parquet",
+                "-o",
+                parquet,
+            ],
+            &["--quiet", "--json"],
+        ),
+        (
+            &["episodes", "--all", "--data-dir", d],
+            &["--quiet", "--json"],
+        ),
+        (
+            &["report", "latest", "--data-dir", d, "-o", page],
+            &["--quiet"],
+        ),
+        (
+            &["report", "--all", "--data-dir", d, "-o", page],
+            &["--quiet"],
+        ),
     ] {
         let (terminal, stdout) = under_a_terminal(args, dir.path()).await;
         assert!(
@@ -75,7 +112,7 @@ async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
             !String::from_utf8_lossy(&piped.stderr).contains("left"),
             "{args:?}: progress drawn on a pipe"
         );
-        for quiet in ["--quiet", "--json"] {
+        for &quiet in off {
             let mut with: Vec<&str> = args.to_vec();
             with.push(quiet);
             let (terminal, _) = under_a_terminal(&with, dir.path()).await;
@@ -114,4 +151,34 @@ async fn the_sessions_table_fits_a_long_route_name() {
         let end_of_prev = lines[1][..at].trim_end().len();
         assert!(end_of_prev < at, "{header} column out of line:\n{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repair_shows_the_copy_and_the_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let d = data.to_str().expect("utf-8");
+    let demo = output(&[
+        "demo",
+        "--duration",
+        "3s",
+        "--rate",
+        "200000",
+        "--data-dir",
+        d,
+    ])
+    .await;
+    assert!(demo.status.success());
+    let (terminal, stdout) = under_a_terminal(&["repair", "--data-dir", d], dir.path()).await;
+    assert!(
+        terminal.contains("checking") && terminal.contains(" frames") && terminal.contains("left"),
+        "no progress on the terminal: {terminal:?}"
+    );
+    assert!(stdout.contains("repaired "), "{stdout}");
+    assert!(
+        !stdout.contains("checking") && !stdout.contains('\r'),
+        "progress on stdout: {stdout}"
+    );
+    let (terminal, _) = under_a_terminal(&["repair", "--data-dir", d, "--quiet"], dir.path()).await;
+    assert!(!terminal.contains("checking"), "--quiet drew: {terminal:?}");
 }

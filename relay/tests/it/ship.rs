@@ -533,8 +533,35 @@ async fn each_destination_gets_every_session_and_a_stream_made_again_gets_it_aga
     let mut col = collector(&first.urls(), &archive1).await;
     archive_equals(&archive1, &[&a]).await;
     kill9(&mut col);
-    // Another cluster is another destination: it gets every frame, once.
-    assert_eq!(shipped_new(&a, &second.urls()).await, total);
+    // Another cluster is another destination: it gets every frame, once; on a terminal with
+    // a bar of the frames shipped (on stderr: stdout has the summary alone).
+    let key = key_for(&a);
+    let (terminal, stdout) = crate::progress::under_a_terminal(
+        &[
+            "ship",
+            "--all",
+            "--to",
+            &second.urls(),
+            "--data-dir",
+            a.to_str().expect("utf8"),
+            "--fleet-key",
+            key.to_str().expect("utf8"),
+        ],
+        dir.path(),
+    )
+    .await;
+    assert!(
+        terminal.contains(" frames") && terminal.contains("left"),
+        "no progress on the terminal: {terminal:?}"
+    );
+    assert_eq!(
+        stdout.trim_end(),
+        format!(
+            "shipped 1 session(s) to {}: {total} new frame(s)",
+            second.urls()
+        ),
+        "stdout holds the summary alone"
+    );
     assert_eq!(shipped_new(&a, &second.urls()).await, 0);
     // Another stream and prefix on the same server is another destination too, and a stream
     // keeping messages less than the two-minute dedup window can be made.
