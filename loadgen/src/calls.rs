@@ -198,29 +198,83 @@ impl CallRound {
     pub fn line(&self) -> String {
         let r = &self.result;
         let p = Percentiles::of(&r.latency);
-        format!("{} calls in {:.1}s = {:.0}/s, {} errors, {} unanswered; latency µs p50 {:.1} p90 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}", r.calls, self.secs, self.per_s(), r.errors, r.unanswered, p.p50, p.p90, p.p99, p.p999, p.max)
+        let mut line = format!("{} calls in {:.1}s = {:.0}/s, {} errors, {} unanswered; latency µs p50 {:.1} p90 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}", r.calls, self.secs, self.per_s(), r.errors, r.unanswered, p.p50, p.p90, p.p99, p.p999, p.max);
+        if let Some(cpu) = self.cpu_s.filter(|_| r.calls > 0) {
+            line.push_str(&format!(
+                "; serving CPU {:.0} %, {:.1} µs per call",
+                cpu / self.secs * 100.0,
+                cpu / r.calls as f64 * 1e6
+            ));
+        }
+        line
     }
 }
 
-/// A calling client, subscribed to `channels` (whose events it skips while it waits).
-async fn caller(addr: &Addr, token: &str, channels: &[String]) -> Result<gabp_client::Client> {
-    let (mut c, _) = gabp_client::Client::connect_hello(addr, token).await?;
+/// What a command learns about its target on the first connection it makes: the target
+/// describes itself there, not on a connection of its own (a target may serve only so many,
+/// as `gabp-relay check-bridge` serves one), and the command's watch counts its processes' CPU
+/// as the run's own from then on.
+pub struct Learn<'a> {
+    /// The command's watch.
+    pub watch: &'a mut Watch,
+    /// The description, once learned.
+    pub target: Option<Value>,
+}
+
+impl Learn<'_> {
+    /// The description, or what is known without one.
+    pub fn take(&mut self, addr: &Addr) -> Value {
+        self.target
+            .take()
+            .unwrap_or_else(|| json!({"kind": "unknown", "address": addr.to_string()}))
+    }
+}
+
+/// A bridge on `addr`: hello, then (on the first connection of a command that learns) the
+/// target's description, then the subscription to `channels`, whose events a caller skips
+/// unread while it waits (`discard_events`) and a reader reads.
+async fn connect(
+    addr: &Addr,
+    token: &str,
+    channels: &[String],
+    discard_events: bool,
+    learn: Option<&mut Learn<'_>>,
+) -> Result<gabp_client::Client> {
+    let (mut c, welcome) = gabp_client::Client::connect_hello(addr, token).await?;
+    if let Some(l) = learn.filter(|l| l.target.is_none()) {
+        let t = context::describe_client(&mut c, &welcome, addr).await;
+        l.watch.own_target(&t);
+        l.target = Some(t);
+    }
     if !channels.is_empty() {
         let names: Vec<&str> = channels.iter().map(String::as_str).collect();
         c.subscribe(&names).await?;
-        c.discard_events = true;
+        c.discard_events = discard_events;
     }
     Ok(c)
 }
 
-/// One round: connect, warm up, measure, stop; the CPU of `pids` (the serving processes) is
-/// read as the window opens and closes.
-pub async fn call_round(spec: &CallSpec, pids: &[u32]) -> Result<CallRound> {
+/// The serving processes of a round: those given, or those of the target learned.
+fn pids_of(given: &[u32], learn: Option<&Learn<'_>>) -> Vec<u32> {
+    match learn.and_then(|l| l.target.as_ref()) {
+        Some(t) if given.is_empty() => serving_pids(t),
+        _ => given.to_vec(),
+    }
+}
+
+/// One round: connect, warm up, measure, stop; the CPU of `pids` (the serving processes, or
+/// those of the target `learn`s about) is read as the window opens and closes.
+pub async fn call_round(
+    spec: &CallSpec,
+    pids: &[u32],
+    mut learn: Option<&mut Learn<'_>>,
+) -> Result<CallRound> {
     let window = Arc::new(actors::Window::default());
     let stop = tokio_util::sync::CancellationToken::new();
+    let (addr, token, subs) = (&spec.addr, &spec.token, &spec.subscribe);
     let task = match (spec.rate, spec.concurrency) {
         (Some(rate), _) if rate > 0.0 => {
-            let c = caller(&spec.addr, &spec.token, &spec.subscribe).await?;
+            let c = connect(addr, token, subs, true, learn.as_deref_mut()).await?;
             tokio::spawn(actors::caller::fixed_rate(
                 c,
                 spec.tool.clone(),
@@ -233,7 +287,7 @@ pub async fn call_round(spec: &CallSpec, pids: &[u32]) -> Result<CallRound> {
         (None, Some(n)) if n > 0 => {
             let mut clients = Vec::new();
             for _ in 0..n {
-                clients.push(caller(&spec.addr, &spec.token, &spec.subscribe).await?);
+                clients.push(connect(addr, token, subs, true, learn.as_deref_mut()).await?);
             }
             tokio::spawn(actors::caller::fixed_concurrency(
                 clients,
@@ -245,14 +299,15 @@ pub async fn call_round(spec: &CallSpec, pids: &[u32]) -> Result<CallRound> {
         }
         _ => bail!("give --rate R (calls/s) or --concurrency N"),
     };
+    let pids = pids_of(pids, learn.as_deref());
     tokio::time::sleep(Duration::from_secs_f64(spec.warmup.max(0.0))).await;
-    let cpu = cpu_of(pids);
+    let cpu = cpu_of(&pids);
     window.set(true);
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(spec.duration.max(0.1))).await;
     window.set(false);
     let secs = t.elapsed().as_secs_f64();
-    let cpu_s = used(cpu, cpu_of(pids));
+    let cpu_s = used(cpu, cpu_of(&pids));
     stop.cancel();
     let result = task.await?;
     Ok(CallRound {
@@ -307,13 +362,15 @@ pub fn head(target: &str, config: &str, ctx: &context::Context) -> String {
 pub async fn call_cmd(a: CallArgs) -> Result<()> {
     let mut watch = Watch::start();
     let spec = CallSpec::from_args(&a)?;
-    let target = context::describe_target(&spec.addr, &spec.token).await?;
-    watch.own_target(&target);
-    let pids = serving_pids(&target);
+    let mut learn = Learn {
+        watch: &mut watch,
+        target: None,
+    };
     let mut rounds = Vec::new();
     for _ in 0..a.rounds {
-        rounds.push(call_round(&spec, &pids).await?);
+        rounds.push(call_round(&spec, &[], Some(&mut learn)).await?);
     }
+    let target = learn.take(&spec.addr);
     let ctx = watch.finish();
     let docs: Vec<Value> = rounds.iter().map(|r| r.doc(&spec)).collect();
     let mut doc = spread::merge(docs);
@@ -393,12 +450,13 @@ pub async fn bridges_round(
     token: &str,
     sc: &Scenario,
     pids: &[u32],
+    mut learn: Option<&mut Learn<'_>>,
 ) -> Result<(Measurement, Option<f64>)> {
     let window = Arc::new(actors::Window::default());
     let stop = tokio_util::sync::CancellationToken::new();
     let mut readers = Vec::new();
     for i in 0..sc.bridges {
-        let c = actors::bridge::connect(addr, token, sc.channels_of(i)).await?;
+        let c = connect(addr, token, sc.channels_of(i), false, learn.as_deref_mut()).await?;
         readers.push(tokio::spawn(actors::bridge::read(
             c,
             sc.read_rate,
@@ -408,15 +466,16 @@ pub async fn bridges_round(
     }
     let mut stalled = Vec::new();
     for _ in 0..sc.stalled {
-        stalled.push(actors::bridge::connect(addr, token, &sc.channels).await?);
+        stalled.push(connect(addr, token, &sc.channels, false, learn.as_deref_mut()).await?);
     }
+    let pids = pids_of(pids, learn.as_deref());
     tokio::time::sleep(sc.warmup()).await;
-    let cpu = cpu_of(pids);
+    let cpu = cpu_of(&pids);
     window.set(true);
     let t = Instant::now();
     tokio::time::sleep(sc.duration()).await;
     window.set(false);
-    let cpu_s = used(cpu, cpu_of(pids));
+    let cpu_s = used(cpu, cpu_of(&pids));
     stop.cancel();
     let mut m = Measurement::new("bridges", t.elapsed().as_secs_f64());
     m.unsampled = true;
@@ -439,13 +498,14 @@ pub async fn bridges_cmd(a: BridgesArgs) -> Result<()> {
     let mut watch = Watch::start();
     let sc = a.scenario.scenario()?;
     let addr: Addr = a.addr.parse().map_err(|e: String| anyhow!(e))?;
-    let target = context::describe_target(&addr, &a.token).await?;
-    watch.own_target(&target);
-    let pids = serving_pids(&target);
+    let mut learn = Learn {
+        watch: &mut watch,
+        target: None,
+    };
     let mut rounds = Vec::new();
     let mut docs = Vec::new();
     for _ in 0..a.rounds {
-        let (m, cpu) = bridges_round(&addr, &a.token, &sc, &pids).await?;
+        let (m, cpu) = bridges_round(&addr, &a.token, &sc, &[], Some(&mut learn)).await?;
         let mut doc = json!({"scenario": sc, "bridges": m});
         // The serving processes' CPU, when they run here (`bridges.cpu_percent` stays the
         // reading bridges' target as `run` samples it: unknown here).
@@ -458,7 +518,9 @@ pub async fn bridges_cmd(a: BridgesArgs) -> Result<()> {
         docs.push(doc);
         rounds.push(m);
     }
+    let target = learn.take(&addr);
     let ctx = watch.finish();
+    let round_docs = docs.clone();
     let mut doc = spread::merge(docs);
     let config = json!({"rounds": a.rounds, "readers": sc.bridges, "stalled": sc.stalled, "channels": sc.channels, "read_rate": sc.read_rate, "warmup_s": sc.warmup_s, "duration_s": sc.duration_s});
     describe(&mut doc, config, target.clone(), &ctx);
@@ -481,6 +543,15 @@ pub async fn bridges_cmd(a: BridgesArgs) -> Result<()> {
                 println!("round {}/{}:", i + 1, rounds.len());
             }
             print!("{}", report::table(Some(m), None, &[]));
+            let d = &round_docs[i];
+            if let Some(cpu) = d["cpu_percent"].as_f64() {
+                println!(
+                    "serving CPU (the target's processes on this machine) {cpu:.0} %{}",
+                    d["cpu_per_event_us"]
+                        .as_f64()
+                        .map_or(String::new(), |e| format!(", {e:.2} µs per event"))
+                );
+            }
         }
         if rounds.len() > 1 {
             let rows = [

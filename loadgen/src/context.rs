@@ -242,13 +242,21 @@ impl Context {
     }
 }
 
-/// Asks the target at `addr` who it is (its welcome; a relay's `relay/status` too) and finds
-/// its process when it runs on this machine. JSON: `address`, `kind` (`relay`, `mod` or
-/// `unknown`), `name`, `version`, a relay's `recording`, `policy`, `upstream` and its mod's
-/// `mod` (`agent`, `app`, `version`, `channels`), a mod's `channels`, `pid` and `process`.
+/// Asks the target at `addr` who it is, on a connection of its own (see [`describe_client`]).
 pub async fn describe_target(addr: &Addr, token: &str) -> Result<Value> {
     let (mut c, welcome) = gabp_client::Client::connect_hello(addr, token).await?;
-    let mut t = from_welcome(&welcome);
+    let t = describe_client(&mut c, &welcome, addr).await;
+    let _ = c.close().await;
+    Ok(t)
+}
+
+/// Who the target behind a welcomed connection is: its welcome, a relay's `relay/status` too
+/// (sent on `c` before anything else), and its process when it runs on this machine. JSON:
+/// `address`, `kind` (`relay`, `mod` or `unknown`), `name`, `version`, a relay's `recording`,
+/// `policy`, `upstream` and its mod's `mod` (`agent`, `app`, `version`, `channels`), a mod's
+/// `channels`, `pid` and `process`, and a local relay's mod's `upstream_pid`.
+pub async fn describe_client(c: &mut gabp_client::Client, welcome: &Value, addr: &Addr) -> Value {
+    let mut t = from_welcome(welcome);
     t["address"] = json!(addr.to_string());
     if t["kind"] == "relay"
         && welcome["capabilities"]["extensions"]["relay"]["methods"]
@@ -261,7 +269,6 @@ pub async fn describe_target(addr: &Addr, token: &str) -> Result<Value> {
             t["upstream"] = status["upstream"].clone();
         }
     }
-    let _ = c.close().await;
     if let Some(pid) = procstat::listener_pid(addr) {
         t["pid"] = json!(pid);
         t["process"] = json!(procstat::process_name(pid));
@@ -270,7 +277,7 @@ pub async fn describe_target(addr: &Addr, token: &str) -> Result<Value> {
     if let Some(pid) = upstream.as_ref().and_then(procstat::listener_pid) {
         t["upstream_pid"] = json!(pid);
     }
-    Ok(t)
+    t
 }
 
 /// What a welcome says about who sent it: a relay (its extension), or a mod.

@@ -95,12 +95,12 @@ async fn call_on(side: &Side, spec: &CallSpec) -> Result<Value> {
         token: side.token.clone(),
         ..spec.clone()
     };
-    Ok(calls::call_round(&spec, &side.pids).await?.doc(&spec))
+    Ok(calls::call_round(&spec, &side.pids, None).await?.doc(&spec))
 }
 
 /// One events measurement on one side.
 async fn events_on(side: &Side, sc: &Scenario) -> Result<Value> {
-    let (m, cpu) = calls::bridges_round(&side.addr, &side.token, sc, &side.pids).await?;
+    let (m, cpu) = calls::bridges_round(&side.addr, &side.token, sc, &side.pids, None).await?;
     let mut doc = json!({
         "duration_s": m.duration_s,
         "delivered": m.delivered,
