@@ -147,6 +147,13 @@ fn main() {
     std::process::exit(code);
 }
 
+/// The command line, version and machine above a command's own table.
+fn print_context(ctx: &context::Context) {
+    for (k, v) in ctx.lines() {
+        println!("{k:<8} {v}");
+    }
+}
+
 fn progress_bar() -> Option<ProgressBar> {
     if !std::io::stderr().is_terminal() {
         return None;
@@ -202,14 +209,21 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 relay_bin: a.relay_bin.unwrap_or_else(|| target::sibling("gabp-relay")),
                 data_dir: a.data_dir,
             };
-            let report = soak::run(opts).await?;
+            let watch = Watch::start();
+            let mut report = soak::run(opts).await?;
+            let ctx = watch.finish();
+            report["context"] = ctx.to_json();
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                print_context(&ctx);
                 for (k, v) in report.as_object().expect("object") {
-                    println!("{k:<20} {v}");
+                    if k != "context" {
+                        println!("{k:<20} {v}");
+                    }
                 }
             }
+            ctx.warn();
             if report["ok"] != true {
                 bail!("the soak found problems (see the report)");
             }
@@ -235,12 +249,17 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 record: !a.no_record,
                 rss_limit_mib: a.rss_limit_mib.max(64),
             };
-            let report = chaos::run(opts).await?;
+            let watch = Watch::start();
+            let mut report = chaos::run(opts).await?;
+            let ctx = watch.finish();
+            report["context"] = ctx.to_json();
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                print_context(&ctx);
                 print!("{}", chaos::table(&report));
             }
+            ctx.warn();
             if report["ok"] != true {
                 bail!(
                     "the hostile clients harmed the honest bridges or the relay (see the report)"
@@ -274,12 +293,17 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         }
         Cmd::Resume(a) => {
             let json = a.json;
-            let doc = resume::run(a).await?;
+            let watch = Watch::start();
+            let mut doc = resume::run(a).await?;
+            let ctx = watch.finish();
+            doc["context"] = ctx.to_json();
             if json {
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
+                print_context(&ctx);
                 print!("{}", resume::table(&doc));
             }
+            ctx.warn();
             Ok(())
         }
         Cmd::Ship(a) => ship::main(a).await,
