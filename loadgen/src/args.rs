@@ -152,14 +152,21 @@ pub(crate) struct RunArgs {
     /// Also write the run as a self-contained HTML page with charts.
     #[arg(long, value_name = "PATH")]
     pub(crate) report: Option<PathBuf>,
+    /// Measure this many rounds and report each figure's median and spread (min–max); with
+    /// two targets (relay and --baseline or --peers) they alternate within each round.
+    #[arg(long, default_value_t = 1, value_parser = parse_rounds)]
+    pub(crate) rounds: usize,
 }
 
 #[derive(Args, Debug)]
 pub(crate) struct CompareArgs {
-    /// The first --json result.
+    /// The first --json result (A).
     pub(crate) a: PathBuf,
-    /// The second --json result.
+    /// The second --json result (B), compared against A.
     pub(crate) b: PathBuf,
+    /// A name for A's column, then one for B's (given twice) [default: the file names].
+    #[arg(long, value_name = "NAME", action = clap::ArgAction::Append)]
+    pub(crate) label: Vec<String>,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
@@ -196,6 +203,9 @@ pub(crate) struct BridgesArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Measure this many rounds and report each figure's median and spread (min–max).
+    #[arg(long, default_value_t = 1, value_parser = parse_rounds)]
+    pub(crate) rounds: usize,
 }
 
 #[derive(Args, Debug)]
@@ -235,6 +245,9 @@ pub(crate) struct CallArgs {
     /// Also write the run as a self-contained HTML page with charts.
     #[arg(long, value_name = "PATH")]
     pub(crate) report: Option<PathBuf>,
+    /// Measure this many rounds and report each figure's median and spread (min–max).
+    #[arg(long, default_value_t = 1, value_parser = parse_rounds)]
+    pub(crate) rounds: usize,
 }
 
 #[derive(Args, Debug)]
@@ -309,6 +322,14 @@ pub(crate) struct ChaosArgs {
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// A count of rounds: 1 to 1000.
+pub(crate) fn parse_rounds(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number of rounds from 1 to 1000")),
+    }
 }
 
 /// A positive, finite rate.

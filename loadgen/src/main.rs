@@ -6,8 +6,12 @@
 
 mod actors;
 mod args;
+mod calls;
 mod chaos;
 mod compare;
+mod context;
+mod figures;
+mod overhead;
 mod procstat;
 mod report;
 mod report_html;
@@ -16,11 +20,11 @@ mod run;
 mod scenario;
 mod ship;
 mod soak;
+mod spread;
 mod target;
 
 use std::io::IsTerminal;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -31,6 +35,7 @@ use crate::args::{
     BridgesArgs, CallArgs, ChaosArgs, CompareArgs, ForwarderArgs, ModArgs, PipeArgs, RunArgs,
     SoakArgs,
 };
+use crate::context::Watch;
 use crate::run::Which;
 use crate::target::RelayCommand;
 
@@ -57,8 +62,12 @@ pub(crate) enum Cmd {
     Bridges(BridgesArgs),
     /// Drive tools/call at a fixed rate or concurrency against a relay or mod.
     Call(CallArgs),
-    /// The change of every figure between two --json results (A then B).
+    /// Two --json results side by side: the settings that differ, then every figure with B's
+    /// change against A and whether it is better, worse or within noise.
     Compare(CompareArgs),
+    /// What a relay adds to a mod: tool calls and events straight to the mod and through the
+    /// relay, in alternating rounds, with each difference weighed against the noise.
+    Overhead(crate::overhead::OverheadArgs),
     /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
     /// ordering and the recording afterwards.
     Soak(SoakArgs),
@@ -138,15 +147,11 @@ fn main() {
     std::process::exit(code);
 }
 
-/// A calling client, subscribed to `channels` (whose events it skips while it waits).
-async fn caller(addr: &Addr, token: &str, channels: &[String]) -> Result<gabp_client::Client> {
-    let (mut c, _) = gabp_client::Client::connect_hello(addr, token).await?;
-    if !channels.is_empty() {
-        let names: Vec<&str> = channels.iter().map(String::as_str).collect();
-        c.subscribe(&names).await?;
-        c.discard_events = true;
+/// The command line, version and machine above a command's own table.
+fn print_context(ctx: &context::Context) {
+    for (k, v) in ctx.lines() {
+        println!("{k:<8} {v}");
     }
-    Ok(c)
 }
 
 fn progress_bar() -> Option<ProgressBar> {
@@ -191,133 +196,9 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
             sim.stop();
             Ok(())
         }
-        Cmd::Bridges(a) => {
-            let sc = a.scenario.scenario()?;
-            let addr: Addr = a.addr.parse().map_err(|e: String| anyhow!(e))?;
-            let window = Arc::new(actors::Window::default());
-            let stop = tokio_util::sync::CancellationToken::new();
-            let mut readers = Vec::new();
-            for _ in 0..sc.bridges {
-                let c = actors::bridge::connect(&addr, &a.token, &sc.channels).await?;
-                readers.push(tokio::spawn(actors::bridge::read(
-                    c,
-                    sc.read_rate,
-                    actors::tally::Tally::new(window.clone(), None),
-                    stop.clone(),
-                )));
-            }
-            let mut stalled = Vec::new();
-            for _ in 0..sc.stalled {
-                stalled.push(actors::bridge::connect(&addr, &a.token, &sc.channels).await?);
-            }
-            tokio::time::sleep(sc.warmup()).await;
-            window.set(true);
-            let t = Instant::now();
-            tokio::time::sleep(sc.duration()).await;
-            window.set(false);
-            stop.cancel();
-            let mut m = report::Measurement::new("bridges", t.elapsed().as_secs_f64());
-            m.unsampled = true;
-            let mut h = actors::latency_histogram();
-            for r in readers {
-                let r = r.await?;
-                m.delivered += r.events;
-                m.dropped += r.dropped;
-                m.unannounced_gaps += r.unannounced_gaps;
-                m.disconnects += u64::from(r.disconnected);
-                let _ = h.add(&r.latency);
-            }
-            m.set_latency(&h);
-            drop(stalled);
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({"scenario": sc, "bridges": m})
-                    )?
-                );
-            } else {
-                print!("{}", report::table(Some(&m), None, &[]));
-            }
-            Ok(())
-        }
-        Cmd::Call(a) => {
-            let addr: Addr = a.addr.parse().map_err(|e: String| anyhow!(e))?;
-            let args: serde_json::Value =
-                serde_json::from_str(&a.args).map_err(|e| anyhow!("--args: {e}"))?;
-            let window = Arc::new(actors::Window::default());
-            let stop = tokio_util::sync::CancellationToken::new();
-            let task = match (a.rate, a.concurrency) {
-                (Some(rate), _) if rate > 0.0 => {
-                    let c = caller(&addr, &a.token, &a.subscribe).await?;
-                    tokio::spawn(actors::caller::fixed_rate(
-                        c,
-                        a.tool.clone(),
-                        args,
-                        rate,
-                        window.clone(),
-                        stop.clone(),
-                    ))
-                }
-                (None, Some(n)) if n > 0 => {
-                    let mut clients = Vec::new();
-                    for _ in 0..n {
-                        clients.push(caller(&addr, &a.token, &a.subscribe).await?);
-                    }
-                    tokio::spawn(actors::caller::fixed_concurrency(
-                        clients,
-                        a.tool.clone(),
-                        args,
-                        window.clone(),
-                        stop.clone(),
-                    ))
-                }
-                _ => bail!("give --rate R (calls/s) or --concurrency N"),
-            };
-            tokio::time::sleep(Duration::from_secs_f64(a.warmup.max(0.0))).await;
-            window.set(true);
-            let t = Instant::now();
-            tokio::time::sleep(Duration::from_secs_f64(a.duration.max(0.1))).await;
-            window.set(false);
-            let secs = t.elapsed().as_secs_f64();
-            stop.cancel();
-            let r = task.await?;
-            let p = report::Percentiles::of(&r.latency);
-            let doc = serde_json::json!({"tool": a.tool, "mode": if a.rate.is_some() { "rate" } else { "concurrency" }, "duration_s": secs, "calls": r.calls, "calls_per_s": r.calls as f64 / secs, "errors": r.errors, "unanswered": r.unanswered, "latency_us": p});
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&doc)?);
-            } else {
-                println!("{} calls in {:.1}s = {:.0}/s, {} errors, {} unanswered; latency µs p50 {:.1} p90 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}", r.calls, secs, r.calls as f64 / secs, r.errors, r.unanswered, p.p50, p.p90, p.p99, p.p999, p.max);
-            }
-            if let Some(path) = &a.report {
-                let figures = [
-                    ("tool", a.tool.clone()),
-                    ("mode", doc["mode"].as_str().unwrap_or("").to_string()),
-                    ("window", format!("{secs:.1} s")),
-                    ("calls", r.calls.to_string()),
-                    ("calls/s", format!("{:.0}", r.calls as f64 / secs)),
-                    ("errors", r.errors.to_string()),
-                    ("unanswered", r.unanswered.to_string()),
-                    (
-                        "p50 / p90 / p99 / p99.9 / max µs",
-                        format!(
-                            "{:.1} / {:.1} / {:.1} / {:.1} / {:.1}",
-                            p.p50, p.p90, p.p99, p.p999, p.max
-                        ),
-                    ),
-                ];
-                let html = report_html::call_page(
-                    "gabp-loadgen call",
-                    &figures,
-                    report::curve(&r.latency),
-                )?;
-                report_html::write(path, &html)?;
-            }
-            if r.calls == 0 {
-                bail!("no call was answered");
-            }
-            Ok(())
-        }
+        Cmd::Bridges(a) => calls::bridges_cmd(a).await,
+        Cmd::Call(a) => calls::call_cmd(a).await,
+        Cmd::Overhead(a) => overhead::main(a).await,
         Cmd::Soak(a) => {
             let opts = soak::SoakOptions {
                 duration: Duration::from_secs_f64(a.duration.max(1.0)),
@@ -328,14 +209,21 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 relay_bin: a.relay_bin.unwrap_or_else(|| target::sibling("gabp-relay")),
                 data_dir: a.data_dir,
             };
-            let report = soak::run(opts).await?;
+            let watch = Watch::start();
+            let mut report = soak::run(opts).await?;
+            let ctx = watch.finish();
+            report["context"] = ctx.to_json();
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                print_context(&ctx);
                 for (k, v) in report.as_object().expect("object") {
-                    println!("{k:<20} {v}");
+                    if k != "context" {
+                        println!("{k:<20} {v}");
+                    }
                 }
             }
+            ctx.warn();
             if report["ok"] != true {
                 bail!("the soak found problems (see the report)");
             }
@@ -361,12 +249,17 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 record: !a.no_record,
                 rss_limit_mib: a.rss_limit_mib.max(64),
             };
-            let report = chaos::run(opts).await?;
+            let watch = Watch::start();
+            let mut report = chaos::run(opts).await?;
+            let ctx = watch.finish();
+            report["context"] = ctx.to_json();
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
+                print_context(&ctx);
                 print!("{}", chaos::table(&report));
             }
+            ctx.warn();
             if report["ok"] != true {
                 bail!(
                     "the hostile clients harmed the honest bridges or the relay (see the report)"
@@ -377,27 +270,40 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Compare(a) => {
             let (va, vb) = (compare::read(&a.a)?, compare::read(&a.b)?);
             compare::comparable(&va, &vb)?;
+            if a.label.len() > 2 {
+                return Err(compare::Unreadable(
+                    "--label is given once for A and once for B, not more".into(),
+                )
+                .into());
+            }
+            let (la, lb) = compare::labels(&a.a, &a.b, &a.label);
+            let settings = compare::settings(&va, &vb);
             let changes = compare::compare(&va, &vb);
             if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(
-                        &serde_json::json!({"a": a.a, "b": a.b, "figures": changes})
-                    )?
-                );
+                let doc =
+                    compare::document((&a.a, &a.b), (&la, &lb), (&va, &vb), &settings, &changes);
+                println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
-                print!("{}", compare::table(&changes));
+                print!(
+                    "{}",
+                    compare::table((&la, &lb), (&va, &vb), &settings, &changes)
+                );
             }
             Ok(())
         }
         Cmd::Resume(a) => {
             let json = a.json;
-            let doc = resume::run(a).await?;
+            let watch = Watch::start();
+            let mut doc = resume::run(a).await?;
+            let ctx = watch.finish();
+            doc["context"] = ctx.to_json();
             if json {
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
+                print_context(&ctx);
                 print!("{}", resume::table(&doc));
             }
+            ctx.warn();
             Ok(())
         }
         Cmd::Ship(a) => ship::main(a).await,
@@ -417,58 +323,186 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
     }
 }
 
+/// One round of `run`: the relay, the baseline and the peers, each measured in turn.
+struct RunRound {
+    relay: Option<report::Measurement>,
+    baseline: Option<report::Measurement>,
+    peers: Vec<report::Measurement>,
+}
+
+impl RunRound {
+    fn all(&self) -> impl Iterator<Item = &report::Measurement> {
+        self.relay
+            .iter()
+            .chain(self.baseline.iter())
+            .chain(self.peers.iter())
+    }
+}
+
 async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
+    let watch = Watch::start();
     let sc = a.scenario.scenario()?;
     if sc.one_channel_bridges > 0 && (baseline_only || a.baseline) {
         bail!("the raw forwarder hands every event to every reader: it cannot measure bridges on one channel");
     }
     let pb = progress_bar();
-    let say = |m: &str| {
-        if let Some(pb) = &pb {
-            pb.set_message(m.to_string());
-        }
-    };
     let relay_cmd = match (&a.relay_cmd, &a.relay_bin) {
         (Some(t), _) => RelayCommand::Template(t.clone()),
         (None, Some(b)) => RelayCommand::Builtin(b.clone()),
         (None, None) => RelayCommand::Builtin(target::sibling("gabp-relay")),
     };
-    let relay = if baseline_only {
-        None
-    } else {
-        Some(run::measure(&sc, &Which::Relay(relay_cmd), &say).await?)
-    };
-    let baseline = if baseline_only || a.baseline {
-        Some(run::measure(&sc, &Which::Baseline, &say).await?)
-    } else {
-        None
-    };
-    let mut peers = Vec::new();
-    for p in &a.peers {
-        peers.push(run::measure(&sc, &Which::Peer(*p), &say).await?);
+    let mut rounds = Vec::new();
+    for i in 0..a.rounds {
+        let say = |m: &str| {
+            if let Some(pb) = &pb {
+                if a.rounds > 1 {
+                    pb.set_message(format!("round {}/{}: {m}", i + 1, a.rounds));
+                } else {
+                    pb.set_message(m.to_string());
+                }
+            }
+        };
+        // Within a round the targets follow each other (relay, baseline, peers): drift on
+        // the machine over the rounds hits each of them alike.
+        let relay = if baseline_only {
+            None
+        } else {
+            Some(run::measure(&sc, &Which::Relay(relay_cmd.clone()), &say).await?)
+        };
+        let baseline = if baseline_only || a.baseline {
+            Some(run::measure(&sc, &Which::Baseline, &say).await?)
+        } else {
+            None
+        };
+        let mut peers = Vec::new();
+        for p in &a.peers {
+            peers.push(run::measure(&sc, &Which::Peer(*p), &say).await?);
+        }
+        rounds.push(RunRound {
+            relay,
+            baseline,
+            peers,
+        });
     }
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report::document(
-                &sc,
-                relay.as_ref(),
-                baseline.as_ref(),
-                &peers
-            ))?
-        );
+    let ctx = watch.finish();
+    let docs: Vec<serde_json::Value> = rounds
+        .iter()
+        .map(|r| report::document(&sc, r.relay.as_ref(), r.baseline.as_ref(), &r.peers))
+        .collect();
+    let mut doc = spread::merge(docs);
+    let relay_program = match &relay_cmd {
+        RelayCommand::Builtin(p) => p.display().to_string(),
+        RelayCommand::Template(t) => t.clone(),
+    };
+    let target = if baseline_only {
+        serde_json::json!({
+            "kind": "forwarder",
+            "started_by": "gabp-loadgen, in front of its simulated mod",
+        })
     } else {
-        println!("scenario {}: {} bridges (+{} stalled), {} B events, rate {}, record {}, {:.0}s measured", sc.name, sc.bridges, sc.stalled, sc.payload_bytes, if sc.rate > 0.0 { format!("{}/s", sc.rate) } else { "max".into() }, sc.record, sc.duration_s);
-        print!(
-            "{}",
-            report::table(relay.as_ref(), baseline.as_ref(), &peers)
-        );
+        serde_json::json!({
+            "kind": "relay",
+            "started_by": "gabp-loadgen, in front of its simulated mod",
+            "program": relay_program,
+            "recording": sc.record,
+            "durability": sc.durability,
+            "policy": sc.policy,
+        })
+    };
+    let config = serde_json::json!({
+        "rounds": a.rounds,
+        "baseline": baseline_only || a.baseline,
+        "peers": a.peers.iter().map(|p| p.label()).collect::<Vec<_>>(),
+        "pace_window": sc.pace_window(),
+    });
+    calls::describe(&mut doc, config, target, &ctx);
+    let per_bridge = |path: &str| {
+        spread::at(&doc, path)
+            .and_then(serde_json::Value::as_f64)
+            .map(|v| v / sc.bridges.max(1) as f64)
+    };
+    let pace_note = report::pace_note(
+        &sc,
+        per_bridge("relay.delivered_eps").or_else(|| per_bridge("baseline.delivered_eps")),
+    );
+    if let Some(n) = &pace_note {
+        doc["latency_note"] = n.clone().into();
     }
+    let scenario_line = format!(
+        "scenario {}: {} bridges (+{} stalled), {} B events, rate {}, record {}, {:.0}s measured",
+        sc.name,
+        sc.bridges,
+        sc.stalled,
+        sc.payload_bytes,
+        if sc.rate > 0.0 {
+            format!("{}/s", sc.rate)
+        } else {
+            "max".into()
+        },
+        sc.record,
+        sc.duration_s
+    );
+    let target_line = crate::context::target_line(&doc["target"]);
+    // The figures a person reads first, for every target measured.
+    let mut rows = Vec::new();
+    for m in rounds[0].all() {
+        let key = match m.target.as_str() {
+            "baseline" => "baseline".to_string(),
+            _ if rounds[0]
+                .relay
+                .as_ref()
+                .is_some_and(|r| r.target == m.target) =>
+            {
+                "relay".to_string()
+            }
+            _ => match rounds[0].peers.iter().position(|p| p.target == m.target) {
+                Some(i) => format!("peers.{i}"),
+                None => continue,
+            },
+        };
+        for (label, figure) in [
+            ("delivered/s", "delivered_eps"),
+            ("p50", "latency_us.p50"),
+            ("p99", "latency_us.p99"),
+            ("CPU", "cpu_percent"),
+        ] {
+            rows.push((format!("{} {label}", m.target), format!("{key}.{figure}")));
+        }
+    }
+    rows.push(("relay ÷ baseline".into(), "ratio".into()));
+    for p in &rounds[0].peers {
+        rows.push((
+            format!("relay ÷ {}", p.target),
+            format!("peer_ratios.{}", p.target),
+        ));
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", calls::head(&target_line, &scenario_line, &ctx));
+        for (i, r) in rounds.iter().enumerate() {
+            if rounds.len() > 1 {
+                println!("round {}/{}:", i + 1, rounds.len());
+            }
+            print!(
+                "{}",
+                report::table(r.relay.as_ref(), r.baseline.as_ref(), &r.peers)
+            );
+        }
+        if rounds.len() > 1 {
+            print!("{}", spread::summary(&doc, &rows));
+        }
+        if let Some(n) = &pace_note {
+            println!("note: {n}");
+        }
+    }
+    ctx.warn();
+    let last = rounds.last().expect("at least one round");
     if let Some(path) = &a.report {
-        let scenario = [
+        let mut scenario = vec![
             ("scenario", sc.name.clone()),
             (
                 "bridges",
@@ -488,23 +522,34 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
                 "measured",
                 format!("{:.1} s after {:.1} s warm-up", sc.duration_s, sc.warmup_s),
             ),
-            ("machine", {
-                let m = procstat::machine();
-                format!("{} cores, {}", m["cores"], m["cpu"].as_str().unwrap_or(""))
-            }),
+            ("target", target_line.clone()),
         ];
-        let ms: Vec<&report::Measurement> = relay
-            .iter()
-            .chain(baseline.iter())
-            .chain(peers.iter())
-            .collect();
+        scenario.extend(ctx.lines());
+        if let Some(n) = &pace_note {
+            scenario.push(("latency", n.clone()));
+        }
+        if rounds.len() > 1 {
+            scenario.push((
+                "rounds",
+                format!(
+                    "{}; the figures and charts below are the last round's, the medians and ranges are these: {}",
+                    rounds.len(),
+                    spread::summary(&doc, &rows)
+                        .lines()
+                        .skip(1)
+                        .map(str::trim)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            ));
+        }
+        let ms: Vec<&report::Measurement> = last.all().collect();
         let html = report_html::run_page(&format!("gabp-loadgen {}", sc.name), &scenario, &ms)?;
         report_html::write(path, &html)?;
     }
-    let failed: Vec<&String> = relay
+    let failed: Vec<&String> = rounds
         .iter()
-        .chain(baseline.iter())
-        .chain(peers.iter())
+        .flat_map(RunRound::all)
         .flat_map(|m| m.errors.iter())
         .collect();
     if !failed.is_empty() {
@@ -517,10 +562,9 @@ async fn run_cmd(a: RunArgs, baseline_only: bool) -> Result<()> {
                 .join("; ")
         );
     }
-    if relay
+    if rounds
         .iter()
-        .chain(baseline.iter())
-        .chain(peers.iter())
+        .flat_map(RunRound::all)
         .any(|m| m.delivered == 0 && sc.bridges > 0)
     {
         bail!("no event was delivered");

@@ -244,6 +244,31 @@ pub fn document(
     })
 }
 
+/// What the event latency of a paced run (`--rate max`, a closed loop) measures: mostly time
+/// queued in the pacing window, not the target's service time. `per_bridge_eps` (events per
+/// second each bridge received) sizes the window in time. `None` for a run at a fixed rate.
+pub fn pace_note(
+    scenario: &crate::scenario::Scenario,
+    per_bridge_eps: Option<f64>,
+) -> Option<String> {
+    let w = scenario.pace_window()?;
+    let drain = per_bridge_eps
+        .filter(|r| *r > 0.0)
+        .map(|r| {
+            format!(
+                " ({} events at {} per bridge ≈ {})",
+                crate::figures::grouped(w as f64, 0),
+                crate::figures::value(r, crate::figures::Unit::PerSecond),
+                crate::figures::micros(w as f64 / r * 1e6)
+            )
+        })
+        .unwrap_or_default();
+    Some(format!(
+        "at --rate max the publisher runs a closed loop at most {} events ahead of the slowest bridge, so event latency here is mostly time queued in that window{drain}, not the target's service time; measure latency at a fixed --rate (e.g. --rate 50000), and a call's with `call` or `overhead`",
+        crate::figures::grouped(w as f64, 0)
+    ))
+}
+
 /// The human table of a run.
 pub fn table(
     relay: Option<&Measurement>,
@@ -329,6 +354,19 @@ pub fn table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn closed_loop_latency_is_labelled_as_queueing() {
+        let mut sc = crate::scenario::Scenario::default();
+        let n = pace_note(&sc, Some(512_000.0)).expect("paced at max rate");
+        assert!(n.contains("8,192 events") && n.contains("16 ms"), "{n}");
+        assert!(n.contains("queued"), "{n}");
+        sc.rate = 50_000.0;
+        assert!(
+            pace_note(&sc, Some(50_000.0)).is_none(),
+            "a fixed rate is not paced"
+        );
+    }
 
     #[test]
     fn unmeasured_figures_show_a_dash_not_zero() {

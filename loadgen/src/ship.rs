@@ -186,12 +186,19 @@ async fn recorded(bin: &Path, data: &Path) -> Result<(u64, u64)> {
 /// Runs the benchmark, then prints the table or the JSON document.
 pub(crate) async fn main(a: ShipArgs) -> Result<()> {
     let json = a.json;
-    let doc = run(a).await?;
+    let watch = crate::context::Watch::start();
+    let mut doc = run(a).await?;
+    let ctx = watch.finish();
+    doc["context"] = ctx.to_json();
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
+        for (k, v) in ctx.lines() {
+            println!("{k:<8} {v}");
+        }
         print!("{}", table(&doc));
     }
+    ctx.warn();
     Ok(())
 }
 

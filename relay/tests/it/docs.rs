@@ -417,6 +417,11 @@ fn guide_many_agents_runs() {
 fn guide_measuring_a_mod_runs() {
     let out = run_guide("measuring-a-mod.md");
     assert!(out.contains("latency_us.p50"), "{out}");
+    // compare names its inputs and lists the settings that differ; overhead weighs the relay.
+    assert!(out.contains("A = direct: call, mod "), "{out}");
+    assert!(out.contains("Settings that differ"), "{out}");
+    assert!(out.contains("median of 3 rounds (min–max)"), "{out}");
+    assert!(out.contains("THE RELAY IS"), "{out}");
     assert!(
         out.contains("ratio (relay delivered / baseline delivered)"),
         "{out}"
