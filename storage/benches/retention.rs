@@ -2,7 +2,7 @@
 //! a large old session, against the same recording without retention. Prints the table
 //! (BENCHMARKS.md). About half a minute: `cargo bench --workspace --bench retention`.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -1,13 +1,11 @@
 //! Deleting sessions gives their disk space back, and a recording goes on while it does (the
 //! recording's throughput meanwhile is measured by `storage/benches/retention.rs`).
 
-mod support;
-
 use std::path::Path;
 use std::time::Instant;
 
+use crate::support::*;
 use gabp_storage::{SessionId, SessionWriter, Store};
-use support::*;
 
 /// A data dir with a large session and a small one, flushed to table files.
 fn large_and_small(data: &Path) -> (SessionId, SessionId) {

@@ -1,0 +1,10 @@
+//! `gabp-loadgen` run as a process against simulated mods and relays: one test binary, a
+//! module per command.
+
+mod call;
+mod chaos;
+mod interrupt;
+mod measure;
+mod mixed;
+mod peers;
+mod report;
