@@ -21,23 +21,8 @@ const BIG: &str = "123456789012345678901234567890";
 /// at 2,000 events/s), sends `marks` (label and data as JSON text) 60 ms apart.
 async fn record(data: &str, tags: &[&str], marks: &[(&str, &str)]) {
     let sim = start_mod(Some(2000.0));
-    let up = sim.addr().to_string();
-    let mut args = vec![
-        "--upstream",
-        &up,
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--data-dir",
-        data,
-    ];
-    for t in tags {
-        args.extend(["--tag", t]);
-    }
-    let s = serve(&args).await;
+    let tags: Vec<&str> = tags.iter().flat_map(|t| ["--tag", t]).collect();
+    let s = serve_recording(sim.addr(), std::path::Path::new(data), &tags).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");

@@ -17,22 +17,7 @@ const CHANNELS: [&str; 3] = ["world/tick", "player/move", "chat/message"];
 /// tools, calls `sim/echo` 5 times, `sim/fail` twice and `state/get` once between two marks.
 async fn record(data: &str) {
     let sim = start_mod(Some(2000.0));
-    let up = sim.addr().to_string();
-    let s = serve(&[
-        "--upstream",
-        &up,
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--tag",
-        "seed=3",
-        "--data-dir",
-        data,
-    ])
-    .await;
+    let s = serve_recording(sim.addr(), std::path::Path::new(data), &["--tag", "seed=3"]).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");

@@ -65,25 +65,9 @@ async fn record(data: &str, route: &str, tags: &[&str], latency_ms: u64) {
         },
     )
     .expect("mod");
-    let up = sim.addr().to_string();
-    let mut args = vec![
-        "--upstream",
-        &up,
-        "--upstream-token",
-        MOD_TOKEN,
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        BRIDGE_TOKEN,
-        "--route-name",
-        route,
-        "--data-dir",
-        data,
-    ];
-    for t in tags {
-        args.extend(["--tag", t]);
-    }
-    let s = serve(&args).await;
+    let mut extra = vec!["--route-name", route];
+    extra.extend(tags.iter().flat_map(|t| ["--tag", t]));
+    let s = serve_recording(sim.addr(), std::path::Path::new(data), &extra).await;
     let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
         .await
         .expect("hello");

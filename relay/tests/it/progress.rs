@@ -34,12 +34,10 @@ pub(crate) async fn under_a_terminal(args: &[&str], dir: &std::path::Path) -> (S
     (String::from_utf8_lossy(&r.stdout).into_owned(), stdout)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
+/// A data dir with a session big enough that reading it takes a few frames of the bar.
+async fn a_large_session() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let d = data.to_str().expect("utf-8");
-    // A session big enough that reading it takes a few frames of the bar.
     let demo = output(&[
         "demo",
         "--duration",
@@ -47,7 +45,7 @@ async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
         "--rate",
         "200000",
         "--data-dir",
-        d,
+        data.to_str().expect("utf-8"),
     ])
     .await;
     assert!(
@@ -55,6 +53,13 @@ async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
         "{}",
         String::from_utf8_lossy(&demo.stderr)
     );
+    (dir, data)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn long_commands_show_progress_on_a_terminal_and_keep_stdout_clean() {
+    let (dir, data) = a_large_session().await;
+    let d = data.to_str().expect("utf-8");
     let page = dir.path().join("report.html");
     let page = page.to_str().expect("utf-8");
     let parquet = dir.path().join("export.parquet");
@@ -155,20 +160,8 @@ async fn the_sessions_table_fits_a_long_route_name() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn repair_shows_the_copy_and_the_check() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
+    let (dir, data) = a_large_session().await;
     let d = data.to_str().expect("utf-8");
-    let demo = output(&[
-        "demo",
-        "--duration",
-        "3s",
-        "--rate",
-        "200000",
-        "--data-dir",
-        d,
-    ])
-    .await;
-    assert!(demo.status.success());
     let (terminal, stdout) = under_a_terminal(&["repair", "--data-dir", d], dir.path()).await;
     assert!(
         terminal.contains("checking") && terminal.contains(" frames") && terminal.contains("left"),
