@@ -27,6 +27,7 @@ pub mod dir;
 pub mod error;
 pub mod keys;
 pub mod mark;
+pub mod meter;
 pub mod reader;
 pub mod repair;
 pub mod sessions;

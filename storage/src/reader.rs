@@ -2,40 +2,19 @@
 //! given relay seq; one frame by number; the first frame at a time offset; event counts from
 //! the channel index. Memory stays at one chunk whatever the session's size.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use rocksdb::{Direction as ScanDirection, IteratorMode, DB};
 
 use crate::chunk::{self, FrameRecord};
 use crate::error::StoreError;
 use crate::keys::{self, IndexEntry, CF_CHAN_INDEX, CF_FRAMES};
+use crate::meter::ReadMeter;
 use crate::store::Store;
 use crate::SessionId;
 
 /// A frame with its number within the session.
 pub type Numbered = (u64, FrameRecord);
-
-/// What the store's readers have read so far: frames, and the session read last. A command
-/// that reads whole recordings watches it from another thread to show its progress, whichever
-/// reader (export, report, episodes) walks the frames. Counted a chunk at a time.
-#[derive(Debug, Default)]
-pub struct ReadMeter {
-    frames: AtomicU64,
-    session: Mutex<Option<SessionId>>,
-}
-
-impl ReadMeter {
-    /// Frames decoded so far, by every reader of this store.
-    pub fn frames(&self) -> u64 {
-        self.frames.load(Ordering::Relaxed)
-    }
-
-    /// The session the newest reader walks.
-    pub fn session(&self) -> Option<SessionId> {
-        *self.session.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// Iterates a session's frames in arrival order.
 pub struct FrameIter<'a> {
@@ -128,7 +107,7 @@ impl Store {
             ro,
             IteratorMode::From(&first, ScanDirection::Forward),
         );
-        *self.meter.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(session);
+        self.meter.reading(session);
         FrameIter {
             iter,
             meter: &self.meter,

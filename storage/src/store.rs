@@ -101,7 +101,7 @@ pub struct Store {
     /// across its reopens (RocksDB's own lock is let go during each).
     pub(crate) hold: Option<Arc<DirHold>>,
     /// Frames read so far, for a command's progress.
-    pub(crate) meter: Arc<crate::reader::ReadMeter>,
+    pub(crate) meter: Arc<crate::meter::ReadMeter>,
 }
 
 impl std::fmt::Debug for Store {
