@@ -385,8 +385,10 @@ pub fn compute_with(
                     dropped: b.dropped,
                     drop_notices: notices.get(&b.conn).copied().unwrap_or(0),
                     unrecorded_bad_frames: b.unrecorded_bad_frames,
-                    denied: r.denied,
-                    lease_refused: r.lease_refused,
+                    // The recording keeps a bridge's first refusals only; the count it left
+                    // with holds them all (a relay killed first left none: the recorded stand).
+                    denied: r.denied.max(b.denied),
+                    lease_refused: r.lease_refused.max(b.lease_refused),
                     rate_limited: b.rate_limited,
                 }
             })

@@ -153,7 +153,7 @@ impl BridgeState {
         info.detached_ns = Some(gabp_rt::clock::now_ns());
         info.dropped = self.outbox.dropped();
         info.unrecorded_bad_frames = self.bad_unrecorded.load(Ordering::Relaxed);
-        info.rate_limited = self.access.limited.load(Ordering::Relaxed);
+        (info.denied, info.rate_limited, info.lease_refused) = self.access.counts();
         Some(info)
     }
 }

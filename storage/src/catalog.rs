@@ -98,6 +98,15 @@ pub struct BridgeInfo {
     /// frames above, a flood of them cannot fill the disk). Absent in older recordings (0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rate_limited: u64,
+    /// Its requests refused because its identity may not send them, counted as it left (the
+    /// recording keeps the first refusals only, like other bad frames). Absent in older
+    /// recordings (0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub denied: u64,
+    /// Its requests refused while another bridge held the lease, counted as it left. Absent in
+    /// older recordings (0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease_refused: u64,
     /// The label it gave itself (its hello's `clientInfo.name`, cleaned and capped by the relay),
     /// shown beside its identity's name; absent when it gave none and in older recordings.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use gabp_proto::{Mode, MsgType, Parser};
+use gabp_proto::{ErrorCode, Mode, MsgType, Parser};
 use gabp_rt::display::strip;
 use gabp_storage::{Direction, SessionMeta, Store, StoreError};
 use hdrhistogram::Histogram;
@@ -437,6 +437,25 @@ pub fn collect(
     }
     if let Some(e) = episode.take() {
         c.finish(e);
+    }
+    // The recording keeps a bridge's first refusals only, and none over its rate: the counts
+    // it left with hold them all.
+    for b in &meta.bridges {
+        let Some(seen) = bridge_ix.get(&b.conn).map(|&i| &mut c.bridges[i]) else {
+            continue;
+        };
+        for (code, left_with) in [
+            (ErrorCode::Forbidden, b.denied),
+            (ErrorCode::LeaseHeld, b.lease_refused),
+            (ErrorCode::SlowDown, b.rate_limited),
+        ] {
+            let code = code.code();
+            match seen.refused.iter_mut().find(|r| r.0 == code) {
+                Some(r) => r.1 = r.1.max(left_with),
+                None if left_with > 0 => seen.refused.push((code, left_with)),
+                None => {}
+            }
+        }
     }
     Ok(c)
 }

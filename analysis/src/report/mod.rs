@@ -101,6 +101,8 @@ mod tests {
                 policy: "drop-oldest".into(),
                 unrecorded_bad_frames: 0,
                 rate_limited: 0,
+                denied: 0,
+                lease_refused: 0,
                 label: Some(EVIL.into()),
                 ..BridgeInfo::default()
             },

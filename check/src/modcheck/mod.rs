@@ -15,6 +15,7 @@ mod framing;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use gabp_proto::ErrorCode;
 use gabp_rt::net::Conn;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -511,9 +512,21 @@ impl Runner<'_> {
                         Some(e) => format!("answered with error {e}"),
                         None => "answered with a result".to_string(),
                     };
-                    match found.verdict() {
-                        None => (Verdict::Pass, format!("{said}{listed}")),
-                        Some(v) => (v, format!("{said}{listed}; {}", found.line(4))),
+                    // A relay in front answers for a mod that did not: the call never got
+                    // its answer, whatever the envelope looks like.
+                    let code = f.msg["error"]["code"].as_i64();
+                    let for_the_mod = [ErrorCode::OutcomeUnknown, ErrorCode::ModUnavailable]
+                        .iter()
+                        .find(|c| Some(c.code()) == code);
+                    match (for_the_mod, found.verdict()) {
+                        (Some(_), _) => (
+                            Verdict::Fail,
+                            format!(
+                                "{said}{listed}: a relay answered for the mod, which did not answer"
+                            ),
+                        ),
+                        (None, None) => (Verdict::Pass, format!("{said}{listed}")),
+                        (None, Some(v)) => (v, format!("{said}{listed}; {}", found.line(4))),
                     }
                 }
                 other => (

@@ -260,6 +260,8 @@ impl BridgeReader {
             policy: route.cfg.on_slow.as_str().into(),
             unrecorded_bad_frames: 0,
             rate_limited: 0,
+            denied: 0,
+            lease_refused: 0,
             label,
         };
         *self.bridge.info.lock() = Some(info.clone());

@@ -1,7 +1,7 @@
 //! `gabp-relay episodes`: the episodes of recorded sessions (the spans from a start mark to
 //! the next end mark), one row each, printed as each is found.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use anyhow::Result;
 use clap::Args;
@@ -56,12 +56,13 @@ pub fn run(a: EpisodesArgs) -> Result<()> {
             w = DATA_CHARS
         )?;
     }
-    out.flush()?;
     let mut total = 0u64;
+    // On a terminal the rows, printed as each episode ends, are the progress: a bar would
+    // be redrawn around each of them.
     let watch = super::progress::Following::reads(
         &store,
         metas.iter().map(|m| m.frames).sum(),
-        a.json.json,
+        a.json.json || std::io::stdout().is_terminal(),
     );
     for meta in &metas {
         for_each_episode(&store, meta, &a.episode_marks, |e| -> Result<()> {
@@ -69,8 +70,7 @@ pub fn run(a: EpisodesArgs) -> Result<()> {
                 let sep = if total == 0 { "" } else { "," };
                 write!(out, "{sep}\n{}", e.to_json_line())?;
             } else {
-                // A row reaches the terminal whole, with the bar out of its way.
-                watch.suspend(|| row(&mut out, e).and_then(|()| Ok(out.flush()?)))?;
+                row(&mut out, e)?;
             }
             total += 1;
             Ok(())

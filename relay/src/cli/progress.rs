@@ -20,7 +20,6 @@ pub(crate) fn set_quiet(quiet: bool) {
 /// A bar that follows whatever a store's readers read (export, report, episodes walk frames
 /// inside the analysis crate): a thread polls the store's read meter until this is dropped.
 pub(crate) struct Following {
-    bar: Option<ProgressBar>,
     stop: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
@@ -30,12 +29,8 @@ impl Following {
     pub(crate) fn reads(store: &gabp_storage::Store, total: u64, json: bool) -> Following {
         let progress = Progress::frames(total, json);
         let Some(bar) = progress.bar.clone() else {
-            return Following {
-                bar: None,
-                stop: None,
-            };
+            return Following { stop: None };
         };
-        let shown = bar.clone();
         let meter = store.read_meter();
         let start = meter.frames();
         let stop = Arc::new(AtomicBool::new(false));
@@ -63,17 +58,7 @@ impl Following {
                 progress.done();
             });
         Following {
-            bar: Some(shown),
             stop: thread.ok().map(|t| (stop, t)),
-        }
-    }
-
-    /// Runs `write` with the bar hidden, so what it prints to the terminal (and flushes) is
-    /// not drawn over.
-    pub(crate) fn suspend<R>(&self, write: impl FnOnce() -> R) -> R {
-        match &self.bar {
-            Some(b) => b.suspend(write),
-            None => write(),
         }
     }
 }

@@ -44,6 +44,8 @@ fn bridge(conn: u32) -> BridgeInfo {
         policy: "drop-oldest".into(),
         unrecorded_bad_frames: 0,
         rate_limited: 0,
+        denied: 0,
+        lease_refused: 0,
         label: None,
     }
 }
