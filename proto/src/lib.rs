@@ -12,6 +12,8 @@
 //! - [`message`]: builders for the frames the relay writes itself (errors, events, requests).
 //! - [`codes`]: the wire error codes.
 //! - [`mark`]: `relay/mark`: its bounds and which marks the relay accepts.
+//! - [`matching`]: how a replay matches a request to a recorded one, and which requests are an
+//!   agent's calls (the replay and the call check share it).
 //! - [`error`]: framing errors (stream out of sync) and envelope errors (stream still in sync).
 #![warn(missing_docs)]
 
@@ -20,6 +22,7 @@ pub mod codes;
 pub mod envelope;
 pub mod error;
 pub mod mark;
+pub mod matching;
 pub mod message;
 pub use envelope::params;
 pub mod rewrite;
