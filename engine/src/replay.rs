@@ -8,8 +8,10 @@
 //! the recorded events of the channels they subscribe to on the recorded timeline (scaled by
 //! `--speed`, or as fast as the socket takes them: the replay's policy is `block`, lossless per
 //! bridge, and a slow bridge slows only its own timeline). Requests are answered with the
-//! recorded response to the same method and params, in recorded order (the last one repeats
-//! once they run out); a request never seen gets an error. Two replays at `--speed max` deliver
+//! recorded response to the same request under the replay's [`MatchRule`] (by default the same
+//! method and params), in recorded order (the last one repeats once they run out); a request
+//! never seen gets an error. The agent's calls can be kept for the call check
+//! ([`Recording::match_calls`], [`Recording::calls`]). Two replays at `--speed max` deliver
 //! identical event streams.
 //!
 //! Nothing is loaded up front: opening a recording reads its catalog entry, its channel index
@@ -27,7 +29,9 @@ use tokio_util::task::TaskTracker;
 use crate::config::{OnSlow, RouteConfig, Upstream};
 use crate::route::Route;
 pub use crate::upstream::Speed;
-use crate::upstream::{Recorded, ReplayPlan};
+pub use crate::upstream::{AgentCall, BridgeCalls, CallsMade};
+use crate::upstream::{AgentCalls, Recorded, ReplayPlan};
+use gabp_proto::matching::MatchRule;
 
 /// How long a stopping replay waits for its bridges to finish.
 const SHUTDOWN: Duration = Duration::from_secs(5);
@@ -106,6 +110,8 @@ impl Recording {
             speed: opts.speed,
             looping: opts.looping,
             events,
+            matching: MatchRule::Exact,
+            calls: Arc::new(AgentCalls::new(false)),
         };
         Ok(Recording { meta, plan })
     }
@@ -181,4 +187,26 @@ pub async fn serve_with(
         tracing::warn!("replay bridges did not finish within {SHUTDOWN:?}");
     }
     result
+}
+
+/// What the call check (`replay --expect-calls`) needs of a recording.
+impl Recording {
+    /// Matches requests to recorded answers under `rule` (`--match`; exact by default), and
+    /// keeps the agent's calls for the call check when `keep` (`--expect-calls`). Before
+    /// serving.
+    pub fn match_calls(&mut self, rule: MatchRule, keep: bool) {
+        self.plan.matching = rule;
+        self.plan.calls = Arc::new(AgentCalls::new(keep));
+    }
+
+    /// The agent's calls and the counts of requests answered and unmatched, while and after
+    /// the recording is served.
+    pub fn calls(&self) -> &Arc<AgentCalls> {
+        &self.plan.calls
+    }
+
+    /// The data dir the recording is read from (to read the recorded calls once served).
+    pub fn store(&self) -> &Store {
+        &self.plan.store
+    }
 }

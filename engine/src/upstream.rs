@@ -15,6 +15,7 @@
 //! The [`Backend`] trait itself belongs to the route that holds one ([`crate::route::backend`]).
 
 mod answers;
+mod calls;
 mod live;
 mod player;
 mod reader;
@@ -29,6 +30,7 @@ use tokio_util::codec::FramedRead;
 
 #[cfg(doc)]
 use crate::route::{Backend, Route};
+pub use calls::{AgentCall, AgentCalls, BridgeCalls, CallsMade};
 pub use live::Live;
 pub use recorded::{Recorded, ReplayPlan, Speed};
 

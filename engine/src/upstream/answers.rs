@@ -1,36 +1,20 @@
 //! Recorded answers: which frames of a recording answer a given request.
 //!
-//! A request is identified by its method and params (keys sorted), hashed to 128 bits. One
-//! streaming pass over the session pairs each forwarded request with the mod's response (by the
-//! relay's upstream id) and keeps only (key, response frame number), sorted by key and then by
-//! recorded order: 24 bytes per answered request, never a frame body. A bridge's request is
-//! answered by reading the frame the index names.
+//! A request is identified by its key under the replay's [`MatchRule`] (`--match`: by default
+//! its method and params, keys sorted), a 128-bit hash. One streaming pass over the session
+//! pairs each forwarded request with the mod's response (by the relay's upstream id) and keeps
+//! only (key, response frame number), sorted by key and then by recorded order: 24 bytes per
+//! answered request, never a frame body. A bridge's request is answered by reading the frame
+//! the index names.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use gabp_proto::matching::{is_agent_call, MatchRule};
 use gabp_proto::{message, Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionId, Store, StoreError};
 use serde_json::{json, Value};
-
-/// The key of a request: a 128-bit hash of its method and its params with keys sorted (two
-/// independent SipHash passes, so distinct requests never share a key in practice).
-pub fn request_key(method: &str, params: Option<&[u8]>) -> u128 {
-    let canonical = params
-        .and_then(|p| serde_json::from_slice::<Value>(p).ok())
-        .map(|v| serde_json::to_string(&v).unwrap_or_default())
-        .unwrap_or_else(|| "{}".into());
-    let half = |salt: u8| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        salt.hash(&mut h);
-        method.hash(&mut h);
-        canonical.hash(&mut h);
-        h.finish()
-    };
-    (u128::from(half(1)) << 64) | u128::from(half(2))
-}
 
 /// Every answered request of a session: (key, response frame number), sorted by key, and by
 /// recorded order within a key.
@@ -40,11 +24,12 @@ pub struct Answers {
 }
 
 impl Answers {
-    /// Builds the index in one streaming pass over `session`; `stop` ends it early (the
-    /// replay is shutting down). Blocking: run it on a thread of its own.
+    /// Builds the index in one streaming pass over `session`, keyed under `rule`; `stop` ends
+    /// it early (the replay is shutting down). Blocking: run it on a thread of its own.
     pub fn build(
         store: &Store,
         session: SessionId,
+        rule: &MatchRule,
         stop: &AtomicBool,
     ) -> Result<Answers, StoreError> {
         let mut parser = Parser::new();
@@ -77,11 +62,11 @@ impl Answers {
             match (rec.dir, view.kind) {
                 (Direction::RelayToMod, MsgType::Request) => {
                     let method = view.method.as_deref().unwrap_or_default();
-                    if method == "session/hello" || method.starts_with("events/") {
+                    if !is_agent_call(method) {
                         continue;
                     }
                     let params = view.params.clone().map(|p| &rec.body[p]);
-                    asked.insert(id.as_u128(), request_key(method, params));
+                    asked.insert(id.as_u128(), rule.key(method, params));
                 }
                 (Direction::ModToRelay, MsgType::Response) => {
                     if let Some(key) = asked.remove(&id.as_u128()) {
@@ -107,6 +92,17 @@ impl Answers {
     /// Answered requests indexed.
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+}
+
+/// The message of the -32004 a request no recorded answer matches under `rule`.
+pub fn no_match(rule: &MatchRule) -> &'static str {
+    match rule {
+        MatchRule::Exact => "no recorded response matches this request (method and params)",
+        MatchRule::Ignore(_) => {
+            "no recorded response matches this request (method and params, ignored fields aside)"
+        }
+        MatchRule::Order => "no recorded response to this method (--match order)",
     }
 }
 
@@ -137,27 +133,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_ignore_key_order_and_tell_params_apart() {
-        let a = request_key(
+    fn exact_keys_ignore_key_order_and_tell_params_apart() {
+        // The default `--match exact`, as the replay has always matched.
+        let key = |m, p| MatchRule::Exact.key(m, p);
+        let a = key(
             "tools/call",
-            Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#),
+            Some(&br#"{"name":"x","arguments":{"q":1,"r":2}}"#[..]),
         );
-        let b = request_key(
+        let b = key(
             "tools/call",
-            Some(br#"{"arguments":{"r":2,"q":1},"name":"x"}"#),
+            Some(&br#"{"arguments":{"r":2,"q":1},"name":"x"}"#[..]),
         );
-        let c = request_key(
+        let c = key(
             "tools/call",
-            Some(br#"{"name":"x","arguments":{"q":2,"r":2}}"#),
+            Some(&br#"{"name":"x","arguments":{"q":2,"r":2}}"#[..]),
         );
-        let d = request_key(
+        let d = key(
             "tools/list",
-            Some(br#"{"name":"x","arguments":{"q":1,"r":2}}"#),
+            Some(&br#"{"name":"x","arguments":{"q":1,"r":2}}"#[..]),
         );
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
-        assert_eq!(request_key("m/x", None), request_key("m/x", Some(b"{}")));
+        assert_eq!(key("m/x", None), key("m/x", Some(&b"{}"[..])));
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! The session is published at once from the catalog (recorded welcome and channels); nothing
 //! is loaded. Each bridge gets its own timeline from its first subscribe ([`super::player`]),
 //! and its own answerer: requests are answered, in the order asked, with the recorded response
-//! to the same method and params (in recorded order; the last repeats once they run out), or
-//! an error when the recording has none. The answer index ([`super::answers`]) is built by one
+//! to the same request under `--match` (in recorded order; the last repeats once they run out),
+//! or an error when the recording has none; the agent's calls are kept for `--expect-calls`
+//! ([`super::calls`]). The answer index ([`super::answers`]) is built by one
 //! streaming pass on a thread of its own while bridges are already served; requests asked before
 //! it is ready wait for it (up to the request timeout), events do not. A recording that cannot be read ends the replay
 //! ([`Recorded::failure`]). Nothing is recorded: the route has no recorder.
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use gabp_proto::matching::MatchRule;
 use gabp_proto::{frame_bytes, message, ErrorCode, Mode, MsgType, Parser};
 use gabp_storage::{Direction, SessionMeta, Store};
 use parking_lot::Mutex;
@@ -24,7 +26,8 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::answers::{answer_from, request_key, Answers};
+use super::answers::{answer_from, no_match, Answers};
+use super::calls::AgentCalls;
 use super::player::{self, Shared};
 use crate::config::RouteConfig;
 use crate::route::{Backend, Refusal, Request};
@@ -75,6 +78,10 @@ pub struct ReplayPlan {
     pub looping: bool,
     /// Events one pass plays (before subscriptions).
     pub events: u64,
+    /// How a request finds its recorded answers (`--match`).
+    pub matching: MatchRule,
+    /// The agent's calls and the answers' counts (`--expect-calls`, the end summary).
+    pub calls: Arc<AgentCalls>,
 }
 
 impl ReplayPlan {
@@ -241,7 +248,7 @@ impl Backend for Recorded {
                 .name("replay-index".into())
                 .spawn(move || {
                     let t = std::time::Instant::now();
-                    match Answers::build(&plan.store, plan.meta.id, &stop) {
+                    match Answers::build(&plan.store, plan.meta.id, &plan.matching, &stop) {
                         Ok(a) => {
                             tracing::info!(route = %name, answers = a.len(), secs = t.elapsed().as_secs_f64(), "recorded answers indexed");
                             index.send_replace(Index::Ready(Arc::new(a)));
@@ -293,6 +300,7 @@ impl Backend for Recorded {
         let t = self.timeline(route, bridge);
         let mut player = t.player.lock();
         if player.is_none() {
+            self.plan.calls.timeline_started(bridge.conn);
             *player = Some(tokio::spawn(player::play(
                 route.clone(),
                 bridge.clone(),
@@ -317,7 +325,11 @@ impl Backend for Recorded {
         route: &'a Route,
         req: Request<'a>,
     ) -> BoxFuture<'a, Result<(), Refusal>> {
-        let key = request_key(req.method, req.params.clone().map(|p| &req.body[p]));
+        let params = req.params.clone().map(|p| &req.body[p]);
+        let key = self.plan.matching.key(req.method, params);
+        self.plan
+            .calls
+            .requested(req.bridge.conn, req.method, params);
         let t = self.timeline(route, req.bridge);
         let in_flight = &req.bridge.in_flight;
         let result = if in_flight.fetch_add(1, Ordering::AcqRel) >= route.cfg.max_pending {
@@ -345,6 +357,7 @@ impl Backend for Recorded {
         if let Some(t) = self.timelines.lock().remove(&bridge.conn) {
             tracing::info!(route = %route.cfg.name, conn = bridge.conn, events = t.shared.delivered.load(Ordering::Relaxed), "bridge left the replay");
         }
+        self.plan.calls.left(route, bridge);
         futures::future::ready(()).boxed()
     }
 }
@@ -377,6 +390,9 @@ async fn answer(
             }
             _ => None,
         };
+        if matches!(ready, Index::Ready(_)) {
+            plan.calls.answered(frame.is_some());
+        }
         let body = match frame {
             Some(frame) => {
                 let (plan, id) = (plan.clone(), ask.id.clone());
@@ -403,8 +419,8 @@ async fn answer(
             None => message::error_response(
                 Some(&ask.id),
                 ErrorCode::NoRecordedResponse,
-                "no recorded response matches this request (method and params)",
-                Some(json!({"method": ask.method})),
+                no_match(&plan.matching),
+                Some(json!({"method": ask.method, "match": plan.matching.name()})),
             ),
         };
         bridge.outbox.push_control(frame_bytes(&body));
