@@ -9,9 +9,12 @@
 //! - [`stats`]: `gabp-relay stats`: counts, rates and call latency per method of one session.
 //! - [`report`]: `gabp-relay report`: one bounded pass into time buckets, and the HTML page of
 //!   a session or of a selection of sessions.
+//! - [`callcheck`]: `replay --expect-calls`: an agent's calls to a replay compared with a
+//!   recording's, as a readable diff and as JSON.
 //! - [`episode_marks`]: episodes cut from marks (a start mark to the next end mark).
 //! - `calls`: what stats and the report share when they match answers to requests.
 
+pub mod callcheck;
 mod calls;
 pub mod episodes;
 pub mod export;
