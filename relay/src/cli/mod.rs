@@ -31,6 +31,7 @@ pub(crate) mod prune;
 pub(crate) mod reload;
 pub(crate) mod repair;
 pub(crate) mod replay;
+pub(crate) mod replay_calls;
 pub(crate) mod report;
 pub(crate) mod select;
 pub(crate) mod serve;

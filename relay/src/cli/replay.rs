@@ -42,6 +42,8 @@ pub struct ReplayArgs {
     /// Allow listening on a non-loopback address.
     #[arg(long)]
     pub allow_remote: bool,
+    #[command(flatten)]
+    pub calls: super::replay_calls::CallArgs,
     /// Print the start-up line (session, address, token) as one JSON document.
     #[command(flatten)]
     pub json: Json,
@@ -71,8 +73,12 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
                 .map_err(|e| usage(format!("--max-body: {e}")))
         })
         .transpose()?;
+    let rule = a.calls.rule()?;
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
+    let calls_from = (a.calls.calls_from.as_deref())
+        .map(|s| super::sessions::resolve(&store, s))
+        .transpose()?;
     // A cut that leaves nothing to play is a mistake to say, not an empty replay to serve.
     if let Some(c) = a.channel.iter().find(|c| !meta.channels.contains(c)) {
         anyhow::bail!(
@@ -102,6 +108,8 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
         from: a.from,
     };
     let rec = gabp_engine::replay::Recording::open(store, meta, &opts)?;
+    let mut rec = rec;
+    rec.match_calls(rule, a.calls.expect_calls);
     let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -147,10 +155,17 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
             server.await??;
         }
         served = &mut server => served??,
+        // The agent under test is done: its calls are compared below.
+        () = rec.calls().finished(), if a.calls.expect_calls => {
+            tracing::info!("the last bridge left: comparing the agent's calls");
+            cancel.cancel();
+            server.await??;
+        }
     }
     // The store closes here, before the process exits, once its readers have let go.
     if !rec.readers_stopped(std::time::Duration::from_secs(3)).await {
         tracing::warn!("a reader of the recording did not stop within 3 s");
     }
-    Ok(())
+    let expected = calls_from.as_ref().unwrap_or(&rec.meta);
+    super::replay_calls::finish(&a.calls, &rec, expected, a.from, a.speed, a.json.json)
 }
