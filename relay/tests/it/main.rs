@@ -42,6 +42,7 @@ mod record_order;
 mod recording;
 mod reload;
 mod replay;
+mod replay_calls;
 mod report;
 mod resume;
 mod semantics;
