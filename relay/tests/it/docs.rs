@@ -447,6 +447,25 @@ fn guide_python_runs() {
 }
 
 #[test]
+fn guide_agent_testing_runs() {
+    let out = run_guide("agent-testing.md");
+    for said in [
+        "calls match: 3 calls", // the unchanged agent
+        "replay exited 0",
+        "changed  call 3 (made as call 3): tools/call sim/echo", // the changed one
+        "/params/arguments/move: recorded \"right\", got \"up\"",
+        "error -32004",
+        "replay exited 1",
+        "same: False",
+    ] {
+        assert!(
+            out.contains(said),
+            "the guide's output lacks {said:?}:\n{out}"
+        );
+    }
+}
+
+#[test]
 fn guide_mod_authors_runs() {
     let out = run_guide("mod-authors.md");
     for said in [
