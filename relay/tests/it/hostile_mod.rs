@@ -264,7 +264,7 @@ async fn a_late_answer_after_the_timeout_leaves_the_call_unanswered_in_stats_and
     let html = std::fs::read_to_string(page).expect("page");
     let row = html
         .lines()
-        .find(|l| l.starts_with("<tr><td>tools/call</td>"))
+        .find(|l| l.starts_with("<tr><td class=\"t\">tools/call</td>"))
         .expect("the page's tools/call row");
     let cells: Vec<&str> = row
         .split("<td class=\"n\">")
@@ -322,7 +322,7 @@ async fn a_method_never_answered_has_no_latency_rather_than_zero() {
     let html = std::fs::read_to_string(page).expect("page");
     let row = html
         .lines()
-        .find(|l| l.starts_with("<tr><td>tools/call</td>"))
+        .find(|l| l.starts_with("<tr><td class=\"t\">tools/call</td>"))
         .expect("the page's tools/call row");
     assert!(
         row.ends_with("<td class=\"n\">-</td><td class=\"n\">-</td><td class=\"n\">-</td><td class=\"n\">-</td></tr>"),
