@@ -706,3 +706,130 @@ async fn a_seek_into_a_long_session_answers_at_once_in_bounded_memory() {
     assert!(to_mark_again < Duration::from_secs(1), "{to_mark_again:?}");
     assert!(peak < 200 << 20, "peak RSS {} MiB", peak >> 20);
 }
+
+/// Bridges of a replay nobody controlled yet play on their own timelines; the first change puts
+/// them on one playhead where the furthest one is: the one behind jumps there (told by a
+/// `seeked` notice), and from the next change on both see the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_change_puts_free_timelines_on_one_playhead() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    // 3 s of recording at 1x.
+    synth_spaced(&data, 3_000, 1_000_000);
+    let r = replay(&data, &[]).await;
+    let mut ahead = bridge(&r.addr, &CHANNELS).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut behind = bridge(&r.addr, &CHANNELS).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let state = behind
+        .call("relay/replay", json!({"action": "state"}))
+        .await
+        .expect("state");
+    assert_eq!(
+        (state["controlled"].as_bool(), state["timelines"].as_u64()),
+        (Some(false), Some(2)),
+        "{state}"
+    );
+    let paused = behind
+        .call("relay/replay", json!({"action": "pause"}))
+        .await
+        .expect("pause");
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let at = paused["atMs"].as_f64().expect("atMs");
+    assert!(at >= 500.0, "paused where the one ahead was: {paused}");
+    let seen_ahead = until_state(&mut ahead, "paused").await;
+    let seen_behind = until_state(&mut behind, "seeked").await;
+    let last = |seen: &[Seen]| {
+        seen.iter().rev().find_map(|s| match s {
+            Seen::Event(_, _, i) => Some(*i),
+            Seen::Notice(_) => None,
+        })
+    };
+    let (a, b) = (last(&seen_ahead), last(&seen_behind));
+    assert!(a > b, "one was ahead: {a:?} {b:?}");
+    let Some(Seen::Notice(seeked)) = seen_behind.last() else {
+        unreachable!()
+    };
+    assert_eq!(
+        seeked["fromMs"].as_f64().map(|f| f < at),
+        Some(true),
+        "{seeked}"
+    );
+    behind
+        .call("relay/replay", json!({"action": "speed", "speed": "max"}))
+        .await
+        .expect("speed");
+    behind
+        .call("relay/replay", json!({"action": "resume"}))
+        .await
+        .expect("resume");
+    let rest_ahead = until_state(&mut ahead, "ended").await;
+    let rest_behind = until_state(&mut behind, "ended").await;
+    let tail = |seen: Vec<Seen>| -> Vec<Seen> {
+        seen.into_iter()
+            .filter(|s| !matches!(s, Seen::Notice(n) if n["state"] == "ended"))
+            .collect()
+    };
+    let (rest_ahead, rest_behind) = (tail(rest_ahead), tail(rest_behind));
+    assert_eq!(rest_ahead, rest_behind, "the same from the first change on");
+    assert_eq!(
+        rest_ahead.first(),
+        Some(&Seen::Notice(
+            json!({"state": "speed", "atMs": at, "speed": "max"})
+        ))
+    );
+    let first_event = played(&rest_ahead)[0];
+    assert_eq!(
+        Some(first_event),
+        a.map(|i| i + 1),
+        "nothing skipped, nothing twice"
+    );
+}
+
+/// [`synth`] with events `step_ns` apart instead of [`STEP_NS`].
+fn synth_spaced(dir: &Path, events: u64, step_ns: u64) -> SessionMeta {
+    let store = Store::open(dir, StoreOptions::default()).expect("create the data dir");
+    let mut w = SessionWriter::new(store);
+    let started_ns = gabp_rt::clock::now_ns() - 3_600_000_000_000;
+    let meta = SessionMeta {
+        id: uuid::Uuid::now_v7(),
+        route: "synth".into(),
+        started_ns,
+        welcome: Some(json!({"capabilities": {"events": CHANNELS}})),
+        relay_version: "test".into(),
+        ..SessionMeta::default()
+    };
+    let id = meta.id;
+    w.begin(meta);
+    for (i, c) in CHANNELS.iter().enumerate() {
+        w.define_channel(id, i as u32, c);
+    }
+    for i in 0..events {
+        let c = (i % 3) as usize;
+        let seq = i / 3;
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"{}","type":"event","channel":"{}","seq":{seq},"payload":{{"i":{i}}}}}"#,
+            uuid::Uuid::from_u128(u128::from(i)),
+            CHANNELS[c],
+        );
+        w.append(
+            id,
+            &FrameRecord {
+                dir: Direction::ModToRelay,
+                conn: 0,
+                time_ns: started_ns + 1_000 + i * step_ns,
+                channel: Some(c as u32),
+                mod_seq: Some(seq),
+                relay_seq: Some(seq),
+                json_ok: true,
+                body: body.into(),
+            },
+        );
+    }
+    w.end(id, EndReason::Clean, started_ns + 1_000 + events * step_ns);
+    w.commit().expect("commit");
+    drop(w);
+    drop(Store::open(dir, StoreOptions::default()).expect("recover"));
+    let store = Store::open_for_reading(dir).expect("reopen");
+    store.resolve("latest").expect("the session")
+}
