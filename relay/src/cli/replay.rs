@@ -220,6 +220,15 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
     let rec = gabp_engine::replay::Recording::open(store, meta, &opts)?;
     let mut rec = rec;
     rec.match_calls(rule, a.calls.expect_calls);
+    let (start, _) = rec.range();
+    if let Some(to) = a.range.to.filter(|to| *to <= start) {
+        anyhow::bail!(
+            "--to {} is not after where the replay starts ({} into session {})",
+            humantime::format_duration(to),
+            humantime::format_duration(Duration::from_micros(start.as_micros() as u64)),
+            rec.meta.id
+        );
+    }
     let listener = gabp_rt::Listener::bind(&listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

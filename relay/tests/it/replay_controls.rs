@@ -424,6 +424,11 @@ async fn the_range_flags_cut_where_export_would() {
             "cannot be used with",
         ),
         (&["--from", "5ms", "--to", "5ms"], 2, "--to must be later"),
+        (
+            &["--from-mark", "goal", "--to", "1ms"],
+            1,
+            "is not after where the replay starts",
+        ),
     ] {
         let out = Command::new(BIN)
             .args(["replay", "latest", "--data-dir"])
