@@ -207,16 +207,19 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
         }
     }
     let (first_frame, end_frame) = frame_range(&store, &meta, a.from, &a.range)?;
-    let opts = gabp_engine::replay::ReplayOptions {
-        to: a.range.to,
-        first_frame,
-        end_frame,
-        paused: a.range.paused,
+    let mut opts = gabp_engine::replay::ReplayOptions {
+        token: token.clone(),
+        speed: a.speed,
         looping: a.looping,
         channels: a.channel,
         from: a.from,
         ..gabp_engine::replay::ReplayOptions::new(token.clone(), a.speed)
     };
+    // Where it starts and ends, and whether it starts paused.
+    opts.to = a.range.to;
+    opts.first_frame = first_frame;
+    opts.end_frame = end_frame;
+    opts.paused = a.range.paused;
     let rec = gabp_engine::replay::Recording::open(store, meta, &opts)?;
     let mut rec = rec;
     rec.match_calls(rule, a.calls.expect_calls);
