@@ -14,9 +14,13 @@
 //! ([`Recording::match_calls`], [`Recording::calls`]). Two replays at `--speed max` deliver
 //! identical event streams.
 //!
+//! Bridges may control playback for all of them at once with `relay/replay` (pause, resume,
+//! seek, step, speed: `crate::upstream::playback`); `--paused` starts the replay held, so a
+//! harness can attach every agent first.
+//!
 //! Nothing is loaded up front: opening a recording reads its catalog entry, its channel index
-//! (to count events) and, with `--from`, a few chunks (to find where to start); the replay
-//! then listens at once and streams. A replay records nothing.
+//! (to count events) and, with `--from` or `--to`, a few chunks (to find where to start); the
+//! replay then listens at once and streams. A replay records nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +41,7 @@ use gabp_proto::matching::MatchRule;
 const SHUTDOWN: Duration = Duration::from_secs(5);
 /// Frames read before the one bisection finds for `--from`: receive times of concurrent
 /// writers interleave slightly, so events just at the offset are not missed.
-const FROM_SLACK: u64 = 1024;
+const FROM_SLACK: u64 = crate::upstream::playback::TIME_SLACK;
 
 /// Replay settings.
 #[derive(Debug, Clone)]
@@ -52,6 +56,32 @@ pub struct ReplayOptions {
     pub channels: Vec<String>,
     /// Skip events before this offset from the session start.
     pub from: Option<Duration>,
+    /// Play no event from this offset from the session start on.
+    pub to: Option<Duration>,
+    /// Play nothing before this frame (a mark's or an episode's, found by the caller: the
+    /// engine knows no episode rule); overrides `from`.
+    pub first_frame: Option<u64>,
+    /// Play nothing from this frame on.
+    pub end_frame: Option<u64>,
+    /// Start paused: nothing plays until a bridge sends `relay/replay {"action": "resume"}`.
+    pub paused: bool,
+}
+
+impl ReplayOptions {
+    /// Options for the whole session at `speed`, once, with bridges presenting `token`.
+    pub fn new(token: impl Into<String>, speed: Speed) -> ReplayOptions {
+        ReplayOptions {
+            token: token.into(),
+            speed,
+            looping: false,
+            channels: Vec::new(),
+            from: None,
+            to: None,
+            first_frame: None,
+            end_frame: None,
+            paused: false,
+        }
+    }
 }
 
 /// Why a replay stopped serving.
@@ -85,30 +115,72 @@ impl Recording {
                 .filter(|&i| opts.channels.iter().any(|c| **c == *names[i as usize]))
                 .collect()
         });
-        let from_ns = opts.from.map_or(0, |d| d.as_nanos() as u64);
-        let from_frame = if from_ns > 0 {
-            store.frame_at_time(meta.id, meta.started_ns.saturating_add(from_ns))?
-        } else {
-            0
+        let started = meta.started_ns;
+        let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let offset = |frame: u64| -> Result<Option<u64>, StoreError> {
+            Ok(store
+                .frame_at(meta.id, frame)?
+                .map(|r| r.time_ns.saturating_sub(started)))
+        };
+        let length = meta
+            .last_ns
+            .max(meta.ended_ns.unwrap_or(0))
+            .saturating_sub(started);
+        // Where the range starts: a frame (a mark's), or an offset read from a little before
+        // the frame it bisects to.
+        let (start_frame, first_frame, from_ns, start_ns, count_from) = match opts.first_frame {
+            Some(f) => (f, f, 0, offset(f)?.unwrap_or(length), f),
+            None => {
+                let from_ns = opts.from.map_or(0, nanos);
+                let at = if from_ns > 0 {
+                    store.frame_at_time(meta.id, started.saturating_add(from_ns))?
+                } else {
+                    0
+                };
+                (at.saturating_sub(FROM_SLACK), 0, from_ns, from_ns, at)
+            }
+        };
+        let to_ns = opts.to.map(nanos);
+        let end_ns = match (opts.end_frame, to_ns) {
+            (Some(e), _) => offset(e.saturating_sub(1))?.unwrap_or(length),
+            (None, Some(t)) => t.min(length),
+            (None, None) => length,
+        };
+        let count_to = match (opts.end_frame, to_ns) {
+            (Some(e), _) => Some(e),
+            (None, Some(t)) => Some(store.frame_at_time(meta.id, started.saturating_add(t))?),
+            (None, None) => None,
         };
         let plays = |c: u32| channels.as_ref().is_none_or(|w| w.contains(&c));
         // The catalog counts exactly the frames the index holds (the recorder indexes every
         // event it records, and records nothing else on a channel), so a whole-session replay
         // needs no index scan: opening costs the same for any session length.
-        let events = if channels.is_none() && from_frame == 0 {
+        let events = if channels.is_none() && count_from == 0 && count_to.is_none() {
             meta.events
         } else {
-            store.count_events(meta.id, from_frame, plays)?
+            let after_end = match count_to {
+                Some(e) => store.count_events(meta.id, e, plays)?,
+                None => 0,
+            };
+            store
+                .count_events(meta.id, count_from, plays)?
+                .saturating_sub(after_end)
         };
         let plan = ReplayPlan {
             store: Arc::new(store),
             meta: meta.clone(),
             names,
             channels,
-            start_frame: from_frame.saturating_sub(FROM_SLACK),
+            start_frame,
+            first_frame,
             from_ns,
+            start_ns,
+            end_frame: opts.end_frame,
+            to_ns,
+            end_ns: end_ns.max(start_ns),
             speed: opts.speed,
             looping: opts.looping,
+            paused: opts.paused,
             events,
             matching: MatchRule::Exact,
             calls: Arc::new(AgentCalls::new(false)),
@@ -130,9 +202,17 @@ impl Recording {
         true
     }
 
-    /// Recorded events one pass replays (after `--from` and `--channel`).
+    /// Recorded events one pass replays (after `--from`, `--to` and `--channel`).
     pub fn event_count(&self) -> usize {
         self.plan.events as usize
+    }
+
+    /// Where the replayed range starts and ends, as offsets from the session's start.
+    pub fn range(&self) -> (Duration, Duration) {
+        (
+            Duration::from_nanos(self.plan.start_ns),
+            Duration::from_nanos(self.plan.end_ns),
+        )
     }
 }
 

@@ -31,7 +31,7 @@ use crate::recorder::{RecMsg, Recorder};
 pub mod backend;
 pub mod lease;
 
-pub use backend::{Backend, Refusal, Request};
+pub use backend::{Backend, PlaybackRefusal, Refusal, Request, NOT_A_REPLAY, PLAYBACK};
 
 /// The relay's version, reported in welcomes and status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

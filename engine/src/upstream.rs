@@ -7,8 +7,8 @@
 //! - [`Live`]: the mod itself, over a TCP or unix socket or as a stdio child (through a
 //!   [`Connector`]); sessions come and go with its connection ([`session`], [`reader`]).
 //! - [`Recorded`]: a recorded session played back (`gabp-replay`), each bridge on its own
-//!   timeline from its first subscribe ([`player`]), requests answered from the recording
-//!   ([`answers`]).
+//!   timeline from its first subscribe ([`player`]) following one playhead once a bridge
+//!   controls it ([`playback`]), requests answered from the recording ([`answers`]).
 //!
 //! The front calls the backend for what differs: subscribing, forwarding a request, a bridge
 //! leaving. A backend publishes its session in [`Route::session`]; the front's hello waits for it.
@@ -17,6 +17,8 @@
 mod answers;
 mod calls;
 mod live;
+mod marks;
+pub mod playback;
 mod player;
 mod reader;
 mod recorded;

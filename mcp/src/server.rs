@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 pub const GAME_TOOLS_MISSING: &str = "gabp-relay/gameToolsMissing";
 
 /// The relay's own tools (a mod tool mapping to one of these gets a suffix).
-pub const OWN_TOOLS: [&str; 7] = [
+pub const OWN_TOOLS: [&str; 8] = [
     "events_poll",
     "attention_get",
     "attention_ack",
@@ -34,6 +34,7 @@ pub const OWN_TOOLS: [&str; 7] = [
     "sessions_list",
     "relay_lease",
     "mark",
+    "relay_replay",
 ];
 
 /// Most events one `events_poll` returns.
@@ -430,9 +431,10 @@ impl ServerHandler for Front {
             }
             "relay_status" => answer_result(link.request("relay/status", json!({})).await),
             "sessions_list" => self.sessions(&link).await,
-            // The relay answers (and records) these two; they never reach the mod.
+            // The relay answers (and records) these; they never reach the mod.
             "relay_lease" => answer_result(link.request("relay/lease", args.clone()).await),
             "mark" => answer_result(link.request("relay/mark", args.clone()).await),
+            "relay_replay" => answer_result(link.request("relay/replay", args.clone()).await),
             name => {
                 let mut original = self.tools.lock().get(name).cloned();
                 if original.is_none() {

@@ -77,5 +77,23 @@ pub(super) fn own_tools() -> Vec<Value> {
                 "required": ["label"]
             }
         }),
+        json!({
+            "name": "relay_replay",
+            "title": "Replay controls",
+            "description": "Pauses, resumes, seeks, steps or paces a gabp-relay replay for every client attached to it (the relay's relay/replay), or reads where it is (action state). Seek takes toMs (ms from the session's start), toMark (a mark's label), or channel and toSeq; step takes events (a count) or toMark. Answers {state, atMs, speed, ...}. A live relay answers that it is no replay.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "action": { "type": "string", "enum": ["state", "pause", "resume", "seek", "step", "speed"] },
+                    "toMs": { "type": "number", "minimum": 0 },
+                    "toMark": { "type": "string", "minLength": 1, "maxLength": 256 },
+                    "channel": { "type": "string" },
+                    "toSeq": { "type": "integer", "minimum": 0 },
+                    "events": { "type": "integer", "minimum": 1, "maximum": 1000000 },
+                    "speed": { "description": "A factor (2 is twice as fast) or \"max\"" }
+                },
+                "required": ["action"]
+            }
+        }),
     ]
 }

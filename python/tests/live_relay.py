@@ -97,6 +97,11 @@ async def live(bridge_file: str) -> dict[str, Any]:
             check(False, "sim/fail succeeded")
         except GabpError as e:
             check(e.code == -32000 and "on purpose" in e.message, f"sim/fail: {e}")
+        try:
+            await c.replay("pause")
+            check(False, "a live relay took relay/replay")
+        except GabpError as e:
+            check(e.code == -32601 and "live mod" in e.message, f"replay on a live relay: {e}")
 
         got = await take(ticks, "world/tick", 300, notices)
         while "released" not in lease_changes(notices):  # events taken meanwhile come first

@@ -388,6 +388,25 @@ class ClientTest(unittest.IsolatedAsyncioTestCase):
         self.assertIn("renew", actions, "renewed while held")
         self.assertEqual(fake.requests[1]["params"]["ttlMs"], 90)
 
+    async def test_replay_speaks_the_relays_params(self) -> None:
+        async def handler(msg: dict[str, Any], send: Send) -> None:
+            await send(answer(msg, {"state": "paused", "atMs": 12.5, "speed": 1}))
+
+        fake, addr = await self.relay(handler)
+        async with gabp_relay.connect(addr, token=TOKEN) as c:
+            state = await c.replay("seek", to_ms=12.5)
+            self.assertEqual(state["state"], "paused")
+            await c.replay("seek", channel="world/tick", to_seq=7)
+            await c.replay("step", events=100)
+            await c.replay("speed", speed="max")
+        self.assertEqual([r["method"] for r in fake.requests], ["relay/replay"] * 4)
+        self.assertEqual([r["params"] for r in fake.requests], [
+            {"action": "seek", "toMs": 12.5},
+            {"action": "seek", "channel": "world/tick", "toSeq": 7},
+            {"action": "step", "events": 100},
+            {"action": "speed", "speed": "max"},
+        ])
+
     async def test_the_bridge_file_gives_address_and_token(self) -> None:
         fake, addr = await self.relay()
         with tempfile.TemporaryDirectory() as d:

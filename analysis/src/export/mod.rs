@@ -282,6 +282,29 @@ pub fn for_each_row(
     }
 }
 
+/// The first mark the relay accepted labelled `label` at or after frame `from`: its frame
+/// number and time (ns since the Unix epoch). One pass from `from` that parses only bridge
+/// frames and stops at the mark; `replay --from-mark` and `--to-mark` start and end there.
+pub fn find_mark(
+    store: &Store,
+    meta: &SessionMeta,
+    label: &str,
+    from: u64,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let mut classifier = Classifier::default();
+    for item in store.frames_from(meta.id, from) {
+        let (n, rec) = item?;
+        if rec.dir != Direction::BridgeToRelay {
+            continue;
+        }
+        let row = classifier.row(meta, n, &rec);
+        if row.kind == Kind::Mark && row.label.as_deref() == Some(label) {
+            return Ok(Some((n, rec.time_ns)));
+        }
+    }
+    Ok(None)
+}
+
 /// Where an export between two marks starts and ends, and the episodes as they stood just
 /// before its first frame (so the rows after it are numbered as in a whole-session export).
 struct Span {

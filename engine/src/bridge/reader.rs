@@ -451,7 +451,10 @@ impl BridgeReader {
             return;
         }
         let answered_by_relay = method.starts_with("relay/") || method.starts_with("events/");
-        if !answered_by_relay || method == "relay/lease" {
+        // Playback controls are for bridges that may change things; anyone may ask the state.
+        let controls_playback =
+            method == crate::route::PLAYBACK && params_value()["action"] != "state";
+        if !answered_by_relay || method == "relay/lease" || controls_playback {
             if let Some(refusal) = self.rights_refusal(&method, params_value) {
                 return self.refused(&body, &id, refusal).await;
             }
@@ -465,6 +468,7 @@ impl BridgeReader {
             "events/unsubscribe" => self.unsubscribe(&id, &params_value()).await,
             "relay/mark" => self.mark(&id, &params_value()).await,
             "relay/lease" => self.lease(&id, &params_value()).await,
+            crate::route::PLAYBACK => self.playback(&id, params_value()).await,
             m if m.starts_with("relay/") => {
                 self.reply_error(Some(&id), ErrorCode::MethodNotFound, "unknown relay method")
                     .await
@@ -548,6 +552,16 @@ impl BridgeReader {
             json!({"marked": true, "label": label, "tNs": now_ns()})
         };
         self.reply(message::result_response(id, answer)).await;
+    }
+
+    /// `relay/replay {action, …}`: the backend's playback controls (its rights were checked
+    /// before it was recorded); a live route says it is no replay.
+    async fn playback(&mut self, id: &str, params: Value) {
+        let route = self.route.clone();
+        match route.backend.playback(&route, &self.bridge, params).await {
+            Ok(state) => self.reply(message::result_response(id, state)).await,
+            Err((code, why)) => self.reply_error(Some(id), code, &why).await,
+        }
     }
 
     async fn subscribe(&mut self, id: &str, params: &Value) {

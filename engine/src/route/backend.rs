@@ -51,6 +51,16 @@ impl Refusal {
     }
 }
 
+/// A refused `relay/replay`: the error code and one line.
+pub type PlaybackRefusal = (ErrorCode, String);
+
+/// The relay's method for playback controls, answered by the backend.
+pub const PLAYBACK: &str = "relay/replay";
+
+/// What a route whose backend plays nothing back answers `relay/replay`.
+pub const NOT_A_REPLAY: &str =
+    "relay/replay controls a replay (gabp-relay replay); this route relays a live mod";
+
 /// What stands behind a route's bridge front (see the module doc).
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Runs until the route is cancelled, publishing sessions in [`Route::sessions`].
@@ -91,6 +101,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         route: &'a Route,
         req: Request<'a>,
     ) -> BoxFuture<'a, Result<(), Refusal>>;
+
+    /// `relay/replay {action, …}` from `bridge` (its rights were checked): the playback
+    /// controls of a recording played back, answered with the state after the change. A
+    /// backend that plays nothing back refuses it as a method it does not have.
+    fn playback<'a>(
+        &'a self,
+        _route: &'a Route,
+        _bridge: &'a Arc<BridgeState>,
+        _params: Value,
+    ) -> BoxFuture<'a, Result<Value, PlaybackRefusal>> {
+        Box::pin(futures::future::ready(Err((
+            ErrorCode::MethodNotFound,
+            NOT_A_REPLAY.to_string(),
+        ))))
+    }
 
     /// `bridge` has gone (its outbox is closed): forget it.
     fn left<'a>(&'a self, route: &'a Route, bridge: &'a Arc<BridgeState>) -> BoxFuture<'a, ()>;

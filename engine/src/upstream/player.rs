@@ -5,21 +5,26 @@
 //!
 //! Memory per bridge is a few batches of events, whatever the session's length. Nothing is
 //! dropped: when the outbox is full the pacer waits (and the reader behind it), so a slow bridge
-//! slows only its own timeline. Each bridge numbers its own events per channel from 0. The end
-//! of the recording, and each `--loop` restart, is announced on the `relay/replay` channel, in
+//! slows only its own timeline. What it plays, when and at what pace is the playhead's
+//! ([`super::playback`]): free, each timeline on its own; controlled, every timeline follows the
+//! one log of changes. Each bridge numbers its own events per channel from 0, until a seek (or,
+//! in a controlled replay, from the start): then each event carries its seq as recorded, so a
+//! jump shows in the seqs right after the notice announcing it. The end of the range, each
+//! `--loop` restart and each playback change are announced on the `relay/replay` channel, in
 //! order with the events.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use gabp_proto::{frame_bytes, message, Mode, Parser};
-use gabp_storage::Direction;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use super::playback::{Judged, Pass, Playback, Verdict};
 use super::recorded::ReplayPlan;
 use super::Speed;
 use crate::direct::write_from_reader;
@@ -37,18 +42,20 @@ pub const NOTICE_CHANNEL: &str = "relay/replay";
 
 /// A recorded event on its way to the pacer.
 struct Played {
-    /// Offset on the replayed timeline (after `--from`).
+    /// Its frame number in the session.
+    frame: u64,
+    /// Its offset from the session's start.
     offset_ns: u64,
     channel: u32,
+    /// Its seq as recorded.
+    relay_seq: u64,
     body: Bytes,
 }
 
 enum Msg {
     Events(Vec<Played>),
-    /// The pass reached the end of the session.
-    End {
-        last_offset_ns: u64,
-    },
+    /// The pass reached the end of the replayed range.
+    End,
     Failed(String),
 }
 
@@ -63,17 +70,16 @@ pub struct Shared {
     pub delivered: AtomicU64,
 }
 
-/// Reads one pass over the session (blocking): every event `plan` plays, in order.
-fn read_pass(plan: &ReplayPlan, tx: mpsc::Sender<Msg>) {
+/// Reads one pass over the replayed range (blocking): every event `pass` plays, in order.
+fn read_pass(plan: &ReplayPlan, pass: Pass, tx: mpsc::Sender<Msg>) {
     let mut batch = Vec::with_capacity(BATCH);
-    let mut last_offset_ns = 0;
     for (n, item) in plan
         .store
-        .frames_from(plan.meta.id, plan.start_frame)
+        .frames_from(plan.meta.id, pass.read_from)
         .enumerate()
     {
-        let rec = match item {
-            Ok((_, rec)) => rec,
+        let (no, rec) = match item {
+            Ok(numbered) => numbered,
             Err(e) => {
                 let _ = tx.blocking_send(Msg::Failed(e.to_string()));
                 return;
@@ -82,18 +88,17 @@ fn read_pass(plan: &ReplayPlan, tx: mpsc::Sender<Msg>) {
         if n % 4096 == 0 && tx.is_closed() {
             return;
         }
-        let (Some(channel), Some(_)) = (rec.channel, rec.relay_seq) else {
-            continue;
-        };
-        let offset = rec.time_ns.saturating_sub(plan.meta.started_ns);
-        if rec.dir != Direction::ModToRelay || offset < plan.from_ns || !plan.plays(channel) {
-            continue;
+        match plan.judge(&pass, no, &rec) {
+            Judged::Skip => continue,
+            Judged::End => break,
+            Judged::Play => {}
         }
-        last_offset_ns = offset - plan.from_ns;
         // A copy, so the chunk the body was sliced from is freed at once.
         batch.push(Played {
-            offset_ns: last_offset_ns,
-            channel,
+            frame: no,
+            offset_ns: plan.offset(rec.time_ns),
+            channel: rec.channel.unwrap_or_default(),
+            relay_seq: rec.relay_seq.unwrap_or_default(),
             body: Bytes::copy_from_slice(&rec.body),
         });
         if batch.len() >= BATCH
@@ -110,7 +115,7 @@ fn read_pass(plan: &ReplayPlan, tx: mpsc::Sender<Msg>) {
     if !batch.is_empty() && tx.blocking_send(Msg::Events(batch)).is_err() {
         return;
     }
-    let _ = tx.blocking_send(Msg::End { last_offset_ns });
+    let _ = tx.blocking_send(Msg::End);
 }
 
 /// The pacer's state for one bridge.
@@ -122,18 +127,33 @@ struct Pacer<'a> {
     parser: Parser,
     /// Next seq per channel id, for this bridge.
     seqs: Vec<u64>,
+    /// Seqs as recorded (after a seek, or in a controlled replay) instead of counted.
+    recorded_seqs: bool,
     notices: u64,
     logged: Instant,
 }
 
-/// Plays the recording to `bridge` from now on, until it ends (or, looping, forever), the bridge
-/// goes away, or the replay stops.
+/// Leaves the playhead when the timeline ends (its task returns or is aborted).
+struct Seat<'a>(&'a Playback, u32);
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.0.leave(self.1);
+    }
+}
+
+/// Plays the recording to `bridge` from now on, following `playback`, until the bridge goes
+/// away or the replay stops.
 pub async fn play(
     route: Arc<Route>,
     bridge: Arc<BridgeState>,
     plan: Arc<ReplayPlan>,
+    playback: Arc<Playback>,
     shared: Arc<Shared>,
 ) {
+    let mut follow = playback.join(bridge.conn);
+    let _seat = Seat(&playback, bridge.conn);
+    let mut changes = playback.watch();
     let mut p = Pacer {
         route: &route,
         bridge: &bridge,
@@ -141,100 +161,94 @@ pub async fn play(
         shared: &shared,
         parser: Parser::new(),
         seqs: vec![0; plan.names.len()],
+        recorded_seqs: !follow.is_free(),
         notices: 0,
         logged: Instant::now(),
     };
     tracing::info!(route = %route.cfg.name, conn = bridge.conn, session = %plan.meta.id, "replay started for a bridge");
-    let mut pass = 0u64;
+    let cut = bridge.outbox.cut_signal();
     loop {
+        // One pass over the range (none while the replay stands at its end).
+        let (tx, mut rx) = mpsc::channel(READ_AHEAD);
+        let mut over = follow.mode.ended;
+        if !over {
+            let (plan, pass) = (plan.clone(), follow.pass);
+            tokio::task::spawn_blocking(move || read_pass(&plan, pass, tx));
+        }
+        let mut queue: VecDeque<Played> = VecDeque::new();
         let before = shared.delivered.load(Ordering::Relaxed);
-        let Some(ended) = p.pass().await else { return };
-        pass += 1;
-        let delivered = shared.delivered.load(Ordering::Relaxed);
-        if plan.looping && plan.events > 0 {
-            if delivered == before && plan.speed == Speed::Max {
-                // Nothing of this pass was for the bridge: wait for a subscription rather than
-                // spin over the recording.
-                tokio::select! {
-                    _ = route.cancel.cancelled() => return,
-                    _ = shared.resubscribed.notified() => {}
+        loop {
+            if queue.is_empty() && !over {
+                match rx.recv().await {
+                    Some(Msg::Events(batch)) => queue.extend(batch),
+                    Some(Msg::End) | None => over = true,
+                    Some(Msg::Failed(why)) => {
+                        tracing::error!(route = %route.cfg.name, conn = bridge.conn, "replay cannot read the recording: {why}");
+                        p.notice(json!({"state": "failed", "sessionId": plan.meta.id.to_string()}));
+                        return;
+                    }
+                }
+                continue;
+            }
+            changes.borrow_and_update();
+            let idle = over
+                && follow.mode.speed == Speed::Max
+                && shared.delivered.load(Ordering::Relaxed) == before;
+            let verdict = playback.decide(
+                &mut follow,
+                queue.iter().map(|e| (e.frame, e.offset_ns)),
+                idle,
+            );
+            match verdict {
+                Verdict::Play(n) => {
+                    for ev in queue.drain(..n) {
+                        if !p.deliver(ev).await {
+                            return;
+                        }
+                    }
+                    write_from_reader(&route, &bridge.outbox);
+                    p.progress();
+                }
+                Verdict::Wait(due) => {
+                    write_from_reader(&route, &bridge.outbox);
+                    tokio::select! {
+                        _ = route.cancel.cancelled() => return,
+                        _ = cut.cancelled() => return,
+                        _ = tokio::time::sleep_until(due) => {}
+                        c = changes.changed() => if c.is_err() { return },
+                    }
+                }
+                Verdict::Hold => {
+                    write_from_reader(&route, &bridge.outbox);
+                    tokio::select! {
+                        _ = route.cancel.cancelled() => return,
+                        _ = cut.cancelled() => return,
+                        c = changes.changed() => if c.is_err() { return },
+                    }
+                }
+                Verdict::Idle => {
+                    // Nothing of this pass was for the bridge: wait for a subscription rather
+                    // than spin over the recording.
+                    tokio::select! {
+                        _ = route.cancel.cancelled() => return,
+                        _ = cut.cancelled() => return,
+                        _ = shared.resubscribed.notified() => {}
+                        c = changes.changed() => if c.is_err() { return },
+                    }
+                }
+                Verdict::Notice(v) => p.announce(v),
+                Verdict::Jump { notice, rebase } => {
+                    p.announce(notice);
+                    p.recorded_seqs |= rebase;
+                    // Dropping the receiver stops the reader.
+                    break;
                 }
             }
-            tracing::info!(route = %route.cfg.name, conn = bridge.conn, pass, events = delivered, "replay restarts from the beginning (--loop)");
-            p.notice(json!({"state": "restarted", "sessionId": plan.meta.id.to_string(), "loop": pass, "events": delivered}));
-            continue;
         }
-        tracing::info!(route = %route.cfg.name, conn = bridge.conn, events = delivered, at_secs = ended / 1_000_000_000, "replay reached the end of the recording");
-        p.notice(
-            json!({"state": "ended", "sessionId": plan.meta.id.to_string(), "events": delivered}),
-        );
-        return;
     }
 }
 
 impl Pacer<'_> {
-    /// One pass over the recording; `None` if the timeline must stop (bridge gone, replay
-    /// stopping, read error), else where the pass ended on the timeline.
-    async fn pass(&mut self) -> Option<u64> {
-        let start = Instant::now();
-        let (tx, mut rx) = mpsc::channel(READ_AHEAD);
-        let plan = self.plan.clone();
-        let reader = tokio::task::spawn_blocking(move || read_pass(&plan, tx));
-        let mut end = None;
-        while let Some(msg) = rx.recv().await {
-            match msg {
-                Msg::Events(batch) => {
-                    for ev in batch {
-                        if let Speed::Factor(f) = self.plan.speed {
-                            let due =
-                                start + Duration::from_nanos((ev.offset_ns as f64 / f) as u64);
-                            if !self.wait_until(due).await {
-                                return None;
-                            }
-                        }
-                        if !self.deliver(ev).await {
-                            return None;
-                        }
-                    }
-                    write_from_reader(self.route, &self.bridge.outbox);
-                    self.progress();
-                }
-                Msg::End { last_offset_ns } => end = Some(last_offset_ns),
-                Msg::Failed(why) => {
-                    tracing::error!(route = %self.route.cfg.name, conn = self.bridge.conn, "replay cannot read the recording: {why}");
-                    self.notice(
-                        json!({"state": "failed", "sessionId": self.plan.meta.id.to_string()}),
-                    );
-                    return None;
-                }
-            }
-        }
-        let _ = reader.await;
-        let end = end?;
-        // A pass lasts as long as the recording did (scaled), even if its last events were
-        // not for this bridge.
-        if let Speed::Factor(f) = self.plan.speed {
-            let due = start + Duration::from_nanos((end as f64 / f) as u64);
-            if !self.wait_until(due).await {
-                return None;
-            }
-        }
-        Some(end + self.plan.from_ns)
-    }
-
-    /// Waits until `due`, having first written what is queued; false if the replay stops.
-    async fn wait_until(&self, due: Instant) -> bool {
-        if due <= Instant::now() {
-            return true;
-        }
-        write_from_reader(self.route, &self.bridge.outbox);
-        tokio::select! {
-            _ = self.route.cancel.cancelled() => false,
-            _ = self.bridge.outbox.cut_signal().cancelled() => false,
-            _ = tokio::time::sleep_until(due) => true,
-        }
-    }
-
     /// Sequences one event for this bridge and queues it, waiting while the outbox is full;
     /// false once the bridge is gone.
     async fn deliver(&mut self, ev: Played) -> bool {
@@ -252,8 +266,12 @@ impl Pacer<'_> {
             .parse(&ev.body, Mode::Tolerant)
             .ok()
             .and_then(|v| v.seq_span.clone());
-        let seq = self.seqs[cid];
-        self.seqs[cid] += 1;
+        let seq = if self.recorded_seqs {
+            ev.relay_seq
+        } else {
+            self.seqs[cid]
+        };
+        self.seqs[cid] = seq + 1;
         let frame = Arc::new(EventFrame {
             channel: self.plan.names[cid].clone(),
             seq,
@@ -272,6 +290,25 @@ impl Pacer<'_> {
             self.logged = Instant::now();
             tracing::info!(route = %self.route.cfg.name, conn = self.bridge.conn, events = self.shared.delivered.load(Ordering::Relaxed), "replay progress");
         }
+    }
+
+    /// Announces a playback change; the end and a `--loop` restart say how many events this
+    /// bridge got.
+    fn announce(&mut self, mut payload: Value) {
+        let delivered = self.shared.delivered.load(Ordering::Relaxed);
+        let (route, conn) = (&self.route.cfg.name, self.bridge.conn);
+        match payload["state"].as_str() {
+            Some("ended") => {
+                tracing::info!(route = %route, conn, events = delivered, "replay reached the end of the recording");
+                payload["events"] = json!(delivered);
+            }
+            Some("restarted") => {
+                tracing::info!(route = %route, conn, pass = payload["loop"].as_u64(), events = delivered, "replay restarts from the beginning (--loop)");
+                payload["events"] = json!(delivered);
+            }
+            _ => {}
+        }
+        self.notice(payload);
     }
 
     /// Queues a `relay/replay` notice, in order with the events, and writes it out.

@@ -28,9 +28,10 @@ use tokio::task::JoinHandle;
 
 use super::answers::{answer_from, no_match, Answers};
 use super::calls::AgentCalls;
+use super::playback::Playback;
 use super::player::{self, Shared};
 use crate::config::RouteConfig;
-use crate::route::{Backend, Refusal, Request};
+use crate::route::{Backend, PlaybackRefusal as Refused, Refusal, Request};
 use crate::route::{BridgeState, Route, SessionInfo};
 
 /// Replay pace.
@@ -70,12 +71,24 @@ pub struct ReplayPlan {
     pub channels: Option<Vec<u32>>,
     /// The frame to start reading at (a little before `--from`).
     pub start_frame: u64,
+    /// Events at frames before this are not played (`--from-mark`, `--episode`).
+    pub first_frame: u64,
     /// `--from`, in ns from the session's start: earlier events are skipped.
     pub from_ns: u64,
+    /// Where the replayed range starts on the session's timeline (ns from its start).
+    pub start_ns: u64,
+    /// Frames from this one on are not played (`--to-mark`, `--episode`).
+    pub end_frame: Option<u64>,
+    /// `--to`, in ns from the session's start: events from there on are not played.
+    pub to_ns: Option<u64>,
+    /// Where the replayed range ends (ns from the session's start).
+    pub end_ns: u64,
     /// Pace.
     pub speed: Speed,
     /// Start over at the end.
     pub looping: bool,
+    /// Start paused (`--paused`): nothing plays until a bridge resumes it.
+    pub paused: bool,
     /// Events one pass plays (before subscriptions).
     pub events: u64,
     /// How a request finds its recorded answers (`--match`).
@@ -133,16 +146,21 @@ pub struct Recorded {
     timelines: Mutex<HashMap<u32, Arc<Timeline>>>,
     /// Ends the index pass early at shutdown.
     stop: Arc<AtomicBool>,
+    /// The playhead `relay/replay` moves.
+    playback: Arc<Playback>,
 }
 
 impl Recorded {
     /// A backend playing `plan`.
     pub fn new(plan: ReplayPlan) -> Recorded {
+        let plan = Arc::new(plan);
+        let stop = Arc::new(AtomicBool::new(false));
         Recorded {
-            plan: Arc::new(plan),
+            playback: Arc::new(Playback::new(plan.clone(), stop.clone())),
+            plan,
             index: Arc::new(watch::channel(Index::Building).0),
             timelines: Mutex::new(HashMap::new()),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop,
         }
     }
 
@@ -282,6 +300,8 @@ impl Backend for Recorded {
                 "sessionId": self.plan.meta.id.to_string(),
                 "route": self.plan.meta.route,
                 "notices": player::NOTICE_CHANNEL,
+                "control": super::playback::METHOD,
+                "paused": self.plan.paused,
             }),
         )]
     }
@@ -305,6 +325,7 @@ impl Backend for Recorded {
                 route.clone(),
                 bridge.clone(),
                 self.plan.clone(),
+                self.playback.clone(),
                 t.shared.clone(),
             )));
         }
@@ -351,6 +372,15 @@ impl Backend for Recorded {
             )
         });
         futures::future::ready(result).boxed()
+    }
+
+    fn playback<'a>(
+        &'a self,
+        _route: &'a Route,
+        _bridge: &'a Arc<BridgeState>,
+        params: Value,
+    ) -> BoxFuture<'a, Result<Value, Refused>> {
+        async move { self.playback.control(&params).await }.boxed()
     }
 
     fn left<'a>(&'a self, route: &'a Route, bridge: &'a Arc<BridgeState>) -> BoxFuture<'a, ()> {

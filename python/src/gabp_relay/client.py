@@ -317,6 +317,22 @@ class Client:
         result = await self.request("relay/lease", params)
         return Lease.from_json(result if isinstance(result, dict) else {})
 
+    async def replay(self, action: str, **params: Any) -> dict[str, Any]:
+        """``relay/replay``: controls a ``gabp-relay replay`` for every bridge attached to it, and
+        returns its state (``state``, ``atMs``, ``speed``, ...). ``action`` is ``pause``,
+        ``resume``, ``state``, ``seek`` (``to_ms=``, ``to_mark=``, or ``channel=`` and
+        ``to_seq=``), ``step`` (``events=`` or ``to_mark=``) or ``speed`` (``speed=`` a factor
+        or ``"max"``); keyword names may be given in the relay's camelCase too. Every change
+        reaches every bridge as a ``relay/replay`` event, in order with the events. A live
+        relay answers :class:`GabpError` -32601; an ``observe`` bridge may only ask the state
+        (-32006)."""
+        body: dict[str, Any] = {"action": action}
+        for key, value in params.items():
+            head, *rest = key.split("_")
+            body[head + "".join(w.title() for w in rest)] = value
+        result = await self.request("relay/replay", body)
+        return result if isinstance(result, dict) else {}
+
     @contextlib.asynccontextmanager
     async def holding_lease(self, ttl_ms: int = 30_000) -> AsyncIterator[Lease]:
         """``async with c.holding_lease():`` acquires the lease, renews it every third of its

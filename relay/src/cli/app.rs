@@ -10,7 +10,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use super::{
     check_bridge, check_mod, collect, demo, episodes, export, fleet_key, mark, mcp, mod_sim,
-    reload, repair, replay, report, serve, sessions, ship, stats, status, wrap,
+    reload, repair, replay, replay_control, report, serve, sessions, ship, stats, status, wrap,
 };
 
 #[derive(Parser, Debug)]
@@ -51,6 +51,8 @@ enum Cmd {
     Report(report::ReportArgs),
     /// Serve a recorded session as a GABP mod.
     Replay(replay::ReplayArgs),
+    /// Pause, resume, seek, step or pace a running replay for all its bridges, or show its state.
+    ReplayControl(replay_control::ReplayControlArgs),
     /// Repair a damaged data dir, after copying it aside to DIR.bak-<time>.
     Repair(repair::RepairArgs),
     /// Run a game behind the relay where a launcher expects the game (GABP_SERVER_PORT, GABP_TOKEN).
@@ -205,6 +207,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Export(a) => export::run(a)?,
         Cmd::Report(a) => report::run(a)?,
         Cmd::Replay(a) => replay::run(a).await?,
+        Cmd::ReplayControl(a) => replay_control::run(a).await?,
         Cmd::Repair(a) => repair::run(a)?,
         Cmd::Wrap(a) => return wrap::run(*a).await,
         Cmd::ModSim(a) => mod_sim::run(a).await?,

@@ -32,6 +32,7 @@ pub(crate) mod reload;
 pub(crate) mod repair;
 pub(crate) mod replay;
 pub(crate) mod replay_calls;
+pub(crate) mod replay_control;
 pub(crate) mod report;
 pub(crate) mod select;
 pub(crate) mod serve;

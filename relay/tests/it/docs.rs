@@ -438,6 +438,11 @@ fn guide_python_runs() {
         "with no gap",
         "marks [('episode-start', {'episode': 1}), ('episode-end', {'episode': 1})]",
         "tool calls in the episode ['sim/echo']",
+        "replay paused",
+        "notice stepping",
+        "stepped through world/tick seqs",
+        "back at the episode's start:",
+        "paused at ",
     ] {
         assert!(
             out.contains(said),

@@ -43,6 +43,7 @@ mod recording;
 mod reload;
 mod replay;
 mod replay_calls;
+mod replay_controls;
 mod report;
 mod resume;
 mod semantics;

@@ -120,13 +120,7 @@ async fn replay_serves_the_same_events_and_answers() {
 
     let store = Store::open(dir.path(), StoreOptions::default()).expect("open");
     let meta = store.resolve("latest").expect("session");
-    let opts = ReplayOptions {
-        token: "t".into(),
-        speed: Speed::Max,
-        looping: false,
-        channels: vec![],
-        from: None,
-    };
+    let opts = ReplayOptions::new("t", Speed::Max);
     let rec = std::sync::Arc::new(Recording::open(store, meta, &opts).expect("open"));
     let listener = Listener::bind(&loopback()).await.expect("bind");
     let addr = listener.local_addr().expect("addr");

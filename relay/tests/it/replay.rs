@@ -347,11 +347,8 @@ async fn in_process(
     let store = Store::open_for_reading(data).expect("open");
     let meta = store.resolve("latest").expect("session");
     let opts = ReplayOptions {
-        token: TOKEN.into(),
-        speed: Speed::Max,
         looping: true,
-        channels: vec![],
-        from: None,
+        ..ReplayOptions::new(TOKEN, Speed::Max)
     };
     let rec = Arc::new(Recording::open(store, meta, &opts).expect("open the recording"));
     let listener = Listener::bind(&"127.0.0.1:0".parse().expect("addr"))
