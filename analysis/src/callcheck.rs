@@ -156,13 +156,13 @@ impl Collector {
     }
 }
 
-/// The calls bridges made in a recorded session, `from_ns` into it and later (`replay --from`),
-/// compared under `rule`: one streaming pass, events skipped unparsed.
+/// The calls bridges made in a recorded session at offsets `within_ns` of its start (the range
+/// a replay plays), compared under `rule`: one streaming pass, events skipped unparsed.
 pub fn recorded(
     store: &Store,
     meta: &SessionMeta,
     rule: &MatchRule,
-    from_ns: u64,
+    within_ns: std::ops::RangeInclusive<u64>,
 ) -> Result<Calls, StoreError> {
     let mut side = Collector::new(rule);
     let mut parser = Parser::new();
@@ -172,7 +172,7 @@ pub fn recorded(
             continue;
         }
         let offset = rec.time_ns.saturating_sub(meta.started_ns);
-        if offset < from_ns {
+        if !within_ns.contains(&offset) {
             continue;
         }
         let Ok(view) = parser.parse(&rec.body, Mode::Tolerant) else {

@@ -11,7 +11,6 @@
 //!   a session or of a selection of sessions.
 //! - [`callcheck`]: `replay --expect-calls`: an agent's calls to a replay compared with a
 //!   recording's, as a readable diff and as JSON.
-//! - [`episode_marks`]: episodes cut from marks (a start mark to the next end mark).
 //! - `calls`: what stats and the report share when they match answers to requests.
 
 pub mod callcheck;

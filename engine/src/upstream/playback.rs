@@ -30,7 +30,7 @@ use tokio::sync::{watch, OnceCell};
 use tokio::time::Instant;
 
 use super::marks::Marks;
-use super::recorded::ReplayPlan;
+use super::recorded::{ReplayPlan, MAX_SPEED, MIN_SPEED};
 use super::Speed;
 
 /// The method.
@@ -389,12 +389,13 @@ impl Action {
             "pause" => Action::Pause,
             "resume" => Action::Resume,
             "speed" => {
-                let bad =
-                    || invalid("speed must be a positive number (2 is twice as fast) or \"max\"");
+                let bad = || {
+                    invalid("speed must be a number from 0.001 to 1000000 (2 is twice as fast) or \"max\"")
+                };
                 match obj.get("speed") {
                     Some(Value::String(s)) if s == "max" => Action::Speed(Speed::Max),
                     Some(Value::Number(n)) => match n.as_f64() {
-                        Some(f) if f > 0.0 && f.is_finite() && f <= 1e6 => {
+                        Some(f) if (MIN_SPEED..=MAX_SPEED).contains(&f) => {
                             Action::Speed(Speed::Factor(f))
                         }
                         _ => return Err(bad()),

@@ -43,6 +43,11 @@ pub enum Speed {
     Max,
 }
 
+/// The slowest pace a replay plays at: slower would stand still while saying it plays.
+pub const MIN_SPEED: f64 = 0.001;
+/// The fastest factor (beyond it, `max`).
+pub const MAX_SPEED: f64 = 1e6;
+
 impl std::str::FromStr for Speed {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -50,9 +55,9 @@ impl std::str::FromStr for Speed {
             return Ok(Speed::Max);
         }
         match s.trim_end_matches('x').parse::<f64>() {
-            Ok(f) if f > 0.0 && f.is_finite() => Ok(Speed::Factor(f)),
+            Ok(f) if (MIN_SPEED..=MAX_SPEED).contains(&f) => Ok(Speed::Factor(f)),
             _ => Err(format!(
-                "invalid speed {s:?}: expected a positive factor like 1, 10 or 0.5, or max"
+                "invalid speed {s:?}: expected a factor from 0.001 to 1000000 like 1, 10 or 0.5, or max"
             )),
         }
     }

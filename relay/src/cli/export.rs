@@ -137,14 +137,14 @@ pub fn run(a: ExportArgs) -> Result<()> {
         }
     }
     if let Some(o) = a.output.as_deref().filter(|o| !export::is_stdout(o)) {
-        refuse_the_data_dir(o, &a.dir.data_dir)?;
+        refuse_the_data_dir("-o", o, &a.dir.data_dir)?;
         if a.format == Format::Jsonl || single {
             let example = match a.format {
                 Format::Jsonl => "export.jsonl",
                 Format::Parquet => "export.parquet",
                 Format::Mcap => "export.mcap",
             };
-            refuse_a_directory(o, "the export is one file", example)?;
+            refuse_a_directory("-o", o, "the export is one file", example)?;
         }
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
@@ -331,6 +331,7 @@ fn without_the_episode(
 /// Refuses an existing directory where one file is written (found before any reading, not
 /// when the finished file cannot be put there).
 pub(super) fn refuse_a_directory(
+    flag: &str,
     output: &std::path::Path,
     what: &str,
     example: &str,
@@ -342,7 +343,7 @@ pub(super) fn refuse_a_directory(
             false => "a directory",
         };
         return Err(usage(format!(
-            "-o {} is {kind} and {what}: give a file path (such as {})",
+            "{flag} {} is {kind} and {what}: give a file path (such as {})",
             output.display(),
             output.join(example).display()
         )));
@@ -352,10 +353,14 @@ pub(super) fn refuse_a_directory(
 
 /// Refuses an output that is, holds or lies in the data dir: an export or report never
 /// writes where the recordings are (with `--force` it would replace them).
-pub(super) fn refuse_the_data_dir(output: &std::path::Path, data: &std::path::Path) -> Result<()> {
+pub(super) fn refuse_the_data_dir(
+    flag: &str,
+    output: &std::path::Path,
+    data: &std::path::Path,
+) -> Result<()> {
     if export::overlaps_data_dir(output, data) {
         return Err(usage(format!(
-            "-o {} is, holds or lies in the data dir {}: write the output somewhere else",
+            "{flag} {} is, holds or lies in the data dir {}: write the output somewhere else",
             output.display(),
             data.display()
         )));

@@ -175,6 +175,11 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
         })
         .transpose()?;
     let rule = a.calls.rule()?;
+    // Checked before the run, not found when its end cannot be written.
+    if let Some(p) = &a.calls.diff_json {
+        super::export::refuse_the_data_dir("--diff-json", p, &a.dir.data_dir)?;
+        super::export::refuse_a_directory("--diff-json", p, "the diff is one file", "diff.json")?;
+    }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let meta = super::sessions::resolve(&store, &a.session)?;
     let calls_from = (a.calls.calls_from.as_deref())
@@ -295,5 +300,5 @@ pub async fn run(a: ReplayArgs) -> Result<()> {
         tracing::warn!("a reader of the recording did not stop within 3 s");
     }
     let expected = calls_from.as_ref().unwrap_or(&rec.meta);
-    super::replay_calls::finish(&a.calls, &rec, expected, a.from, a.speed, a.json.json)
+    super::replay_calls::finish(&a.calls, &rec, expected, a.speed, a.json.json)
 }

@@ -89,7 +89,6 @@ pub fn finish(
     a: &CallArgs,
     rec: &Recording,
     expected: &SessionMeta,
-    from: Option<Duration>,
     speed: Speed,
     json: bool,
 ) -> Result<()> {
@@ -109,14 +108,16 @@ pub fn finish(
         return Ok(());
     }
     let rule = a.rule()?;
-    // Recorded calls before `--from` were made before the replayed timeline starts.
+    // The recorded calls are those of the replayed range (`--from`/`--to`, the marks, the
+    // episode): the agent meets only that stretch of the game. Another session counts whole.
     let same_session = expected.id == rec.meta.id;
-    let from = if same_session {
-        from.unwrap_or_default()
+    let (from, within) = if same_session {
+        let (start, end) = rec.range();
+        (start, start.as_nanos() as u64..=end.as_nanos() as u64)
     } else {
-        Duration::ZERO
+        (Duration::ZERO, 0..=u64::MAX)
     };
-    let want = callcheck::recorded(rec.store(), expected, &rule, from.as_nanos() as u64)?;
+    let want = callcheck::recorded(rec.store(), expected, &rule, within)?;
     let made = rec.calls().made();
     let mut calls: Vec<(u64, u32, u64, &gabp_engine::replay::AgentCall)> = made
         .bridges
@@ -152,7 +153,13 @@ pub fn finish(
             f.write_all(b"\n")?;
             Ok(())
         })
-        .map_err(|e| e.context(format!("cannot write --diff-json {}", path.display())))?;
+        // Exit 2, not 1: a harness that cannot keep the diff is not an agent that differs.
+        .map_err(|e| {
+            super::usage(format!(
+                "cannot write --diff-json {}: {e:#}",
+                path.display()
+            ))
+        })?;
     }
     if json {
         let doc = serde_json::json!({

@@ -56,8 +56,13 @@ fn describe(a: &ReportArgs) -> String {
 
 pub fn run(a: ReportArgs) -> Result<()> {
     if !gabp_analysis::export::is_stdout(&a.output) {
-        super::export::refuse_the_data_dir(&a.output, &a.dir.data_dir)?;
-        super::export::refuse_a_directory(&a.output, "the report is one file", "report.html")?;
+        super::export::refuse_the_data_dir("-o", &a.output, &a.dir.data_dir)?;
+        super::export::refuse_a_directory(
+            "-o",
+            &a.output,
+            "the report is one file",
+            "report.html",
+        )?;
     }
     let store = Store::open_for_reading(&a.dir.data_dir)?;
     let to = if gabp_analysis::export::is_stdout(&a.output) {

@@ -373,3 +373,44 @@ async fn call_check_flags_that_disagree_are_usage_errors() {
         one_line(&out);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_calls_expected_are_those_of_the_replayed_range() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let sim = start_mod(Some(200.0));
+    let s = serve_recording(sim.addr(), &data, &[]).await;
+    let (mut c, _) = Client::connect_hello(&s.addr, BRIDGE_TOKEN)
+        .await
+        .expect("hello");
+    for q in [1, 2] {
+        c.call(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": echo(q)}),
+        )
+        .await
+        .expect("the mod answers");
+    }
+    c.call("relay/mark", json!({"label": "go"}))
+        .await
+        .expect("marked");
+    for q in [3, 4] {
+        c.call(
+            "tools/call",
+            json!({"name": "sim/echo", "arguments": echo(q)}),
+        )
+        .await
+        .expect("the mod answers");
+    }
+    drop(c);
+    s.stop_cleanly().await;
+    sim.stop();
+
+    // From the mark on, the agent meets the game after the first two calls: it owes the last
+    // two only.
+    let r = replay(&data, &["--expect-calls", "--from-mark", "go"]).await;
+    r.agent(&calls(&[3, 4])).await;
+    let (code, out, err) = r.ended().await;
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("calls match: 2 calls"), "{out}");
+}

@@ -565,7 +565,15 @@ async fn bad_params_and_observers_are_refused_and_a_live_route_is_no_replay() {
             "no seq 1000",
         ),
         (json!({"action": "step", "events": 0}), "events must be"),
-        (json!({"action": "speed", "speed": -2}), "positive number"),
+        (
+            json!({"action": "speed", "speed": -2}),
+            "from 0.001 to 1000000",
+        ),
+        // Slower than the slowest pace would stand still while saying it plays.
+        (
+            json!({"action": "speed", "speed": 1e-9}),
+            "from 0.001 to 1000000",
+        ),
         (json!({"action": "pause", "at": 1}), "takes no"),
     ] {
         let r = control
