@@ -25,7 +25,7 @@ use tokio::process::Command;
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::BIN;
+use crate::support::{replay_address, BIN};
 
 const CHANNELS: [&str; 3] = ["world/tick", "player/move", "chat/message"];
 const TOKEN: &str = "replay-token-for-tests";
@@ -136,17 +136,7 @@ async fn replay(data: &Path, extra: &[&str]) -> Replay {
         .spawn()
         .expect("spawn replay");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .expect("replay started in time")
-        .expect("stdout")
-        .expect("a line");
-    assert!(line.starts_with("replaying session "), "{line}");
-    let addr = line
-        .rsplit(" on ")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("address");
+    let addr = replay_address(&mut lines, Duration::from_secs(20)).await;
     Replay {
         child,
         addr,

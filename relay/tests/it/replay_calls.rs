@@ -46,17 +46,7 @@ async fn replay(data: &Path, extra: &[&str]) -> Replay {
         .spawn()
         .expect("spawn replay");
     let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(20), out.next_line())
-        .await
-        .expect("replay started in time")
-        .expect("stdout")
-        .expect("a line");
-    assert!(line.starts_with("replaying session "), "{line}");
-    let addr = line
-        .rsplit(" on ")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("address");
+    let addr = replay_address(&mut out, Duration::from_secs(20)).await;
     Replay { child, addr, out }
 }
 

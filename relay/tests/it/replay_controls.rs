@@ -24,7 +24,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::BIN;
+use crate::support::{replay_address, BIN};
 
 const CHANNELS: [&str; 3] = ["world/tick", "player/move", "chat/message"];
 const TOKEN: &str = "replay-controls-token-for-tests";
@@ -134,17 +134,7 @@ async fn replay(data: &Path, extra: &[&str]) -> Replay {
         .spawn()
         .expect("spawn replay");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("replay started in time")
-        .expect("stdout")
-        .expect("a line");
-    assert!(line.starts_with("replaying session "), "{line}");
-    let addr = line
-        .rsplit(" on ")
-        .next()
-        .and_then(|a| a.parse().ok())
-        .expect("address");
+    let addr = replay_address(&mut lines, Duration::from_secs(60)).await;
     // The rest of stdout (the paused line) is read and dropped.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Replay { child, addr }

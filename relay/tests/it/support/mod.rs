@@ -289,3 +289,21 @@ pub async fn record_a_session() -> tempfile::TempDir {
     sim.stop();
     dir
 }
+
+/// Reads `replay`'s first stdout line, `replaying session … on ADDR`, within `wait`: the
+/// address bridges connect to.
+pub async fn replay_address(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    wait: Duration,
+) -> Addr {
+    let line = tokio::time::timeout(wait, lines.next_line())
+        .await
+        .expect("replay started in time")
+        .expect("stdout")
+        .expect("a line");
+    assert!(line.starts_with("replaying session "), "{line}");
+    line.rsplit(" on ")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .expect("address")
+}
