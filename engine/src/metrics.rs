@@ -7,7 +7,7 @@
 //! route's own token); anything else is counted under `other`, so no peer can
 //! grow `/metrics` by sending new names. The port that serves them is `crate::http`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use metrics::{Counter, Gauge, Histogram};
@@ -109,6 +109,17 @@ pub const KNOWN_METHODS: &[&str] = &[
 struct Labels {
     methods: HashSet<String>,
     channels: HashSet<String>,
+    /// Each method label's latency histogram and outcome counters, registered once: building
+    /// a metric's key (its labels, a lookup in the registry) on every answer costs more than
+    /// the answer's own bookkeeping. Bounded as the labels are.
+    requests: HashMap<String, RequestHandles>,
+}
+
+#[derive(Debug)]
+struct RequestHandles {
+    method: String,
+    latency: Histogram,
+    outcomes: Vec<(&'static str, Counter)>,
 }
 
 /// A name as a label value: printable ASCII letters, digits and `_ - . / :` only (anything
@@ -193,10 +204,24 @@ impl RouteMetrics {
     /// The latency histogram and the outcome counter of one method.
     pub fn request(&self, method: &str, outcome: &'static str) -> (Histogram, Counter) {
         let method = self.method_label(method, outcome);
-        (
-            metrics::histogram!("gabp_request_duration_seconds", "route" => self.route.clone(), "method" => method.clone()),
-            metrics::counter!("gabp_requests_total", "route" => self.route.clone(), "method" => method, "outcome" => outcome),
-        )
+        let mut labels = self.labels.lock();
+        let handles = labels
+            .requests
+            .entry(method)
+            .or_insert_with_key(|method| RequestHandles {
+                latency: metrics::histogram!("gabp_request_duration_seconds", "route" => self.route.clone(), "method" => method.clone()),
+                method: method.clone(),
+                outcomes: Vec::new(),
+            });
+        let count = match handles.outcomes.iter().find(|(o, _)| *o == outcome) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let c = metrics::counter!("gabp_requests_total", "route" => self.route.clone(), "method" => handles.method.clone(), "outcome" => outcome);
+                handles.outcomes.push((outcome, c.clone()));
+                c
+            }
+        };
+        (handles.latency.clone(), count)
     }
 }
 
