@@ -22,6 +22,7 @@ use crate::context::{self, Watch};
 use crate::figures;
 use crate::scenario::Scenario;
 use crate::spread::{self, Stats, Verdict};
+use crate::target::Target;
 
 #[derive(Args, Debug)]
 pub(crate) struct OverheadArgs {
@@ -72,6 +73,11 @@ pub(crate) struct OverheadArgs {
     /// Warm-up before each: seconds, or a duration like 500ms.
     #[arg(long, default_value = "500ms", value_parser = parse_secs_or_zero)]
     pub(crate) warmup: f64,
+    /// Weigh the relay against a byte pipe to the same mod instead of the mod itself: a
+    /// process copying bytes unread (started here, stopped at the end), the floor any proxy
+    /// adds on this machine; the difference is the relay's own cost.
+    #[arg(long)]
+    pub(crate) via_pipe: bool,
     /// Print one JSON document.
     #[arg(long)]
     pub(crate) json: bool,
@@ -228,13 +234,15 @@ fn phrase(v: Verdict) -> &'static str {
 }
 
 /// The human table of a result's comparison rows.
-pub fn table(comparison: &[Value]) -> String {
+pub fn table(comparison: &[Value], baseline: Baseline) -> String {
+    let (side, short) = baseline.labels();
+    let (minus, ratio) = (format!("RELAY - {short}"), format!("RELAY ÷ {short}"));
     let mut t = Table::new(&[
         ("FIGURE", Align::Left, 44),
-        ("DIRECT", Align::Right, 36),
+        (side, Align::Right, 36),
         ("THROUGH THE RELAY", Align::Right, 36),
-        ("RELAY - DIRECT", Align::Right, 16),
-        ("RELAY ÷ DIRECT", Align::Right, 24),
+        (&minus, Align::Right, 16),
+        (&ratio, Align::Right, 24),
         ("THE RELAY IS", Align::Left, 48),
     ]);
     for c in comparison {
@@ -273,15 +281,49 @@ pub fn table(comparison: &[Value]) -> String {
     t.render()
 }
 
-/// How to read the table.
-const LEGEND: &str = "\
+/// What the relay is weighed against: the mod itself, or a byte pipe in front of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Baseline {
+    Direct,
+    Pipe,
+}
+
+impl Baseline {
+    /// The table's column and its short name.
+    fn labels(self) -> (&'static str, &'static str) {
+        match self {
+            Baseline::Direct => ("DIRECT", "DIRECT"),
+            Baseline::Pipe => ("THROUGH A BYTE PIPE", "PIPE"),
+        }
+    }
+
+    /// How to read the table.
+    fn legend(self) -> &'static str {
+        match self {
+            Baseline::Direct => {
+                "\
 Cells read median (min–max) over the rounds. RELAY ÷ DIRECT is the median (min–max) of each
 round's own ratio, the two sides measured back to back. Beyond noise: the relay's range over
 the rounds does not overlap the direct one; within noise: they overlap; the same: within 0.5 %.
 CPU is that of the processes serving the calls or events (the mod; the relay and the mod),
 counted where they run on this machine. Events/s is what the mod emits times the readers
 unless a side falls behind: equal figures say neither fell behind, not that both are as fast.
-";
+"
+            }
+            Baseline::Pipe => {
+                "\
+Cells read median (min–max) over the rounds. RELAY ÷ PIPE is the median (min–max) of each
+round's own ratio, the two sides measured back to back. The pipe copies bytes unread, each
+connection on a connection of its own to the mod: what any proxy process costs here, so the
+difference is the relay's own work. Beyond noise: the two ranges over the rounds do not
+overlap; within noise: they do; the same: within 0.5 %. CPU is that of the processes serving
+the calls or events (the pipe and the mod; the relay and the mod), counted where they run on
+this machine. Events/s is what the mod emits times the readers unless a side falls behind.
+"
+            }
+        }
+    }
+}
 
 /// The command.
 pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
@@ -306,19 +348,37 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
         ));
     }
     let pid = |t: &Value, k: &str| t[k].as_u64().and_then(|p| u32::try_from(p).ok());
-    let direct = Side {
-        addr: mod_addr,
-        token: a.mod_token.clone(),
-        pids: pid(&mod_t, "pid").into_iter().collect(),
+    let mod_pid = pid(&mod_t, "pid");
+    let baseline = if a.via_pipe {
+        Baseline::Pipe
+    } else {
+        Baseline::Direct
+    };
+    let pipe = match (baseline, &mod_addr) {
+        (Baseline::Direct, _) => None,
+        (Baseline::Pipe, Addr::Tcp(m)) => Some(Target::pipe(*m, &a.mod_token).await?),
+        (Baseline::Pipe, Addr::Unix(p)) => {
+            anyhow::bail!("--via-pipe needs a mod on TCP, not {}", p.display())
+        }
+    };
+    let direct = match &pipe {
+        // Through the pipe, a call costs the pipe's CPU and the mod's.
+        Some(p) => Side {
+            addr: p.addr.clone(),
+            token: a.mod_token.clone(),
+            pids: p.pid().into_iter().chain(mod_pid).collect(),
+        },
+        None => Side {
+            addr: mod_addr,
+            token: a.mod_token.clone(),
+            pids: mod_pid.into_iter().collect(),
+        },
     };
     let relay = Side {
         addr: relay_addr,
         token: a.relay_token.clone(),
         // Through the relay, a call costs the relay's CPU and the mod's.
-        pids: pid(&relay_t, "pid")
-            .into_iter()
-            .chain(direct.pids.first().copied())
-            .collect(),
+        pids: pid(&relay_t, "pid").into_iter().chain(mod_pid).collect(),
     };
     let channels: Vec<String> = mod_t["channels"]
         .as_array()
@@ -386,7 +446,11 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
         "tool": a.tool, "args": base.args, "concurrency": concurrency, "subscribe": a.subscribe,
         "readers": readers.unwrap_or(0), "channels": channels, "rounds": a.rounds,
         "warmup_s": a.warmup, "duration_s": a.duration,
-        "order": "each round: every figure direct, then through the relay",
+        "baseline": match baseline { Baseline::Direct => "the mod", Baseline::Pipe => "a byte pipe to the mod" },
+        "order": match baseline {
+            Baseline::Direct => "each round: every figure direct, then through the relay",
+            Baseline::Pipe => "each round: every figure through the pipe, then through the relay",
+        },
     });
     calls::describe(
         &mut doc,
@@ -397,6 +461,9 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
     // `describe` put both targets under `target`; `targets` says there are two.
     if let Some(t) = doc.as_object_mut().and_then(|m| m.remove("target")) {
         doc["targets"] = t;
+    }
+    if let Some(p) = &pipe {
+        doc["targets"]["pipe"] = json!({"addr": p.addr.to_string(), "pid": p.pid()});
     }
     if !warnings.is_empty() {
         let mut all = warnings.clone();
@@ -411,7 +478,7 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let config = format!(
-            "{}, closed loop at concurrency {}{}, {} s measured after {} s warm-up per figure and side, {} rounds, direct then relay in each",
+            "{}, closed loop at concurrency {}{}, {} s measured after {} s warm-up per figure and side, {} rounds, {} then relay in each",
             display::text(&a.tool, 48),
             concurrency.iter().map(usize::to_string).collect::<Vec<_>>().join(" and "),
             readers.map_or(String::new(), |n| format!(
@@ -420,24 +487,40 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
             )),
             a.duration,
             a.warmup,
-            a.rounds
+            a.rounds,
+            match baseline {
+                Baseline::Direct => "direct",
+                Baseline::Pipe => "pipe",
+            }
         );
         let mut lines = vec![
-            ("direct", context::target_line(&mod_t)),
+            (
+                if pipe.is_some() { "mod" } else { "direct" },
+                context::target_line(&mod_t),
+            ),
             ("relay", context::target_line(&relay_t)),
-            ("config", config),
         ];
+        if let Some(p) = &pipe {
+            lines.push((
+                "pipe",
+                format!("gabp-loadgen pipe at {}, bytes copied unread", p.addr),
+            ));
+        }
+        lines.push(("config", config));
         lines.extend(ctx.lines());
         for (k, v) in lines {
             println!("{k:<8} {v}");
         }
-        println!("\n{}", table(&comparison));
-        print!("{}", LEGEND);
+        println!("\n{}", table(&comparison, baseline));
+        print!("{}", baseline.legend());
     }
     for w in &warnings {
         eprintln!("gabp-loadgen: warning: {w}");
     }
     ctx.warn();
+    if let Some(p) = pipe {
+        p.stop(std::time::Duration::from_secs(1)).await;
+    }
     Ok(())
 }
 
@@ -478,7 +561,17 @@ mod tests {
             c[1]["verdict"], "within_noise",
             "one relay round as fast as direct"
         );
-        let t = table(&c);
+        let t = table(&c, Baseline::Direct);
+        assert!(t
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("RELAY ÷ DIRECT")));
+        let piped = table(&c, Baseline::Pipe);
+        let header = piped.lines().next().expect("header");
+        assert!(
+            header.contains("THROUGH A BYTE PIPE") && header.contains("RELAY ÷ PIPE"),
+            "{header}"
+        );
         let row = t.lines().find(|l| l.starts_with("calls/s")).expect("row");
         assert!(
             row.contains("12 k/s (11.8–12.5 k/s)") || row.contains("12 k/s (11.8–12.5)"),

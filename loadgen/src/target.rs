@@ -164,6 +164,31 @@ impl Target {
         .await
     }
 
+    /// Starts a byte pipe (this binary's `pipe` command) in front of the mod at `upstream`:
+    /// the floor any proxy process adds, to weigh the relay against.
+    pub async fn pipe(upstream: std::net::SocketAddr, upstream_token: &str) -> Result<Target> {
+        let (_, listen, _) = endpoint()?;
+        let exe = std::env::current_exe().context("locating gabp-loadgen")?;
+        let mut c = Command::new(exe);
+        c.args([
+            "pipe",
+            "--listen",
+            &listen,
+            "--upstream",
+            &upstream.to_string(),
+        ]);
+        // Ready when a hello through it reaches the mod.
+        Target::spawn_probed(
+            "pipe".into(),
+            c,
+            listen.parse().map_err(|e: String| anyhow!(e))?,
+            upstream_token.to_string(),
+            Probe::Hello,
+            Some(Stdio::null()),
+        )
+        .await
+    }
+
     /// Starts a pub/sub server (`redis-server`, `nats-server`) on a free loopback port.
     pub async fn broker(kind: Broker) -> Result<Target> {
         let (port, listen, _) = endpoint()?;

@@ -104,6 +104,77 @@ fn sim() -> ModSim {
 }
 
 #[tokio::test]
+async fn overhead_via_pipe_weighs_the_relay_against_a_byte_pipe_it_starts_and_stops() {
+    let sim = sim();
+    let data = tempfile::tempdir().expect("tempdir");
+    let the_mod = sim.addr().to_string();
+    let (mut relay, relay_addr) = relay(&the_mod, data.path()).await;
+    let out_file = data.path().join("overhead.json");
+    let out = loadgen(&[
+        "overhead",
+        "--mod",
+        &the_mod,
+        "--mod-token",
+        "modtok",
+        "--relay",
+        &relay_addr,
+        "--relay-token",
+        "relaytok",
+        "--via-pipe",
+        "--concurrency",
+        "1",
+        "--readers",
+        "1",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--duration",
+        "300ms",
+        "--output",
+        out_file.to_str().expect("utf-8"),
+    ])
+    .await;
+    let table = ok(&out);
+    let _ = relay.kill().await;
+    sim.stop();
+    let header = table
+        .lines()
+        .find(|l| l.starts_with("FIGURE"))
+        .unwrap_or_else(|| panic!("a header: {table}"));
+    assert!(
+        header.contains("THROUGH A BYTE PIPE") && header.contains("RELAY ÷ PIPE"),
+        "{header}"
+    );
+    assert!(
+        table.contains("pipe     gabp-loadgen pipe at 127.0.0.1:"),
+        "{table}"
+    );
+    let doc: Value =
+        serde_json::from_slice(&std::fs::read(&out_file).expect("--output written")).expect("JSON");
+    assert_eq!(doc["config"]["baseline"], "a byte pipe to the mod");
+    for side in ["direct", "relay"] {
+        let calls = &doc[side]["concurrency_1"];
+        assert!(calls["calls"].as_f64().is_some_and(|c| c > 0.0), "{calls}");
+        // The pipe's and the relay's CPU are counted with the mod's.
+        assert!(calls["cpu_per_call_us"].as_f64().is_some(), "{calls}");
+        let events = &doc[side]["events"];
+        assert!(
+            events["delivered"].as_f64().is_some_and(|e| e > 0.0),
+            "{side}: {events}"
+        );
+    }
+    // The pipe it started is gone when it returns.
+    let pid = doc["targets"]["pipe"]["pid"]
+        .as_u64()
+        .expect("the pipe's pid");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the pipe {pid} still runs"
+    );
+}
+
+#[tokio::test]
 async fn overhead_compares_a_mod_with_the_relay_in_front_of_it_round_by_round() {
     let sim = sim();
     let data = tempfile::tempdir().expect("tempdir");
