@@ -47,7 +47,7 @@ pub enum RelayCommand {
 
 /// Where a target listens and the token it wants: a free loopback port (bound, read,
 /// released), its address, and a fresh token.
-fn endpoint() -> Result<(u16, String, String)> {
+pub fn endpoint() -> Result<(u16, String, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -134,6 +134,34 @@ impl Target {
             name,
             command,
             listen.parse().map_err(|e: String| anyhow!(e))?,
+            token,
+            Probe::Hello,
+            log.map(Stdio::from),
+        )
+        .await
+    }
+
+    /// Starts the built relay serving the routes of a config file (`serve --config`), ready
+    /// when a bridge completes a hello on `first` (one of its routes, with that route's
+    /// token); the other routes are the caller's to wait for. Its stderr goes to `log` when
+    /// given, to ours otherwise.
+    pub async fn relay_config(
+        bin: &Path,
+        config: &Path,
+        first: Addr,
+        token: String,
+        log: Option<std::fs::File>,
+    ) -> Result<Target> {
+        let mut c = Command::new(bin);
+        c.args(["serve", "--config"])
+            .arg(config)
+            // Private to the run, as in `relay`: no discovery files.
+            .arg("--no-bridge-file")
+            .env("GABP_LOG", "warn");
+        Target::spawn_probed(
+            "gabp-relay".into(),
+            c,
+            first,
             token,
             Probe::Hello,
             log.map(Stdio::from),
