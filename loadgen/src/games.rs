@@ -246,8 +246,19 @@ fn one_relay_config(
 ) -> Result<(toml::Table, Vec<Game>)> {
     let mut routes = Vec::new();
     let mut games = Vec::new();
-    for (i, m) in mods.0.iter().enumerate() {
-        let (_, listen, token) = target::endpoint()?;
+    // Free ports for every route, each held until all are chosen (a port let go is the
+    // kernel's to hand out again) and let go for the relay to bind.
+    let held: Vec<std::net::TcpListener> = (0..mods.0.len())
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let ports: Vec<std::net::SocketAddr> = held
+        .iter()
+        .map(|l| l.local_addr())
+        .collect::<std::io::Result<_>>()?;
+    drop(held);
+    for (i, (m, port)) in mods.0.iter().zip(ports).enumerate() {
+        let listen = port.to_string();
+        let token = uuid::Uuid::new_v4().simple().to_string();
         let mut r = toml::Table::new();
         r.insert("name".into(), format!("game-{}", i + 1).into());
         r.insert("upstream".into(), m.addr().to_string().into());
@@ -320,7 +331,7 @@ async fn start_relays(
         }
         Layout::RelayPerGame => {
             let cmd = RelayCommand::Builtin(bin.to_path_buf());
-            // A few at a time: each opens its own store as it starts.
+            // One at a time: each picks a free port and binds it before the next picks one.
             let relays: Vec<Target> = futures::stream::iter(mods.0.iter().enumerate())
                 .map(|(i, m)| {
                     let (cmd, data) = (cmd.clone(), dir.join(format!("data-{}", i + 1)));
@@ -332,7 +343,7 @@ async fn start_relays(
                             .map_err(|e| with_log(e, &log))
                     }
                 })
-                .buffered(4)
+                .buffered(1)
                 .try_collect()
                 .await?;
             let games = relays
@@ -741,7 +752,10 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
         }
     }
     if !notes.is_empty() {
-        let _ = writeln!(o, "\nlimits:");
+        let _ = writeln!(
+            o,
+            "\nlimits (closed-loop agents take whatever CPU is left, so a full machine is expected; whose CPU filled it is not):"
+        );
         for n in notes {
             let _ = writeln!(o, "{n}");
         }

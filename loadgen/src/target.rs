@@ -47,7 +47,7 @@ pub enum RelayCommand {
 
 /// Where a target listens and the token it wants: a free loopback port (bound, read,
 /// released), its address, and a fresh token.
-pub fn endpoint() -> Result<(u16, String, String)> {
+fn endpoint() -> Result<(u16, String, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
