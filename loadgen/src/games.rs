@@ -425,7 +425,7 @@ async fn measure(
     let dir = tempfile::Builder::new()
         .prefix("gabp-loadgen-games-")
         .tempdir()?;
-    say(&format!("{} games, {}: starting", n, layout.label()));
+    say(&format!("{}, {}: starting", games_word(n), layout.label()));
     let mods = Mods::start(n, sc)?;
     let (relays, games) = start_relays(layout, bin, sc, &mods, dir.path()).await?;
     let window = Arc::new(Window::default());
@@ -457,14 +457,18 @@ async fn measure(
             stop.clone(),
         )));
     }
-    say(&format!("{} games, {}: warming up", n, layout.label()));
+    say(&format!(
+        "{}, {}: warming up",
+        games_word(n),
+        layout.label()
+    ));
     tokio::time::sleep(sc.warmup()).await;
     let pids: Vec<u32> = relays.iter().filter_map(Target::pid).collect();
     let me = [std::process::id()];
     let (relay0, own0, machine0) = (cpu_of(&pids), cpu_of(&me), procstat::machine_cpu());
     window.set(true);
     let opened = Instant::now();
-    say(&format!("{} games, {}: measuring", n, layout.label()));
+    say(&format!("{}, {}: measuring", games_word(n), layout.label()));
     tokio::time::sleep(sc.duration()).await;
     window.set(false);
     let secs = opened.elapsed().as_secs_f64();
@@ -494,7 +498,7 @@ async fn measure(
         per_agent.push(r.calls as f64 / secs);
         let _ = latency.add(&r.latency);
     }
-    say(&format!("{} games, {}: stopping", n, layout.label()));
+    say(&format!("{}, {}: stopping", games_word(n), layout.label()));
     // The mods stop first: each relay then reads its mod's stream to the end, so what the
     // mods wrote is what the relays recorded, and the data dirs are measured once the relays
     // have stopped and flushed.
@@ -627,6 +631,15 @@ fn checks(doc: &Value, routes: &[usize], layouts: &[Layout]) -> Vec<Value> {
     out
 }
 
+/// `1 game`, `8 games`.
+fn games_word(n: usize) -> String {
+    if n == 1 {
+        "1 game".into()
+    } else {
+        format!("{n} games")
+    }
+}
+
 fn pass_word(v: &Value) -> &'static str {
     if v["pass"] == true {
         "PASS"
@@ -737,7 +750,8 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
                 continue;
             }
             let mut line = format!(
-                "  {n} games, {}: loadgen {lg:.2} + relay {relay:.2} + other processes {others:.2} of {cores} cores",
+                "  {}, {}: loadgen {lg:.2} + relay {relay:.2} + other processes {others:.2} of {cores} cores",
+                games_word(n),
                 l.label()
             );
             if behind {
@@ -886,7 +900,7 @@ pub(crate) async fn main(a: GamesArgs) -> Result<()> {
         for &n in &routes {
             for &l in &layouts {
                 let g = |f: &str| num(&round, &path(l, n, f)).unwrap_or(0.0);
-                let what = format!("{n} games, {}", l.label());
+                let what = format!("{}, {}", games_word(n), l.label());
                 if g("unannounced_gaps") > 0.0 {
                     faults.push(format!(
                         "{what}: {} unannounced gaps",
