@@ -23,6 +23,10 @@ pub(crate) struct ScenarioArgs {
     /// Events per second published by the mod, or `max`.
     #[arg(long)]
     pub(crate) rate: Option<String>,
+    /// At a fixed --rate, the mod writes the events due once per tick (a game's frame), e.g.
+    /// 1ms; 0 writes each as it falls due.
+    #[arg(long, value_parser = parse_secs_or_zero)]
+    pub(crate) tick: Option<f64>,
     /// Time measured: seconds, or a duration like 5s or 1m.
     #[arg(long, value_parser = parse_secs)]
     pub(crate) duration: Option<f64>,
@@ -65,9 +69,14 @@ pub(crate) struct ScenarioArgs {
 
 impl ScenarioArgs {
     pub(crate) fn scenario(&self) -> Result<Scenario> {
+        self.scenario_or(Scenario::default())
+    }
+
+    /// The scenario file, or `base` without one, with the flags on top.
+    pub(crate) fn scenario_or(&self, base: Scenario) -> Result<Scenario> {
         let mut s = match &self.scenario {
             Some(p) => Scenario::load(p)?,
-            None => Scenario::default(),
+            None => base,
         };
         if let Some(v) = self.bridges {
             s.bridges = v;
@@ -82,6 +91,9 @@ impl ScenarioArgs {
                 v.parse()
                     .map_err(|_| anyhow!("--rate takes events per second or max"))?
             };
+        }
+        if let Some(v) = self.tick {
+            s.tick_ms = v * 1e3;
         }
         if let Some(v) = self.duration {
             s.duration_s = v;

@@ -26,6 +26,7 @@ pub const ABOUT: &[&str] = &[
     "round_results",
     "warnings",
     "comparison",
+    "checks",
 ];
 
 /// Whether the top-level member `key` holds figures.

@@ -11,6 +11,7 @@ mod chaos;
 mod compare;
 mod context;
 mod figures;
+mod games;
 mod overhead;
 mod procstat;
 mod report;
@@ -68,6 +69,10 @@ pub(crate) enum Cmd {
     /// What a relay adds to a mod: tool calls and events straight to the mod and through the
     /// relay, in alternating rounds, with each difference weighed against the noise.
     Overhead(crate::overhead::OverheadArgs),
+    /// Many games: N simulated mods, each with reading bridges and an agent calling a tool,
+    /// behind one relay with a route per game, behind a relay per game, and with no relay, in
+    /// alternating order; the relays' CPU, memory and disk per game and every agent's calls/s.
+    Games(crate::games::GamesArgs),
     /// Churn bridges against the relay while the mod restarts; check memory, descriptors,
     /// ordering and the recording afterwards.
     Soak(SoakArgs),
@@ -179,6 +184,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
                 payload_bytes: sc.payload_bytes,
                 seed: sc.seed,
                 tool_latency: Duration::from_secs_f64(a.tool_latency_ms.max(0.0) / 1e3),
+                tick: sc.tick(),
                 ..ModSimConfig::default()
             };
             let listen: Addr = a.listen.parse().map_err(|e: String| anyhow!(e))?;
@@ -199,6 +205,7 @@ async fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Bridges(a) => calls::bridges_cmd(a).await,
         Cmd::Call(a) => calls::call_cmd(a).await,
         Cmd::Overhead(a) => overhead::main(a).await,
+        Cmd::Games(a) => games::main(a).await,
         Cmd::Soak(a) => {
             let opts = soak::SoakOptions {
                 duration: Duration::from_secs_f64(a.duration.max(1.0)),

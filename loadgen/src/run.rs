@@ -61,6 +61,7 @@ pub async fn measure(sc: &Scenario, which: &Which, progress: &dyn Fn(&str)) -> R
                 payload_bytes: sc.payload_bytes,
                 seed: sc.seed,
                 pace: pace.clone(),
+                tick: sc.tick(),
                 ..ModSimConfig::default()
             };
             let sim = ModSim::start(&"127.0.0.1:0".parse::<Addr>().expect("literal"), cfg)?;
@@ -148,6 +149,7 @@ async fn measure_with(
                 seed: sc.seed,
                 rate: sc.mod_rate(),
                 pace: pace.clone(),
+                tick: sc.tick(),
             },
         )?);
     }

@@ -23,6 +23,10 @@ pub struct Scenario {
     pub seed: u64,
     /// Events per second published by the mod; 0 means as fast as possible.
     pub rate: f64,
+    /// At a fixed rate, the mod writes the events due once per tick of this many milliseconds
+    /// (as a game writes a frame's events once per frame); 0 writes each as it falls due.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tick_ms: f64,
     /// Event body size in bytes.
     pub payload_bytes: usize,
     /// Channels the mod publishes on (round-robin at random, seeded).
@@ -60,6 +64,7 @@ impl Default for Scenario {
             name: "default".into(),
             seed: 1,
             rate: 0.0,
+            tick_ms: 0.0,
             payload_bytes: 256,
             channels: vec![
                 "world/tick".into(),
@@ -119,6 +124,9 @@ impl Scenario {
         if self.channels.is_empty() {
             bail!("a scenario needs at least one channel");
         }
+        if !(0.0..=1000.0).contains(&self.tick_ms) {
+            bail!("tick_ms is from 0 to 1000 ms, not {}", self.tick_ms);
+        }
         if self.one_channel_bridges > self.bridges {
             bail!(
                 "one_channel_bridges ({}) is more than the reading bridges ({})",
@@ -138,6 +146,16 @@ impl Scenario {
     pub fn mod_rate(&self) -> Option<f64> {
         (self.rate > 0.0).then_some(self.rate)
     }
+
+    /// The mod's write tick (zero: none).
+    pub fn tick(&self) -> Duration {
+        Duration::from_secs_f64((self.tick_ms / 1e3).clamp(0.0, 1.0))
+    }
+}
+
+/// A tick of zero is left out of a scenario's JSON, as results from before it had one read.
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 #[cfg(test)]

@@ -141,6 +141,34 @@ impl Target {
         .await
     }
 
+    /// Starts the built relay serving the routes of a config file (`serve --config`), ready
+    /// when a bridge completes a hello on `first` (one of its routes, with that route's
+    /// token); the other routes are the caller's to wait for. Its stderr goes to `log` when
+    /// given, to ours otherwise.
+    pub async fn relay_config(
+        bin: &Path,
+        config: &Path,
+        first: Addr,
+        token: String,
+        log: Option<std::fs::File>,
+    ) -> Result<Target> {
+        let mut c = Command::new(bin);
+        c.args(["serve", "--config"])
+            .arg(config)
+            // Private to the run, as in `relay`: no discovery files.
+            .arg("--no-bridge-file")
+            .env("GABP_LOG", "warn");
+        Target::spawn_probed(
+            "gabp-relay".into(),
+            c,
+            first,
+            token,
+            Probe::Hello,
+            log.map(Stdio::from),
+        )
+        .await
+    }
+
     /// Starts the baseline forwarder (this binary's hidden `forwarder` command).
     pub async fn baseline(upstream: &Addr, upstream_token: &str) -> Result<Target> {
         let (_, listen, token) = endpoint()?;

@@ -99,6 +99,7 @@ pub struct Schedule {
     pace: Option<Arc<Pace>>,
     start: Instant,
     start_ns: u64,
+    tick: Duration,
 }
 
 /// Events per batch at max rate (one write call each).
@@ -113,7 +114,16 @@ impl Schedule {
             pace,
             start: Instant::now(),
             start_ns: now_ns(),
+            tick: Duration::ZERO,
         }
+    }
+
+    /// At a fixed rate, writes the events that fell due once per `tick` (as a game writes what
+    /// a frame produced once per frame), not each as it falls due: one write per tick instead
+    /// of one per event. Each event keeps its own scheduled time, so the wait shows as latency.
+    pub fn with_tick(mut self, tick: Duration) -> Schedule {
+        self.tick = tick;
+        self
     }
 
     /// Blocks until events are due after `emitted`, and returns their numbers; `None` once
@@ -125,12 +135,18 @@ impl Schedule {
             }
             match self.rate {
                 Some(rate) => {
-                    let elapsed = self.start.elapsed().as_secs_f64();
-                    let due = ((elapsed * rate) as u64).min(self.limit);
+                    let elapsed = self.ticked(self.start.elapsed());
+                    let due = ((elapsed.as_secs_f64() * rate) as u64).min(self.limit);
                     if due > emitted {
                         return Some(emitted..due.min(emitted + 1024));
                     }
+                    // The next event's time, on the tick after it when ticking.
                     let next = Duration::from_secs_f64((emitted + 1) as f64 / rate);
+                    let next = if self.tick.is_zero() || self.ticked(next) == next {
+                        next
+                    } else {
+                        self.ticked(next) + self.tick
+                    };
                     thread::sleep(
                         next.saturating_sub(self.start.elapsed())
                             .min(Duration::from_millis(5)),
@@ -147,6 +163,15 @@ impl Schedule {
                 }
             }
         }
+    }
+
+    /// `t` rounded down to the tick (unchanged without one).
+    fn ticked(&self, t: Duration) -> Duration {
+        if self.tick.is_zero() {
+            return t;
+        }
+        let n = t.as_nanos() / self.tick.as_nanos();
+        self.tick * u32::try_from(n).unwrap_or(u32::MAX)
     }
 
     /// The time event `i` is stamped with: its scheduled time at a fixed rate, now at max rate.
@@ -308,5 +333,26 @@ mod tests {
         assert!(r.start == 0 && r.end <= 5);
         assert!(s.stamp(1) > s.stamp(0));
         assert_eq!(s.next(5, &|| false), None, "limit reached");
+    }
+
+    #[test]
+    fn a_tick_writes_what_fell_due_once_per_tick() {
+        let tick = Duration::from_millis(20);
+        let mut s = Schedule::new(Some(1000.0), u64::MAX, None).with_tick(tick);
+        let mut emitted = 0;
+        let mut batches = 0;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(110) {
+            let r = s.next(emitted, &|| false).expect("due");
+            emitted = r.end;
+            batches += 1;
+        }
+        // 1,000 events/s in 20 ms ticks: ~20 events a write, ~6 writes in 110 ms.
+        assert!(batches <= 7, "{batches} writes");
+        assert!(emitted >= 80, "{emitted} events");
+        assert!(
+            s.stamp(1) - s.stamp(0) == 1_000_000,
+            "each event keeps its own time"
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 mod call;
 mod chaos;
+mod games;
 mod interrupt;
 mod measure;
 mod mixed;

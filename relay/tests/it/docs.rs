@@ -426,6 +426,11 @@ fn guide_measuring_a_mod_runs() {
         out.contains("ratio (relay delivered / baseline delivered)"),
         "{out}"
     );
+    // games measures every layout and says each check's verdict.
+    assert!(
+        out.contains("one relay for 2 games costs no more CPU than 2 relays"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -62,6 +62,9 @@ pub struct ModSimConfig {
     pub app_name: String,
     /// At max rate, stay within a window of the slowest reader (see [`crate::events`]).
     pub pace: Option<Arc<Pace>>,
+    /// At a fixed rate, write the events due once per tick rather than each as it falls due
+    /// (zero: each as it falls due); see [`crate::events::Schedule::with_tick`].
+    pub tick: Duration,
     /// Also list `sim/hostile`, a tool whose texts are [`HOSTILE_TEXT`].
     pub hostile_tool: bool,
     /// The defects of real mod libraries that break peers, each on its own switch, for the
@@ -120,6 +123,7 @@ impl Default for ModSimConfig {
             max_events: None,
             app_name: "SimGame".into(),
             pace: None,
+            tick: Duration::ZERO,
             hostile_tool: false,
             defects: Defects::default(),
         }

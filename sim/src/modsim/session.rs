@@ -461,7 +461,8 @@ pub(super) fn stream_events(
         cfg.rate,
         cfg.max_events.unwrap_or(u64::MAX),
         cfg.pace.clone(),
-    );
+    )
+    .with_tick(cfg.tick);
     let mut wire = BytesMut::with_capacity(256 * 1024);
     let stop = || session.closed.load(Ordering::Acquire) || shared.stopped.load(Ordering::Acquire);
     let mut emitted: u64 = 0;

@@ -124,6 +124,8 @@ pub struct PublishConfig {
     pub rate: Option<f64>,
     /// Closed-loop pacing at max rate.
     pub pace: Option<Arc<Pace>>,
+    /// At a fixed rate, the events due are written once per tick (as the simulated mod does).
+    pub tick: std::time::Duration,
 }
 
 /// A running publisher thread.
@@ -201,7 +203,7 @@ fn publish(
     let mut template = EventTemplate::new(&cfg.channels, cfg.payload_bytes, cfg.seed, false);
     let names = cfg.channels.clone();
     let mut seqs = vec![0u64; names.len()];
-    let mut schedule = Schedule::new(cfg.rate, u64::MAX, cfg.pace.clone());
+    let mut schedule = Schedule::new(cfg.rate, u64::MAX, cfg.pace.clone()).with_tick(cfg.tick);
     let mut wire = Vec::with_capacity(256 * 1024);
     let halt = || stop.load(Ordering::Acquire) || failed.lock().is_ok_and(|f| f.is_some());
     let mut emitted = 0u64;
