@@ -118,8 +118,10 @@ pub fn redact(body: &Bytes, secrets: &[&str]) -> Bytes {
     // byte-level replacement could cut an escape in half): such frames (rare: bridges and mods
     // write ASCII-safe text mostly unescaped) are decoded and their strings searched. One that
     // cannot be decoded is withheld.
-    if memchr::memmem::find(body, b"\\u").is_none() || secrets.iter().all(|s| s.len() < MIN_SECRET)
-    {
+    // Built once: building a searcher costs more than searching a small frame.
+    static ESCAPE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u"));
+    if ESCAPE.find(body).is_none() || secrets.iter().all(|s| s.len() < MIN_SECRET) {
         return redact_bytes(body, secrets);
     }
     let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {

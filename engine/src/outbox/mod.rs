@@ -401,6 +401,17 @@ impl Outbox {
     /// frames are never dropped; past their byte bound (one frame always fits) the bridge is cut
     /// instead. Returns false if the frame was not queued (closed, or cut now).
     pub fn push_control(&self, wire: Bytes) -> bool {
+        let queued = self.queue_control(wire);
+        if queued {
+            self.wake.notify_one();
+        }
+        queued
+    }
+
+    /// Queues a control frame as [`Outbox::push_control`] does, without waking the writer:
+    /// the mod reader queues answers so and writes them itself at the end of its burst
+    /// ([`Outbox::mark_for_wake`]), as it does events.
+    pub fn queue_control(&self, wire: Bytes) -> bool {
         let mut st = self.state.lock();
         if st.closed {
             return false;
@@ -413,8 +424,6 @@ impl Outbox {
         st.controls += 1;
         st.control_bytes += wire.len();
         st.queue.push_back(Frame::Control(wire));
-        drop(st);
-        self.wake.notify_one();
         true
     }
 

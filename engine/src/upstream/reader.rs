@@ -444,7 +444,11 @@ impl Reader<'_> {
                         ));
                         // Recorded before the bridge can have it (see the module docs).
                         self.offer_records();
-                        outbox.push_control(wire);
+                        // Written with this burst's events, by this reader when the bridge's
+                        // writer is idle: no wake-up of another task per answer.
+                        if outbox.queue_control(wire) && outbox.mark_for_wake() {
+                            self.touched.push(outbox);
+                        }
                         self.send_records().await;
                     }
                     Origin::Relay => {
