@@ -240,6 +240,11 @@ pub(crate) struct CallArgs {
     /// Concurrent callers (closed loop).
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
+    /// Keep the --concurrency calls in flight on one connection (pipelined; the next call as
+    /// each answer comes back), as a relay does to its mod: run against the mod itself, it
+    /// shows what the mod's handling of one connection costs, apart from any relay.
+    #[arg(long, requires = "concurrency", conflicts_with = "rate")]
+    pub(crate) one_connection: bool,
     /// Channels each caller subscribes to (comma separated): its connection then carries
     /// their events while it calls, which it skips unread. The same flag against a relay
     /// and against the mod itself measures what the relay adds to a call under load.

@@ -34,6 +34,8 @@ pub struct CallSpec {
     pub rate: Option<f64>,
     /// …concurrent callers (closed loop).
     pub concurrency: Option<usize>,
+    /// Those callers' calls in flight on one connection, not one connection each.
+    pub one_connection: bool,
     /// Channels each caller subscribes to.
     pub subscribe: Vec<String>,
     /// Seconds before the window opens.
@@ -52,6 +54,7 @@ impl CallSpec {
             args: serde_json::from_str(&a.args).map_err(|e| anyhow!("--args: {e}"))?,
             rate: a.rate,
             concurrency: a.concurrency,
+            one_connection: a.one_connection,
             subscribe: a.subscribe.clone(),
             warmup: a.warmup,
             duration: a.duration,
@@ -84,6 +87,9 @@ impl CallSpec {
             (Some(r), _) => format!(
                 "each call's scheduled send time, {r} calls/s on one connection (open loop: a stall shows in full)"
             ),
+            (_, Some(n)) if self.one_connection => format!(
+                "each call's send to its answer, {n} call(s) kept in flight on one connection, the next sent as each answer comes (closed loop, pipelined)"
+            ),
             (_, Some(n)) => format!(
                 "each call's send to its answer, {n} caller(s) each waiting for its answer before the next (closed loop)"
             ),
@@ -99,6 +105,7 @@ impl CallSpec {
             "mode": self.mode(),
             "rate": self.rate,
             "concurrency": self.concurrency,
+            "one_connection": self.one_connection,
             "subscribe": self.subscribe,
             "warmup_s": self.warmup,
             "duration_s": self.duration,
@@ -111,6 +118,9 @@ impl CallSpec {
     pub fn config_line(&self, rounds: usize) -> String {
         let mode = match (self.rate, self.concurrency) {
             (Some(r), _) => format!("{r} calls/s (open loop)"),
+            (_, Some(n)) if self.one_connection => {
+                format!("concurrency {n} on one connection (closed loop, pipelined)")
+            }
             (_, Some(n)) => format!("concurrency {n} (closed loop)"),
             _ => String::new(),
         };
@@ -280,6 +290,17 @@ pub async fn call_round(
                 spec.tool.clone(),
                 spec.args.clone(),
                 rate,
+                window.clone(),
+                stop.clone(),
+            ))
+        }
+        (None, Some(n)) if n > 0 && spec.one_connection => {
+            let c = connect(addr, token, subs, true, learn.as_deref_mut()).await?;
+            tokio::spawn(actors::caller::pipelined(
+                c,
+                spec.tool.clone(),
+                spec.args.clone(),
+                n,
                 window.clone(),
                 stop.clone(),
             ))

@@ -404,6 +404,7 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
         args: serde_json::from_str(&a.args).map_err(|e| anyhow!("--args: {e}"))?,
         rate: None,
         concurrency: None,
+        one_connection: false,
         subscribe: a.subscribe.clone(),
         warmup: a.warmup,
         duration: a.duration,

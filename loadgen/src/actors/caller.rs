@@ -171,3 +171,64 @@ pub async fn fixed_concurrency(
     }
     total
 }
+
+/// Closed loop on one connection: `n` calls in flight, the next sent as each answer comes
+/// back (a relay's traffic to its mod, without the relay).
+pub async fn pipelined(
+    client: Client,
+    tool: String,
+    args: Value,
+    n: usize,
+    window: Arc<Window>,
+    stop: CancellationToken,
+) -> CallResult {
+    let (mut frames, mut writer, _) = client.into_parts();
+    let params = serde_json::json!({"name": tool, "arguments": args});
+    let mut r = CallResult {
+        calls: 0,
+        errors: 0,
+        unanswered: 0,
+        latency: latency_histogram(),
+    };
+    let mut sent: HashMap<String, u64> = HashMap::with_capacity(n);
+    let mut buf = BytesMut::new();
+    let queue = |sent: &mut HashMap<String, u64>, buf: &mut BytesMut| {
+        let id = uuid::Uuid::new_v4().to_string();
+        encode_frame(&message::request(&id, "tools/call", params.clone()), buf);
+        sent.insert(id, now_ns());
+    };
+    for _ in 0..n {
+        queue(&mut sent, &mut buf);
+    }
+    let mut parser = Parser::new();
+    loop {
+        if !buf.is_empty() {
+            if writer.write_all(&buf).await.is_err() {
+                break;
+            }
+            buf.clear();
+        }
+        let body = tokio::select! {
+            _ = stop.cancelled() => break,
+            f = frames.next() => match f {
+                Some(Ok(f)) => f.body,
+                _ => break,
+            },
+        };
+        let Ok(view) = parser.parse(&body, Mode::Tolerant) else {
+            continue;
+        };
+        let Some(t) = view.id.as_deref().and_then(|id| sent.remove(id)) else {
+            continue;
+        };
+        if window.is_open() {
+            r.calls += 1;
+            if view.is_error() {
+                r.errors += 1;
+            }
+            let _ = r.latency.record(now_ns().saturating_sub(t).max(1));
+        }
+        queue(&mut sent, &mut buf);
+    }
+    r
+}

@@ -53,3 +53,61 @@ async fn a_subscribed_caller_gets_every_answer_among_the_events() {
     // The subscription made the mod stream events to the caller's connection meanwhile.
     assert!(emitted > 5_000, "the mod sent {emitted} events");
 }
+
+#[tokio::test]
+async fn one_connection_keeps_every_call_in_flight_on_it() {
+    // Each answer takes 20 ms: one call at a time would make 50 calls/s; eight in flight on
+    // the one connection make about 400.
+    let sim = ModSim::start(
+        &"127.0.0.1:0".parse().expect("addr"),
+        ModSimConfig {
+            token: "t".into(),
+            tool_latency: Duration::from_millis(20),
+            ..ModSimConfig::default()
+        },
+    )
+    .expect("mod");
+    let addr = sim.addr().to_string();
+    let run = tokio::process::Command::new(BIN)
+        .args([
+            "call",
+            "--addr",
+            &addr,
+            "--token",
+            "t",
+            "--concurrency",
+            "8",
+            "--one-connection",
+            "--warmup",
+            "0",
+            "--duration",
+            "1s",
+            "--json",
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("finished in time")
+        .expect("ran");
+    let accepted = sim.accepted();
+    sim.stop();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(accepted, 1, "one connection to the mod");
+    assert_eq!(doc["config"]["one_connection"], true, "{doc}");
+    assert_eq!(doc["errors"], 0, "{doc}");
+    let rate = doc["calls_per_s"].as_f64().expect("calls/s");
+    assert!(
+        rate > 200.0,
+        "several calls in flight at once: {rate} calls/s"
+    );
+    // Without --concurrency the flag means nothing: refused.
+    let refused = tokio::process::Command::new(BIN)
+        .args(["call", "--addr", &addr, "--rate", "10", "--one-connection"])
+        .output()
+        .await
+        .expect("ran");
+    assert_eq!(refused.status.code(), Some(2));
+}
