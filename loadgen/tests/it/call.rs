@@ -7,6 +7,18 @@ use gabp_sim::{ModSim, ModSimConfig};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
 
+/// `gabp-loadgen` with `args`, run to its end (a minute at most).
+async fn loadgen(args: &[&str]) -> std::process::Output {
+    let run = tokio::process::Command::new(BIN)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("finished in time")
+        .expect("ran")
+}
+
 #[tokio::test]
 async fn a_subscribed_caller_gets_every_answer_among_the_events() {
     let sim = ModSim::start(
@@ -19,29 +31,23 @@ async fn a_subscribed_caller_gets_every_answer_among_the_events() {
     )
     .expect("mod");
     let addr = sim.addr().to_string();
-    let run = tokio::process::Command::new(BIN)
-        .args([
-            "call",
-            "--addr",
-            &addr,
-            "--token",
-            "t",
-            "--concurrency",
-            "1",
-            "--subscribe",
-            "world/tick,player/move,chat/message",
-            "--warmup",
-            "0",
-            "--duration",
-            "1s",
-            "--json",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("finished in time")
-        .expect("ran");
+    let out = loadgen(&[
+        "call",
+        "--addr",
+        &addr,
+        "--token",
+        "t",
+        "--concurrency",
+        "1",
+        "--subscribe",
+        "world/tick,player/move,chat/message",
+        "--warmup",
+        "0",
+        "--duration",
+        "1s",
+        "--json",
+    ])
+    .await;
     let emitted = sim.emitted();
     sim.stop();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -68,28 +74,22 @@ async fn one_connection_keeps_every_call_in_flight_on_it() {
     )
     .expect("mod");
     let addr = sim.addr().to_string();
-    let run = tokio::process::Command::new(BIN)
-        .args([
-            "call",
-            "--addr",
-            &addr,
-            "--token",
-            "t",
-            "--concurrency",
-            "8",
-            "--one-connection",
-            "--warmup",
-            "0",
-            "--duration",
-            "1s",
-            "--json",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("finished in time")
-        .expect("ran");
+    let out = loadgen(&[
+        "call",
+        "--addr",
+        &addr,
+        "--token",
+        "t",
+        "--concurrency",
+        "8",
+        "--one-connection",
+        "--warmup",
+        "0",
+        "--duration",
+        "1s",
+        "--json",
+    ])
+    .await;
     let accepted = sim.accepted();
     sim.stop();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -104,10 +104,6 @@ async fn one_connection_keeps_every_call_in_flight_on_it() {
         "several calls in flight at once: {rate} calls/s"
     );
     // Without --concurrency the flag means nothing: refused.
-    let refused = tokio::process::Command::new(BIN)
-        .args(["call", "--addr", &addr, "--rate", "10", "--one-connection"])
-        .output()
-        .await
-        .expect("ran");
+    let refused = loadgen(&["call", "--addr", &addr, "--rate", "10", "--one-connection"]).await;
     assert_eq!(refused.status.code(), Some(2));
 }

@@ -103,6 +103,30 @@ fn sim() -> ModSim {
     .expect("mod")
 }
 
+/// `overhead` between the mod and the relay, its measuring flags `extra` and its document
+/// written to `out`; its table.
+async fn overhead(the_mod: &str, relay: &str, out: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "overhead",
+        "--mod",
+        the_mod,
+        "--mod-token",
+        "modtok",
+        "--relay",
+        relay,
+        "--relay-token",
+        "relaytok",
+        "--warmup",
+        "0",
+        "--duration",
+        "300ms",
+        "--output",
+        out.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    ok(&loadgen(&args).await)
+}
+
 #[tokio::test]
 async fn overhead_via_pipe_weighs_the_relay_against_a_byte_pipe_it_starts_and_stops() {
     let sim = sim();
@@ -110,32 +134,21 @@ async fn overhead_via_pipe_weighs_the_relay_against_a_byte_pipe_it_starts_and_st
     let the_mod = sim.addr().to_string();
     let (mut relay, relay_addr) = relay(&the_mod, data.path()).await;
     let out_file = data.path().join("overhead.json");
-    let out = loadgen(&[
-        "overhead",
-        "--mod",
+    let table = overhead(
         &the_mod,
-        "--mod-token",
-        "modtok",
-        "--relay",
         &relay_addr,
-        "--relay-token",
-        "relaytok",
-        "--via-pipe",
-        "--concurrency",
-        "1",
-        "--readers",
-        "1",
-        "--rounds",
-        "1",
-        "--warmup",
-        "0",
-        "--duration",
-        "300ms",
-        "--output",
-        out_file.to_str().expect("utf-8"),
-    ])
+        &out_file,
+        &[
+            "--via-pipe",
+            "--concurrency",
+            "1",
+            "--readers",
+            "1",
+            "--rounds",
+            "1",
+        ],
+    )
     .await;
-    let table = ok(&out);
     let _ = relay.kill().await;
     sim.stop();
     let header = table
@@ -181,31 +194,13 @@ async fn overhead_compares_a_mod_with_the_relay_in_front_of_it_round_by_round() 
     let the_mod = sim.addr().to_string();
     let (mut relay, relay_addr) = relay(&the_mod, data.path()).await;
     let out_file = data.path().join("overhead.json");
-    let out = loadgen(&[
-        "overhead",
-        "--mod",
+    let table = overhead(
         &the_mod,
-        "--mod-token",
-        "modtok",
-        "--relay",
         &relay_addr,
-        "--relay-token",
-        "relaytok",
-        "--concurrency",
-        "1,2",
-        "--readers",
-        "2",
-        "--rounds",
-        "2",
-        "--warmup",
-        "0",
-        "--duration",
-        "300ms",
-        "--output",
-        out_file.to_str().expect("utf-8"),
-    ])
+        &out_file,
+        &["--concurrency", "1,2", "--readers", "2", "--rounds", "2"],
+    )
     .await;
-    let table = ok(&out);
     let _ = relay.kill().await;
     sim.stop();
     // The table names both targets, says the relay records, and has a row per figure.
