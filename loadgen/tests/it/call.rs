@@ -3,21 +3,8 @@
 
 use std::time::Duration;
 
+use super::loadgen;
 use gabp_sim::{ModSim, ModSimConfig};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
-
-/// `gabp-loadgen` with `args`, run to its end (a minute at most).
-async fn loadgen(args: &[&str]) -> std::process::Output {
-    let run = tokio::process::Command::new(BIN)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("finished in time")
-        .expect("ran")
-}
 
 #[tokio::test]
 async fn a_subscribed_caller_gets_every_answer_among_the_events() {

@@ -8,22 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use super::{loadgen, BIN};
 use gabp_sim::{ModSim, ModSimConfig};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
-
-async fn loadgen(args: &[&str]) -> std::process::Output {
-    let run = tokio::process::Command::new(BIN)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("finished in time")
-        .expect("ran")
-}
 
 fn ok(out: &std::process::Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,20 +1,7 @@
 //! Mixed subscription sets through the real binary: `run --one-channel-bridges N` puts N of the
 //! reading bridges on the first channel only, and refuses what it could not measure as asked.
 
-use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
-
-async fn loadgen(args: &[&str]) -> std::process::Output {
-    let run = tokio::process::Command::new(BIN)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("finished in time")
-        .expect("ran")
-}
+use super::loadgen;
 
 #[tokio::test]
 async fn a_bridge_on_one_channel_gets_that_channels_share_of_the_events() {

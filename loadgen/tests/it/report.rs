@@ -6,22 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::loadgen;
 use gabp_report::browser::{self, artifact_dir, for_test};
 use gabp_report::check;
 use gabp_sim::{ModSim, ModSimConfig};
-
-const BIN: &str = env!("CARGO_BIN_EXE_gabp-loadgen");
-
-async fn loadgen(args: &[&str]) -> std::process::Output {
-    let run = tokio::process::Command::new(BIN)
-        .args(args)
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("finished in time")
-        .expect("ran")
-}
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf-8")
