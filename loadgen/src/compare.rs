@@ -317,7 +317,7 @@ pub fn table(
     if !same.is_empty() {
         let _ = writeln!(
             o,
-            "The same in both (within 0.5 %): {}.",
+            "The same in both (within 0.5 %, in every round): {}.",
             display::text(&same.join(", "), 2000)
         );
     }
@@ -334,7 +334,8 @@ pub fn table(
     o.push_str(
         "Cells with rounds read median (min–max). BETTER: which direction of the figure is better.\n\
          B IS: better or worse when B's range over its rounds does not overlap A's (beyond noise);\n\
-         within noise when the ranges overlap; same: within 0.5 %; a ? when a side has one round,\n\
+         within noise when the ranges overlap; same: within 0.5 % in every round; changed: a figure\n\
+         with no better direction, different beyond noise; a ? when a side has one round,\n\
          so nothing says how large the noise is: measure with --rounds 3 or more.\n",
     );
     o

@@ -732,7 +732,27 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
             None => {}
         }
     }
-    // What limited each measurement: the machine's cores, and whose CPU filled them.
+    let notes = limits(doc, routes, layouts, cores);
+    if notes.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nlimits: no measurement filled the machine or fell behind the mods' schedule"
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "\nlimits (closed-loop agents take whatever CPU is left, so a full machine is expected; whose CPU filled it is not):"
+        );
+        for n in notes {
+            let _ = writeln!(o, "  {n}");
+        }
+    }
+    o
+}
+
+/// What limited each measurement that filled the machine or fell behind the mods' schedule:
+/// the machine's cores, and whose CPU filled them. A line each.
+fn limits(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> Vec<String> {
     let mut notes = Vec::new();
     for &n in routes {
         for &l in layouts {
@@ -750,7 +770,7 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
                 continue;
             }
             let mut line = format!(
-                "  {}, {}: loadgen {lg:.2} + relay {relay:.2} + other processes {others:.2} of {cores} cores",
+                "{}, {}: loadgen {lg:.2} + relay {relay:.2} + other processes {others:.2} of {cores} cores",
                 games_word(n),
                 l.label()
             );
@@ -765,16 +785,7 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
             notes.push(line);
         }
     }
-    if !notes.is_empty() {
-        let _ = writeln!(
-            o,
-            "\nlimits (closed-loop agents take whatever CPU is left, so a full machine is expected; whose CPU filled it is not):"
-        );
-        for n in notes {
-            let _ = writeln!(o, "{n}");
-        }
-    }
-    o
+    notes
 }
 
 /// The command.
@@ -852,6 +863,7 @@ pub(crate) async fn main(a: GamesArgs) -> Result<()> {
         doc["warnings"] = json!([w]);
     }
     let cores = ctx.machine["cores"].as_f64().unwrap_or(1.0);
+    doc["limits"] = json!(limits(&doc, &routes, &layouts, cores));
     if a.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {

@@ -304,9 +304,9 @@ impl Baseline {
                 "\
 Cells read median (min–max) over the rounds. RELAY ÷ DIRECT is the median (min–max) of each
 round's own ratio, the two sides measured back to back. Beyond noise: the relay's range over
-the rounds does not overlap the direct one; within noise: they overlap; the same: within 0.5 %.
-CPU is that of the processes serving the calls or events (the mod; the relay and the mod),
-counted where they run on this machine. Events/s is what the mod emits times the readers
+the rounds does not overlap the direct one; within noise: they overlap; the same: within 0.5 %
+in every round. CPU is that of the processes serving the calls or events (the mod; the relay
+and the mod), counted where they run on this machine. Events/s is what the mod emits times the readers
 unless a side falls behind: equal figures say neither fell behind, not that both are as fast.
 "
             }
@@ -316,9 +316,9 @@ Cells read median (min–max) over the rounds. RELAY ÷ PIPE is the median (min�
 round's own ratio, the two sides measured back to back. The pipe copies bytes unread, each
 connection on a connection of its own to the mod: what any proxy process costs here, so the
 difference is the relay's own work. Beyond noise: the two ranges over the rounds do not
-overlap; within noise: they do; the same: within 0.5 %. CPU is that of the processes serving
-the calls or events (the pipe and the mod; the relay and the mod), counted where they run on
-this machine. Events/s is what the mod emits times the readers unless a side falls behind.
+overlap; within noise: they do; the same: within 0.5 % in every round. CPU is that of the
+processes serving the calls or events (the pipe and the mod; the relay and the mod), counted
+where they run on this machine. Events/s is what the mod emits times the readers unless a side falls behind.
 "
             }
         }
@@ -479,7 +479,7 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let config = format!(
-            "{}, closed loop at concurrency {}{}, {} s measured after {} s warm-up per figure and side, {} rounds, {} then relay in each",
+            "{}, closed loop at concurrency {}{}, {} s measured after {} s warm-up per figure and side, {} round{}, {} then relay in each",
             display::text(&a.tool, 48),
             concurrency.iter().map(usize::to_string).collect::<Vec<_>>().join(" and "),
             readers.map_or(String::new(), |n| format!(
@@ -489,6 +489,7 @@ pub(crate) async fn main(a: OverheadArgs) -> Result<()> {
             a.duration,
             a.warmup,
             a.rounds,
+            if a.rounds == 1 { "" } else { "s" },
             match baseline {
                 Baseline::Direct => "direct",
                 Baseline::Pipe => "pipe",

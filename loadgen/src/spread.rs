@@ -214,8 +214,18 @@ pub fn verdict(
     let (Some(a), Some(b)) = (a, b) else {
         return Verdict::Missing;
     };
-    if (b - a).abs() <= SAME_WITHIN * a.abs().max(b.abs()) {
-        return Verdict::Same;
+    let scale = a.abs().max(b.abs());
+    if (b - a).abs() <= SAME_WITHIN * scale {
+        // Equal medians of figures that swing from round to round say nothing: that is noise.
+        let swings = [sa, sb]
+            .into_iter()
+            .flatten()
+            .any(|s| s.n > 1 && s.max - s.min > SAME_WITHIN * scale);
+        return if swings {
+            Verdict::WithinNoise
+        } else {
+            Verdict::Same
+        };
     }
     let rounds = match (sa, sb) {
         (Some(x), Some(y)) if x.n > 1 && y.n > 1 => Some(x.overlaps(y)),
@@ -348,6 +358,22 @@ mod tests {
         let wide = Stats::of(&[9.0, 15.0, 25.0]).expect("stats");
         let h = Some(Better::Higher);
         let l = Some(Better::Lower);
+        // Equal medians: the same when the rounds agree, within noise when they swing.
+        let steady = Stats::of(&[60_000.0, 60_000.0, 60_001.0]).expect("stats");
+        assert_eq!(
+            verdict(
+                Some(60_000.0),
+                Some(60_000.0),
+                Some(&steady),
+                Some(&steady),
+                h
+            ),
+            Verdict::Same
+        );
+        assert_eq!(
+            verdict(Some(15.0), Some(15.0), Some(&wide), Some(&wide), h),
+            Verdict::WithinNoise
+        );
         assert_eq!(
             verdict(Some(11.0), Some(21.0), Some(&lo), Some(&hi), h),
             Verdict::Better

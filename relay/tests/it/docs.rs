@@ -422,6 +422,8 @@ fn guide_measuring_a_mod_runs() {
     assert!(out.contains("Settings that differ"), "{out}");
     assert!(out.contains("median of 3 rounds (min–max)"), "{out}");
     assert!(out.contains("THE RELAY IS"), "{out}");
+    assert!(out.contains("THROUGH A BYTE PIPE"), "{out}");
+    assert!(out.contains("concurrency 4 on one connection"), "{out}");
     assert!(
         out.contains("ratio (relay delivered / baseline delivered)"),
         "{out}"
