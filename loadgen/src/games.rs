@@ -615,6 +615,14 @@ fn checks(doc: &Value, routes: &[usize], layouts: &[Layout]) -> Vec<Value> {
             let slowest = num(doc, &path(Layout::OneRelay, n, "per_agent_min_calls_per_s"));
             if let (Some(single), Some(slowest)) = (single, slowest) {
                 let ratio = (slowest > 0.0).then(|| single / slowest);
+                // How far the rounds let the ratio move: the single game at its slowest
+                // against the slowest agent at its fastest, and the other way round.
+                let single_p = path(Layout::OneRelay, 1, "per_agent_median_calls_per_s");
+                let slowest_p = path(Layout::OneRelay, n, "per_agent_min_calls_per_s");
+                let range = spread::of(doc, &single_p)
+                    .zip(spread::of(doc, &slowest_p))
+                    .filter(|(a, b)| a.n > 1 && b.n > 1 && b.min > 0.0 && b.max > 0.0)
+                    .map(|(a, b)| [a.min / b.max, a.max / b.min]);
                 out.push(json!({
                     "check": "calls_per_route_within_1_2x_of_single_route",
                     "layout": Layout::OneRelay.key(),
@@ -622,6 +630,7 @@ fn checks(doc: &Value, routes: &[usize], layouts: &[Layout]) -> Vec<Value> {
                     "single_route_calls_per_s": single,
                     "slowest_agent_calls_per_s": slowest,
                     "ratio": ratio,
+                    "ratio_range": range,
                     "limit": CALLS_WITHIN,
                     "pass": ratio.is_some_and(|r| r <= CALLS_WITHIN),
                 }));
@@ -720,13 +729,24 @@ fn text(doc: &Value, routes: &[usize], layouts: &[Layout], cores: f64) -> String
                 );
             }
             Some(_) => {
+                let range = c["ratio_range"].as_array().and_then(|r| {
+                    let (lo, hi) = (r.first()?.as_f64()?, r.get(1)?.as_f64()?);
+                    let side = |x: f64| x <= CALLS_WITHIN;
+                    let verdict = if side(lo) == side(hi) {
+                        "every round on the same side of the limit"
+                    } else {
+                        "the rounds' ranges cross the limit: within noise"
+                    };
+                    Some(format!("; ×{lo:.2}–{hi:.2} over the rounds, {verdict}"))
+                });
                 let _ = writeln!(
                     o,
-                    "  {}  behind one relay, every one of {n} games' agents within {CALLS_WITHIN}× of the single game's calls/s: slowest {} against {}{}",
+                    "  {}  behind one relay, every one of {n} games' agents within {CALLS_WITHIN}× of the single game's calls/s: slowest {} against {}{}{}",
                     pass_word(c),
                     figures::value(v("slowest_agent_calls_per_s").unwrap_or(0.0), Unit::PerSecond),
                     figures::value(v("single_route_calls_per_s").unwrap_or(0.0), Unit::PerSecond),
                     v("ratio").map_or(" (no call answered)".into(), |r| format!(" ({r:.2}× slower)")),
+                    range.unwrap_or_else(|| "; one round: noise unknown".into()),
                 );
             }
             None => {}
@@ -972,6 +992,31 @@ mod tests {
                 .iter()
                 .all(|c| c["check"] != "calls_per_route_within_1_2x_of_single_route"),
             "no single route measured: no calls check"
+        );
+        // With rounds, the ratio's range over them says whether the verdict is noise.
+        let mut d = result(0.5, 0.8, 1000.0, 900.0);
+        let stats = |min: f64, max: f64| json!({"n": 3, "median": (min + max) / 2.0, "min": min, "max": max});
+        d["spread"] = json!({
+            "results.one_relay.routes_1.per_agent_median_calls_per_s": stats(950.0, 1100.0),
+            "results.one_relay.routes_8.per_agent_min_calls_per_s": stats(850.0, 950.0),
+        });
+        let c = checks(&d, &[1, 8], &all);
+        let range = c[1]["ratio_range"].as_array().expect("a range");
+        assert!(
+            (range[0].as_f64().expect("lo") - 1.0).abs() < 1e-9,
+            "{range:?}"
+        );
+        assert!(
+            (range[1].as_f64().expect("hi") - 1100.0 / 850.0).abs() < 1e-9,
+            "{range:?}"
+        );
+        d["checks"] = json!(c);
+        let t = text(&d, &[1, 8], &all, 2.0);
+        assert!(
+            t.contains(
+                "×1.00–1.29 over the rounds, the rounds' ranges cross the limit: within noise"
+            ),
+            "{t}"
         );
         let t = text(
             &{
