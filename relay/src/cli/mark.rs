@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use gabp_client::Client;
 use gabp_rt::Addr;
 use serde_json::{json, Value};
 
+use super::reach::answered;
 use super::status::{targets, StatusArgs};
 use super::{usage, Json};
 use gabp_proto::mark::{MAX_MARK_BYTES, MAX_MARK_LABEL};
@@ -91,15 +91,7 @@ pub async fn run(a: MarkArgs) -> Result<()> {
         }
     };
     let addr: Addr = target.addr.parse().map_err(anyhow::Error::msg)?;
-    let mut c = tokio::time::timeout(a.wait, Client::connect(&addr))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "no answer from {addr} within {}",
-                humantime::format_duration(a.wait)
-            )
-        })??;
-    c.set_wait(a.wait);
+    let mut c = super::reach::connect(&addr, a.wait).await?;
     let hello = json!({
         "token": target.token,
         "bridgeVersion": format!("gabp-relay-mark/{}", env!("CARGO_PKG_VERSION")),
@@ -142,16 +134,4 @@ pub async fn run(a: MarkArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A response's result, or its error as `CODE message`.
-fn answered(response: Value) -> Result<Value> {
-    match &response["error"] {
-        Value::Null => Ok(response["result"].clone()),
-        e => bail!(
-            "{} {}",
-            e["code"],
-            e["message"].as_str().unwrap_or_default()
-        ),
-    }
 }

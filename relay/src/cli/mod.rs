@@ -28,6 +28,7 @@ pub(crate) mod mcp;
 pub(crate) mod mod_sim;
 pub(crate) mod progress;
 pub(crate) mod prune;
+mod reach;
 pub(crate) mod reload;
 pub(crate) mod repair;
 pub(crate) mod replay;

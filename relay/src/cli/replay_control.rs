@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use gabp_client::Client;
 use gabp_rt::Addr;
 use serde_json::{json, Value};
 
+use super::reach::answered;
 use super::usage;
 
 #[derive(Args, Debug)]
@@ -112,15 +112,7 @@ pub async fn run(a: ReplayControlArgs) -> Result<()> {
     let addr: Addr = address
         .parse()
         .map_err(|e: String| usage(format!("--address: {e}")))?;
-    let mut c = tokio::time::timeout(a.wait, Client::connect(&addr))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "no answer from {addr} within {}",
-                humantime::format_duration(a.wait)
-            )
-        })??;
-    c.set_wait(a.wait);
+    let mut c = super::reach::connect(&addr, a.wait).await?;
     let hello = json!({
         "token": token,
         "bridgeVersion": format!("gabp-relay-replay-control/{}", env!("CARGO_PKG_VERSION")),
@@ -174,16 +166,4 @@ fn describe(state: &Value) -> String {
         state["sessionId"].as_str().unwrap_or("-")
     );
     line
-}
-
-/// A response's result, or its error as `CODE message`.
-fn answered(response: Value) -> Result<Value> {
-    match &response["error"] {
-        Value::Null => Ok(response["result"].clone()),
-        e => bail!(
-            "{} {}",
-            e["code"],
-            gabp_rt::display::text(e["message"].as_str().unwrap_or_default(), 512)
-        ),
-    }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use gabp_client::Client;
 use gabp_engine::discovery::{self, Holder};
 use gabp_rt::display;
 use gabp_rt::Addr;
@@ -149,15 +148,7 @@ fn bridge_count(st: &Value) -> String {
 /// Asks one relay for its status; `launch` identifies this connection so it can be left out.
 pub(super) async fn ask(t: &Target, wait: Duration, launch: &str) -> Result<Value> {
     let addr: Addr = t.addr.parse().map_err(anyhow::Error::msg)?;
-    let mut c = tokio::time::timeout(wait, Client::connect(&addr))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "no answer from {addr} within {}",
-                humantime::format_duration(wait)
-            )
-        })??;
-    c.set_wait(wait);
+    let mut c = super::reach::connect(&addr, wait).await?;
     // `withoutMod`: welcomed at once even while the mod is down, which status reports.
     let hello = json!({"token": t.token, "bridgeVersion": format!("gabp-relay-status/{}", env!("CARGO_PKG_VERSION")), "platform": std::env::consts::OS, "launchId": launch, "relay": {"withoutMod": true}});
     c.call("session/hello", hello).await?;
