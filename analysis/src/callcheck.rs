@@ -515,24 +515,14 @@ impl Walk<'_> {
     fn stretch(&mut self, rec: &[Call], r0: usize, got: &[Call], g0: usize) {
         let rk: Vec<u64> = rec.iter().map(|c| c.kind).collect();
         let gk: Vec<u64> = got.iter().map(|c| c.kind).collect();
-        let deadline = Instant::now() + ALIGN_DEADLINE;
-        for op in capture_diff_slices_deadline(Algorithm::Myers, &rk, &gk, Some(deadline)) {
-            match op {
-                DiffOp::Equal {
-                    old_index,
-                    new_index,
-                    len,
-                } => {
-                    for k in 0..len {
-                        let (i, j) = (old_index + k, new_index + k);
-                        self.pair(r0 + i, &rec[i], g0 + j, &got[j]);
-                    }
-                }
-                other => {
-                    for i in other.old_range() {
+        for step in align(&rk, &gk) {
+            match step {
+                Step::Pair(i, j) => self.pair(r0 + i, &rec[i], g0 + j, &got[j]),
+                Step::Differ(r, g) => {
+                    for i in r {
                         self.missing(r0 + i, &rec[i]);
                     }
-                    for j in other.new_range() {
+                    for j in g {
                         self.extra(g0 + j, &got[j]);
                     }
                 }
@@ -543,26 +533,39 @@ impl Walk<'_> {
     fn bridge(&mut self, rec: &[Call], got: &[Call]) {
         let rk: Vec<u128> = rec.iter().map(|c| c.whole).collect();
         let gk: Vec<u128> = got.iter().map(|c| c.whole).collect();
-        let deadline = Instant::now() + ALIGN_DEADLINE;
-        for op in capture_diff_slices_deadline(Algorithm::Myers, &rk, &gk, Some(deadline)) {
-            match op {
-                DiffOp::Equal {
-                    old_index,
-                    new_index,
-                    len,
-                } => {
-                    for k in 0..len {
-                        let (i, j) = (old_index + k, new_index + k);
-                        self.pair(i, &rec[i], j, &got[j]);
-                    }
-                }
-                other => {
-                    let (r, g) = (other.old_range(), other.new_range());
-                    self.stretch(&rec[r.clone()], r.start, &got[g.clone()], g.start);
+        for step in align(&rk, &gk) {
+            match step {
+                Step::Pair(i, j) => self.pair(i, &rec[i], j, &got[j]),
+                Step::Differ(r, g) => {
+                    self.stretch(&rec[r.clone()], r.start, &got[g.clone()], g.start)
                 }
             }
         }
     }
+}
+
+/// One step of an alignment: two positions whose keys are equal, or a stretch of each side
+/// (either may be empty) that differs.
+enum Step {
+    Pair(usize, usize),
+    Differ(std::ops::Range<usize>, std::ops::Range<usize>),
+}
+
+/// Aligns two lists of keys (Myers, given up to [`ALIGN_DEADLINE`]).
+fn align<K: std::hash::Hash + Eq + Ord>(a: &[K], b: &[K]) -> Vec<Step> {
+    let deadline = Instant::now() + ALIGN_DEADLINE;
+    let mut steps = Vec::new();
+    for op in capture_diff_slices_deadline(Algorithm::Myers, a, b, Some(deadline)) {
+        match op {
+            DiffOp::Equal {
+                old_index,
+                new_index,
+                len,
+            } => steps.extend((0..len).map(|k| Step::Pair(old_index + k, new_index + k))),
+            other => steps.push(Step::Differ(other.old_range(), other.new_range())),
+        }
+    }
+    steps
 }
 
 /// Compares the agent's calls (`got`) with the recorded ones (`expected`), both gathered under
