@@ -59,10 +59,6 @@ pub enum EnvelopeError {
     /// A number is not finite (it overflows a double).
     #[error("non-finite number: beyond a double's range (magnitude above about 1.8e308, as is any integer of 310 digits or more)")]
     NonFiniteNumber,
-    /// Valid JSON, but a number the strict reader cannot hold: a negative integer just past
-    /// the 128-bit range (below -2^127, above -2^128). Larger magnitudes are read as doubles.
-    #[error("a negative integer between -2^128 and -2^127 cannot be read: send it as a string or with a fraction")]
-    UnreadableNumber,
     /// Arrays and objects nest deeper than the relay reads (127 levels, the frame's own object
     /// included: serde_json's limit).
     #[error("nesting deeper than 127 levels")]

@@ -4,7 +4,7 @@
 //!
 //! - [`codec`]: the LSP-style `Content-Length` framing as a tokio-util `Decoder`/`Encoder`.
 //! - [`scan`]: a top-level JSON object scanner that finds the byte spans of envelope fields.
-//! - [`envelope`]: one simd-json parse per frame into a small borrowed [`EnvelopeView`], with
+//! - [`envelope`]: one validating scan per frame into a small borrowed [`EnvelopeView`], with
 //!   strict (bridge) and tolerant (mod) validation.
 //! - [`params`]: parameter checks for the methods whose schemas the relay enforces.
 //! - [`rewrite`]: in-place id rewrites and seq replacement, so forwarding never re-serializes.

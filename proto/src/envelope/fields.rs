@@ -19,14 +19,13 @@ pub(super) enum Val<'a> {
     Other,
 }
 
-/// One top-level member: typed value, raw span, and (strict) its tape index.
+/// One top-level member: typed value and raw span.
 #[derive(Debug)]
 pub(super) struct Field<'a> {
     pub(super) val: Val<'a>,
     pub(super) span: Range<usize>,
     /// Where the member starts in the body: its key's opening quote.
     pub(super) start: usize,
-    pub(super) node: Option<usize>,
 }
 
 /// The envelope fields routing reads, each at most once.
@@ -78,11 +77,6 @@ impl<'a> Known<'a> {
             8 => &mut self.result,
             _ => &mut self.error,
         }
-    }
-
-    /// The slot of the envelope field `key` (decoded) names, if any.
-    pub(super) fn slot(&mut self, key: &[u8]) -> Option<&mut Option<Field<'a>>> {
-        Known::index(key).map(|i| self.slot_at(i))
     }
 }
 
@@ -142,7 +136,6 @@ impl<'a> Field<'a> {
             val,
             span: m.value.clone(),
             start: m.key.start - 1,
-            node: None,
         })
     }
 }
@@ -167,18 +160,4 @@ pub(super) fn error_code(body: &[u8], span: &Range<usize>) -> Option<i64> {
 /// Keys echoed in error messages are cut short so a reply never grows with hostile input.
 pub(super) fn truncate_key(k: &str) -> String {
     k.chars().take(64).collect()
-}
-
-/// The decoded string, borrowed from the body when it has no escapes.
-pub(super) fn borrow_or_own<'a>(
-    body: &'a [u8],
-    span: &Range<usize>,
-    decoded: &str,
-) -> Cow<'a, str> {
-    let inner = &body[span.start + 1..span.end - 1];
-    if inner == decoded.as_bytes() {
-        Cow::Borrowed(std::str::from_utf8(inner).expect("body was checked as UTF-8"))
-    } else {
-        Cow::Owned(decoded.to_owned())
-    }
 }

@@ -5,95 +5,69 @@
 //! `events/subscribe` / `events/unsubscribe` (a non-empty array of non-empty strings) and
 //! `attention/ack` (an attention id). Attention events are checked against the attention object.
 //! Everything else passes through untouched; the mod is the authority on its own methods.
+//! The values are read from the body's bytes, which the scanner has already validated.
 
-use simd_json::{Node, StaticNode};
-
-use crate::envelope::{is_method_name, node_size, object_members};
+use super::object::{array_items, integer, is_non_empty_string, string, Object};
+use crate::envelope::is_method_name;
 use crate::error::EnvelopeError;
 
-type Tape<'t, 'a> = &'t [Node<'a>];
-
-fn field<'a>(tape: Tape<'_, 'a>, at: usize, name: &str) -> Option<usize> {
-    object_members(tape, at)
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
-}
-
-fn non_empty_string(tape: Tape<'_, '_>, i: usize) -> bool {
-    matches!(tape[i], Node::String(s) if !s.is_empty())
-}
-
-/// Checks a request's params object (at tape index `at`) for the enforced methods.
-pub(crate) fn check_request(
-    method: &str,
-    tape: Tape<'_, '_>,
-    at: usize,
-) -> Result<(), EnvelopeError> {
+/// Checks a request's params object (its text, `params`) for the enforced methods.
+pub(crate) fn check_request(method: &str, params: &str) -> Result<(), EnvelopeError> {
+    if !matches!(
+        method,
+        "session/hello"
+            | "tools/call"
+            | "events/subscribe"
+            | "events/unsubscribe"
+            | "attention/ack"
+    ) {
+        return Ok(());
+    }
+    // The envelope's scan validated every byte of it.
+    let obj = Object::read(params).ok_or(EnvelopeError::InvalidField("params"))?;
     match method {
         "session/hello" => {
-            for name in ["token", "bridgeVersion", "platform", "launchId"] {
-                match field(tape, at, name) {
-                    Some(i) if matches!(tape[i], Node::String(_)) => {}
-                    _ => return Err(EnvelopeError::InvalidParams(
+            let fields = obj.fields(["token", "bridgeVersion", "platform", "launchId"]);
+            for value in fields {
+                if !value.is_some_and(|v| v.starts_with('"')) {
+                    return Err(EnvelopeError::InvalidParams(
                         "session/hello needs string token, bridgeVersion, platform and launchId",
-                    )),
+                    ));
                 }
             }
         }
         "tools/call" => {
-            match field(tape, at, "name") {
-                Some(i) if matches!(tape[i], Node::String(n) if is_method_name(n)) => {}
-                _ => {
-                    return Err(EnvelopeError::InvalidParams(
-                        "tools/call needs a tool name like \"namespace/tool\"",
-                    ))
-                }
+            let [name, arguments, parameters] = obj.fields(["name", "arguments", "parameters"]);
+            if !name.and_then(string).is_some_and(|n| is_method_name(&n)) {
+                return Err(EnvelopeError::InvalidParams(
+                    "tools/call needs a tool name like \"namespace/tool\"",
+                ));
             }
-            for args in ["arguments", "parameters"] {
-                if let Some(i) = field(tape, at, args) {
-                    if !matches!(tape[i], Node::Object { .. }) {
-                        return Err(EnvelopeError::InvalidParams(
-                            "tools/call arguments must be an object",
-                        ));
-                    }
+            for args in [arguments, parameters] {
+                if args.is_some_and(|v| !v.starts_with('{')) {
+                    return Err(EnvelopeError::InvalidParams(
+                        "tools/call arguments must be an object",
+                    ));
                 }
             }
         }
         "events/subscribe" | "events/unsubscribe" => {
-            let Some(i) = field(tape, at, "channels") else {
-                return Err(EnvelopeError::InvalidParams(
-                    "channels must be a non-empty array of channel names",
-                ));
-            };
-            let Node::Array { len, .. } = tape[i] else {
-                return Err(EnvelopeError::InvalidParams(
-                    "channels must be a non-empty array of channel names",
-                ));
-            };
-            let mut item = i + 1;
-            for _ in 0..len {
-                if !non_empty_string(tape, item) {
-                    return Err(EnvelopeError::InvalidParams(
-                        "channels must be a non-empty array of channel names",
-                    ));
-                }
-                item += node_size(tape, item);
-            }
-            if len == 0 {
+            let [channels] = obj.fields(["channels"]);
+            let names = channels.and_then(array_items);
+            if !names.is_some_and(|n| !n.is_empty() && n.iter().all(|c| is_non_empty_string(c))) {
                 return Err(EnvelopeError::InvalidParams(
                     "channels must be a non-empty array of channel names",
                 ));
             }
         }
-        "attention/ack" => match field(tape, at, "attentionId") {
-            Some(i) if non_empty_string(tape, i) => {}
-            _ => {
+        _ => {
+            let [id] = obj.fields(["attentionId"]);
+            if !id.is_some_and(is_non_empty_string) {
                 return Err(EnvelopeError::InvalidParams(
                     "attention/ack needs an attentionId",
-                ))
+                ));
             }
-        },
-        _ => {}
+        }
     }
     Ok(())
 }
@@ -121,12 +95,9 @@ const ATTENTION_REQUIRED: [&str; 9] = [
     "totalUrgentEntries",
 ];
 
-/// Checks an event payload on the attention lifecycle channels against the attention object.
-pub(crate) fn check_event_payload(
-    channel: &str,
-    tape: Tape<'_, '_>,
-    at: usize,
-) -> Result<(), EnvelopeError> {
+/// Checks an event payload (its text) on the attention lifecycle channels against the
+/// attention object.
+pub(crate) fn check_event_payload(channel: &str, payload: &str) -> Result<(), EnvelopeError> {
     if !matches!(
         channel,
         "attention/opened" | "attention/updated" | "attention/cleared"
@@ -135,29 +106,42 @@ pub(crate) fn check_event_payload(
     }
     const BAD: EnvelopeError =
         EnvelopeError::InvalidParams("attention payload does not match the attention object");
-    if !matches!(tape[at], Node::Object { .. }) {
-        return Err(BAD);
-    }
-    for name in ATTENTION_REQUIRED {
-        let Some(i) = field(tape, at, name) else {
-            return Err(BAD);
-        };
+    let obj = Object::read(payload).ok_or(BAD)?;
+    let values = obj.fields(ATTENTION_REQUIRED);
+    for (name, value) in ATTENTION_REQUIRED.into_iter().zip(values) {
+        let value = value.ok_or(BAD)?;
         let ok = match name {
-            "blocking" | "stateInvalidated" => matches!(tape[i], Node::Static(StaticNode::Bool(_))),
-            "state" => matches!(tape[i], Node::String("open" | "cleared")),
-            "severity" => matches!(
-                tape[i],
-                Node::String("info" | "warning" | "error" | "fatal")
-            ),
-            "attentionId" | "summary" => non_empty_string(tape, i),
-            _ => {
-                matches!(tape[i], Node::Static(StaticNode::U64(_)))
-                    || matches!(tape[i], Node::Static(StaticNode::I64(n)) if n >= 0)
+            "blocking" | "stateInvalidated" => matches!(value, "true" | "false"),
+            "state" => string(value).is_some_and(|s| matches!(&*s, "open" | "cleared")),
+            "severity" => {
+                string(value).is_some_and(|s| matches!(&*s, "info" | "warning" | "error" | "fatal"))
             }
+            "attentionId" | "summary" => is_non_empty_string(value),
+            _ => integer(value).is_some_and(|n| n >= 0),
         };
         if !ok {
             return Err(BAD);
         }
     }
     Ok(())
+}
+
+/// An error object has an integer code, a non-empty message, optional data, nothing else.
+pub(crate) fn check_error_object(error: &str) -> Result<(), EnvelopeError> {
+    const BAD: EnvelopeError = EnvelopeError::InvalidField("error");
+    let obj = Object::read(error).ok_or(BAD)?;
+    let (mut has_code, mut has_message) = (false, false);
+    for (key, value) in obj.entries() {
+        match key.as_deref() {
+            Some("code") => has_code = integer(value).is_some(),
+            Some("message") => has_message = is_non_empty_string(value),
+            Some("data") => {}
+            _ => return Err(BAD),
+        }
+    }
+    if has_code && has_message {
+        Ok(())
+    } else {
+        Err(BAD)
+    }
 }

@@ -1,79 +1,53 @@
-//! Building an [`EnvelopeView`] from typed fields: the strict path (tape-validated, with the
-//! parameter schemas of [`crate::params`]) and the rules both modes share (version, type, id,
-//! method, channel, seq). Must not parse: it reads what [`super::fields`] and the tape hold.
+//! Building an [`EnvelopeView`] from typed fields: the strict path (every object's keys
+//! distinct, the parameter schemas of [`super::params`]) and the rules both modes share
+//! (version, type, id, method, channel, seq). Must not parse: it reads what the scanner found.
 
-use simd_json::{Node, StaticNode};
-
-use super::fields::{borrow_or_own, error_code, truncate_key, Field, Known, Val};
+use super::fields::{error_code, truncate_key, Field, Known, Val};
 use super::params;
-use super::tape::{check_error_object, check_whole_tape, object_members};
-use super::{invalid_json, is_method_name, is_uuid, EnvelopeView, Mode, MsgType};
+use super::repeats::{refuse_top_level_repeats, scan_noting_repeats};
+use super::{is_method_name, is_uuid};
+use super::{read_known, EnvelopeView, Mode, MsgType};
 use crate::error::EnvelopeError;
-use crate::scan::{self, Member};
+use crate::scan::{Key, Member};
 use crate::PROTOCOL_VERSION;
 
-/// Strict mode: the tape validates everything (duplicates at every level, finite numbers,
-/// parameter schemas); the scanner supplies the spans.
+/// Strict mode: the scanner validates the grammar (finite numbers, paired surrogates, depth),
+/// then no object may repeat a key, no field may be unknown, and the enforced schemas hold.
 pub(super) fn strict_view<'a>(
-    body: &'a [u8],
-    tape: &[Node<'_>],
+    text: &'a str,
     members: &mut Vec<Member>,
+    keys: &mut Vec<Key>,
 ) -> Result<EnvelopeView<'a>, EnvelopeError> {
-    if !matches!(tape.first(), Some(Node::Object { .. })) {
-        return Err(EnvelopeError::NotAnObject);
-    }
-    check_whole_tape(tape)?;
-    // simd-json lets some lone surrogates through; the scanner holds the one rule.
-    scan::members(body, members).ok_or_else(|| invalid_json(body))?;
+    let body = text.as_bytes();
+    let nested = scan_noting_repeats(text, members, keys)?;
+    // The envelope's own keys first: reading its fields refuses a repeated envelope field; any
+    // other top-level key is refused as unknown, and named as a repeat first when it is one.
     let mut known = Known::default();
-    let mut count = 0;
-    for ((key, node), m) in object_members(tape, 0).zip(members.iter()) {
-        count += 1;
-        let span = m.value.clone();
-        let val = match tape[node] {
-            Node::String(s) => Val::Str(borrow_or_own(body, &span, s)),
-            Node::Object { .. } => Val::Object,
-            Node::Static(StaticNode::Null) => Val::Null,
-            Node::Static(StaticNode::U64(n)) => Val::UInt(n),
-            Node::Static(StaticNode::I64(n)) if n >= 0 => Val::UInt(n as u64),
-            Node::Static(StaticNode::I64(n)) => Val::Int(n),
-            _ => Val::Other,
-        };
-        let field = Field {
-            val,
-            span,
-            start: m.key.start - 1,
-            node: Some(node),
-        };
-        match known.slot(key.as_bytes()) {
-            Some(slot) => *slot = Some(field), // duplicates were refused on the tape
-            None => {
-                known.unknown.get_or_insert_with(|| key.to_string());
-            }
-        }
+    read_known(text, members, Mode::Strict, &mut known)?;
+    if known.unknown.is_some() {
+        refuse_top_level_repeats(text, members, keys)?;
     }
-    if count != members.len() {
-        return Err(EnvelopeError::InvalidJson);
+    if let Some(repeat) = nested {
+        return Err(repeat);
     }
     let view = build_view(body, &mut known, Mode::Strict)?;
-    // Schema checks of the enforced methods and of attention events, on the tape.
-    let node_of = |f: &Option<Field<'_>>| f.as_ref().and_then(|f| f.node);
+    let text_of = |f: &Option<Field<'_>>| f.as_ref().map(|f| &text[f.span.clone()]);
     match view.kind {
         MsgType::Request => {
             let m = view.method.as_deref().expect("requests have a method");
-            match node_of(&known.params) {
-                Some(i) => params::check_request(m, tape, i)?,
+            match text_of(&known.params) {
+                Some(p) => params::check_request(m, p)?,
                 None => params::check_request_without_params(m)?,
             }
         }
         MsgType::Event => {
-            if let (Some(c), Some(i)) = (view.channel.as_deref(), node_of(&known.payload)) {
-                params::check_event_payload(c, tape, i)?;
+            if let (Some(c), Some(p)) = (view.channel.as_deref(), text_of(&known.payload)) {
+                params::check_event_payload(c, p)?;
             }
         }
         MsgType::Response => {
-            if let Some(i) = node_of(&known.error) {
-                check_error_object(tape, i)?;
+            if let Some(e) = text_of(&known.error) {
+                params::check_error_object(e)?;
             }
         }
     }

@@ -3,10 +3,53 @@
 //! containers walked with an explicit stack bounded by [`MAX_DEPTH`]. Each function returns the
 //! index just past what it accepted, or `None`; none of them allocates or builds a value.
 
+use std::ops::Range;
+
 use super::MAX_DEPTH;
 
+/// One object key met by the scanner: its bytes between the quotes, and whether any of them is
+/// an escape (one without needs no decoding to be compared).
+#[derive(Debug, Clone)]
+pub struct Key {
+    /// Bytes of the key between its quotes.
+    pub raw: Range<usize>,
+    /// Whether the key holds a backslash escape.
+    pub escaped: bool,
+}
+
+/// Stands in the key stack where an object opens.
+const OPENS: Key = Key {
+    raw: usize::MAX..usize::MAX,
+    escaped: false,
+};
+
+/// A hook into a scan for rules about keys: the keys of the objects being walked are kept on
+/// `stack`, and `on_close` sees each nested object's keys when it closes.
+pub struct KeyCheck<'a> {
+    /// Scratch space, reused between scans.
+    pub stack: &'a mut Vec<Key>,
+    /// Called with the keys of each object inside the scanned value, as it closes.
+    pub on_close: &'a mut dyn FnMut(&[Key]),
+}
+
+impl KeyCheck<'_> {
+    fn open(&mut self) {
+        self.stack.push(OPENS);
+    }
+
+    fn close(&mut self) {
+        let opened = self
+            .stack
+            .iter()
+            .rposition(|k| k.raw.start == usize::MAX)
+            .expect("every object pushed its mark");
+        (self.on_close)(&self.stack[opened + 1..]);
+        self.stack.truncate(opened);
+    }
+}
+
 #[inline]
-pub(super) fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
         i += 1;
     }
@@ -175,19 +218,20 @@ pub(super) fn skip_number<const FINITE: bool>(b: &[u8], mut i: usize) -> Option<
 
 /// Validates the value starting at `i` (no leading whitespace); returns the index past it.
 pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
-    skip_val::<true, true>(b, i, MAX_DEPTH)
+    skip_val::<true, true, false>(b, i, MAX_DEPTH, None)
 }
 
 /// [`skip_value`] with the two extra rules switchable (diagnosis only), and at most `levels`
-/// levels of nesting (the value itself counting as one).
-pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(
+/// levels of nesting (the value itself counting as one), showing every object's keys to `keys`.
+pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool, const KEYS: bool>(
     b: &[u8],
     i: usize,
     levels: usize,
+    keys: Option<&mut KeyCheck<'_>>,
 ) -> Option<usize> {
     match *b.get(i)? {
         b'"' => skip_str::<PAIRS>(b, i),
-        b'{' | b'[' => skip_container::<FINITE, PAIRS>(b, i, levels),
+        b'{' | b'[' => skip_container::<FINITE, PAIRS, KEYS>(b, i, levels, keys),
         b't' => b.get(i..i + 4).filter(|s| *s == b"true").map(|_| i + 4),
         b'f' => b.get(i..i + 5).filter(|s| *s == b"false").map(|_| i + 5),
         b'n' => b.get(i..i + 4).filter(|s| *s == b"null").map(|_| i + 4),
@@ -196,11 +240,13 @@ pub(super) fn skip_val<const FINITE: bool, const PAIRS: bool>(
 }
 
 /// Validates an object or array, at most `levels` deep (at most [`MAX_DEPTH`]), with an
-/// explicit stack (no recursion).
-pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
+/// explicit stack (no recursion), showing every object's keys to `keys` (with `KEYS`; without,
+/// the key code is compiled out of the mod's hot path).
+pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool, const KEYS: bool>(
     b: &[u8],
     i: usize,
     levels: usize,
+    mut keys: Option<&mut KeyCheck<'_>>,
 ) -> Option<usize> {
     let levels = levels.min(MAX_DEPTH);
     // Each stack entry says whether that level is an object.
@@ -209,25 +255,36 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
     let mut j = i;
     // Open the first container, then loop: at each step we are just after an opening bracket
     // or a comma (expecting a member/element) or just after a value.
-    let open =
-        |b: &[u8], j: usize, stack: &mut [bool; MAX_DEPTH], depth: &mut usize| -> Option<usize> {
-            if *depth == levels {
-                return None;
-            }
-            stack[*depth] = b[j] == b'{';
-            *depth += 1;
-            Some(j + 1)
-        };
-    j = open(b, j, &mut stack, &mut depth)?;
+    let open = |b: &[u8],
+                j: usize,
+                stack: &mut [bool; MAX_DEPTH],
+                depth: &mut usize,
+                keys: &mut Option<&mut KeyCheck<'_>>| {
+        if *depth == levels {
+            return None;
+        }
+        let is_object = b[j] == b'{';
+        stack[*depth] = is_object;
+        if let (true, true, Some(k)) = (KEYS, is_object, keys.as_deref_mut()) {
+            k.open();
+        }
+        *depth += 1;
+        Some(j + 1)
+    };
+    j = open(b, j, &mut stack, &mut depth, &mut keys)?;
     let mut expect_item = true;
     let mut first = true;
     loop {
         j = skip_ws(b, j);
         let in_object = stack[depth - 1];
+        let close = if in_object { b'}' } else { b']' };
         if expect_item {
             let c = *b.get(j)?;
-            if first && c == if in_object { b'}' } else { b']' } {
+            if first && c == close {
                 // Empty container.
+                if let (true, true, Some(k)) = (KEYS, in_object, keys.as_deref_mut()) {
+                    k.close();
+                }
                 depth -= 1;
                 j += 1;
                 if depth == 0 {
@@ -241,7 +298,14 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
                 if c != b'"' {
                     return None;
                 }
-                j = skip_ws(b, skip_str::<PAIRS>(b, j)?);
+                let (key_end, escaped) = skip_str_noting_escapes::<PAIRS>(b, j)?;
+                if let (true, Some(k)) = (KEYS, keys.as_deref_mut()) {
+                    k.stack.push(Key {
+                        raw: j + 1..key_end - 1,
+                        escaped,
+                    });
+                }
+                j = skip_ws(b, key_end);
                 if b.get(j) != Some(&b':') {
                     return None;
                 }
@@ -249,12 +313,12 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
             }
             match *b.get(j)? {
                 b'{' | b'[' => {
-                    j = open(b, j, &mut stack, &mut depth)?;
+                    j = open(b, j, &mut stack, &mut depth, &mut keys)?;
                     first = true;
                     continue;
                 }
                 // Containers are opened above: only scalars get here.
-                _ => j = skip_val::<FINITE, PAIRS>(b, j, 0)?,
+                _ => j = skip_val::<FINITE, PAIRS, false>(b, j, 0, None)?,
             }
             expect_item = false;
             first = false;
@@ -265,7 +329,10 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool>(
                     expect_item = true;
                     first = false;
                 }
-                c if c == if in_object { b'}' } else { b']' } => {
+                c if c == close => {
+                    if let (true, true, Some(k)) = (KEYS, in_object, keys.as_deref_mut()) {
+                        k.close();
+                    }
                     depth -= 1;
                     j += 1;
                     if depth == 0 {

@@ -14,17 +14,19 @@
 //! peer downstream that decodes the frame would refuse it. [`diagnose`] says which of the two
 //! made an otherwise well-formed body invalid.
 //!
-//! simd-json was measured slower than this on GABP-sized frames (its fixed per-document cost
-//! dominates below ~8 KiB; see BENCHMARKS.md), so it serves the strict bridge boundary, where its
-//! tape drives the duplicate-key and parameter checks, and this scanner serves the mod.
+//! It serves both sides of the relay. For the strict bridge boundary it also shows every
+//! object's keys to a [`KeyCheck`] as it walks them, so repeated keys are found in the same
+//! pass. simd-json's tape was measured slower than this at every frame size and shape tried
+//! (BENCHMARKS.md, "Parsing").
 
 use std::ops::Range;
 
 mod lexeme;
 mod loose;
 
-use lexeme::{skip_str, skip_str_noting_escapes, skip_val, skip_ws};
-pub use lexeme::{skip_string, skip_value};
+pub(crate) use lexeme::skip_ws;
+use lexeme::{skip_str, skip_str_noting_escapes, skip_val};
+pub use lexeme::{skip_string, skip_value, Key, KeyCheck};
 pub use loose::{LooseScan, LOOSE_MAX};
 
 /// Deepest nesting accepted, a frame's own object counting as one level: serde_json's default
@@ -69,12 +71,23 @@ pub fn member_value(b: &[u8], name: &str) -> Option<Range<usize>> {
 /// Appends the top-level members of the object in `b` to `out`, validating the whole input as
 /// JSON (UTF-8 must already be checked). `None` if `b` is not exactly one valid JSON object.
 pub fn members(b: &[u8], out: &mut Vec<Member>) -> Option<()> {
-    members_with::<true, true>(b, out)
+    members_with::<true, true, false>(b, out, None)
 }
 
-fn members_with<const FINITE: bool, const PAIRS: bool>(
+/// [`members`], showing the keys of every object nested in a member's value to `keys` (the
+/// top-level keys are the members').
+pub fn members_showing_keys(
     b: &[u8],
     out: &mut Vec<Member>,
+    keys: &mut KeyCheck<'_>,
+) -> Option<()> {
+    members_with::<true, true, true>(b, out, Some(keys))
+}
+
+fn members_with<const FINITE: bool, const PAIRS: bool, const KEYS: bool>(
+    b: &[u8],
+    out: &mut Vec<Member>,
+    mut keys: Option<&mut KeyCheck<'_>>,
 ) -> Option<()> {
     let mut i = skip_ws(b, 0);
     if b.get(i) != Some(&b'{') {
@@ -99,7 +112,10 @@ fn members_with<const FINITE: bool, const PAIRS: bool>(
         let (value_end, escaped) = if b.get(i) == Some(&b'"') {
             skip_str_noting_escapes::<PAIRS>(b, i)?
         } else {
-            (skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH - 1)?, false)
+            (
+                skip_val::<FINITE, PAIRS, KEYS>(b, i, MAX_DEPTH - 1, keys.as_deref_mut())?,
+                false,
+            )
         };
         out.push(Member {
             key,
@@ -122,7 +138,8 @@ pub fn is_valid_json(b: &[u8]) -> bool {
 
 fn valid_with<const FINITE: bool, const PAIRS: bool>(b: &[u8]) -> bool {
     let i = skip_ws(b, 0);
-    skip_val::<FINITE, PAIRS>(b, i, MAX_DEPTH).is_some_and(|end| skip_ws(b, end) == b.len())
+    skip_val::<FINITE, PAIRS, false>(b, i, MAX_DEPTH, None)
+        .is_some_and(|end| skip_ws(b, end) == b.len())
 }
 
 /// Why a body the scanner refused would otherwise be well-formed JSON: it holds a number that
