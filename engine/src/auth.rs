@@ -114,23 +114,72 @@ const MIN_SECRET: usize = 8;
 /// `body` with every occurrence of each secret replaced by [`REDACTED`], whether written plain
 /// or spelled with JSON `\u` escapes; the same buffer (no copy) when none occurs.
 pub fn redact(body: &Bytes, secrets: &[&str]) -> Bytes {
-    // A `\u` escape can spell any character of a token, so a byte search cannot see it (and a
-    // byte-level replacement could cut an escape in half): such frames (rare: bridges and mods
-    // write ASCII-safe text mostly unescaped) are decoded and their strings searched. One that
-    // cannot be decoded is withheld.
-    // Built once: building a searcher costs more than searching a small frame.
-    static ESCAPE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u"));
-    if ESCAPE.find(body).is_none() || secrets.iter().all(|s| s.len() < MIN_SECRET) {
-        return redact_bytes(body, secrets);
+    Redactor::new(secrets).redact(body)
+}
+
+/// Secrets with their searchers built once: building a searcher costs more than searching a
+/// small frame, and every recorded frame is searched.
+#[derive(Debug, Clone)]
+pub struct Redactor {
+    secrets: Vec<String>,
+    /// The searchers of the secrets long enough to search for byte by byte.
+    finders: Vec<memchr::memmem::Finder<'static>>,
+}
+
+impl Redactor {
+    /// The redactor of `secrets`.
+    pub fn new(secrets: &[&str]) -> Redactor {
+        Redactor {
+            secrets: secrets.iter().map(|s| s.to_string()).collect(),
+            finders: secrets
+                .iter()
+                .filter(|s| s.len() >= MIN_SECRET)
+                .map(|s| memchr::memmem::Finder::new(s.as_bytes()).into_owned())
+                .collect(),
+        }
     }
-    let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
-        return withheld(body.len());
-    };
-    if redact_value(&mut msg, secrets) {
-        Bytes::from(gabp_proto::message::to_ascii_json(&msg))
-    } else {
-        body.clone()
+
+    /// [`redact`] with these secrets.
+    pub fn redact(&self, body: &Bytes) -> Bytes {
+        // A `\u` escape can spell any character of a token, so a byte search cannot see it
+        // (and a byte-level replacement could cut an escape in half): such frames (rare:
+        // bridges and mods write ASCII-safe text mostly unescaped) are decoded and their
+        // strings searched. One that cannot be decoded is withheld.
+        static ESCAPE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u"));
+        if self.finders.is_empty() || ESCAPE.find(body).is_none() {
+            return self.redact_bytes(body);
+        }
+        let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
+            return withheld(body.len());
+        };
+        let secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        if redact_value(&mut msg, &secrets) {
+            Bytes::from(gabp_proto::message::to_ascii_json(&msg))
+        } else {
+            body.clone()
+        }
+    }
+
+    /// Replaces every plain occurrence of a secret.
+    fn redact_bytes(&self, body: &Bytes) -> Bytes {
+        let mut out: Option<Vec<u8>> = None;
+        for finder in &self.finders {
+            let cur: &[u8] = out.as_deref().unwrap_or(body);
+            if finder.find(cur).is_none() {
+                continue;
+            }
+            let mut next = Vec::with_capacity(cur.len());
+            let mut at = 0;
+            for hit in finder.find_iter(cur) {
+                next.extend_from_slice(&cur[at..hit]);
+                next.extend_from_slice(REDACTED.as_bytes());
+                at = hit + finder.needle().len();
+            }
+            next.extend_from_slice(&cur[at..]);
+            out = Some(next);
+        }
+        out.map_or_else(|| body.clone(), Bytes::from)
     }
 }
 
@@ -163,28 +212,6 @@ fn redact_value(v: &mut Value, secrets: &[&str]) -> bool {
         }
         _ => false,
     }
-}
-
-/// The byte-level pass of [`redact`]: every plain occurrence of each secret replaced.
-fn redact_bytes(body: &Bytes, secrets: &[&str]) -> Bytes {
-    let mut out: Option<Vec<u8>> = None;
-    for secret in secrets.iter().filter(|s| s.len() >= MIN_SECRET) {
-        let cur: &[u8] = out.as_deref().unwrap_or(body);
-        let finder = memchr::memmem::Finder::new(secret.as_bytes());
-        if finder.find(cur).is_none() {
-            continue;
-        }
-        let mut next = Vec::with_capacity(cur.len());
-        let mut at = 0;
-        for hit in finder.find_iter(cur) {
-            next.extend_from_slice(&cur[at..hit]);
-            next.extend_from_slice(REDACTED.as_bytes());
-            at = hit + secret.len();
-        }
-        next.extend_from_slice(&cur[at..]);
-        out = Some(next);
-    }
-    out.map_or_else(|| body.clone(), Bytes::from)
 }
 
 /// `s` with every occurrence of each secret replaced by [`REDACTED`].

@@ -470,6 +470,8 @@ pub struct Table {
     list: Vec<Arc<Identity>>,
     /// Every bridge token and the mod's: what redaction removes from anything recorded.
     secrets: Vec<String>,
+    /// Their redactor, built on first use (the secrets are final once the table is shared).
+    redactor: std::sync::OnceLock<crate::auth::Redactor>,
     /// Tool globs only the lease holder may call.
     leased: Vec<String>,
     /// The longest a lease may be taken or renewed for at once.
@@ -518,6 +520,7 @@ impl Table {
         Table {
             list,
             secrets,
+            redactor: std::sync::OnceLock::new(),
             leased: leased.to_vec(),
             lease_max_ttl: DEFAULT_MAX_TTL,
         }
@@ -566,6 +569,12 @@ impl Table {
     /// The secrets, as redaction takes them.
     pub fn secrets(&self) -> Vec<&str> {
         self.secrets.iter().map(String::as_str).collect()
+    }
+
+    /// What removes the secrets from anything recorded.
+    pub fn redactor(&self) -> &crate::auth::Redactor {
+        self.redactor
+            .get_or_init(|| crate::auth::Redactor::new(&self.secrets()))
     }
 }
 
@@ -642,6 +651,8 @@ impl RouteAccess {
                 table.secrets.push(s.clone());
             }
         }
+        // Built again from the secrets as they now stand.
+        table.redactor = std::sync::OnceLock::new();
         std::mem::replace(&mut *current, Arc::new(table))
     }
 }

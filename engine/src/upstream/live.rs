@@ -16,7 +16,6 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::Connector;
-use crate::auth;
 use crate::config::RouteConfig;
 use crate::pending::{self, Entry, Origin};
 use crate::route::{Backend, Refusal, Request};
@@ -183,7 +182,7 @@ async fn forward(route: &Route, req: Request<'_>) -> Result<(), Refusal> {
     // Recorded before the mod can have it, so its answer is always recorded after it (recorded
     // after the send, a quick answer could overtake it and the call read as unanswered).
     if route.recorder.is_some() {
-        let rec = auth::redact(&out, &route.access.table().secrets());
+        let rec = route.access.table().redactor().redact(&out);
         route
             .record(
                 session.id,

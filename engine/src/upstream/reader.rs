@@ -434,7 +434,7 @@ impl Reader<'_> {
                         );
                         let (conn, outbox) = (*conn, outbox.clone());
                         // A mod may echo a bridge's arguments: no secret is recorded.
-                        let body = crate::auth::redact(&body, &route.access.table().secrets());
+                        let body = route.access.table().redactor().redact(&body);
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
                             conn,
