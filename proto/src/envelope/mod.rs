@@ -154,6 +154,21 @@ impl Parser {
         // Checked once here; every string below is a slice of this `str` at ASCII quote
         // boundaries, so slicing it never re-validates.
         let text = std::str::from_utf8(body).map_err(|_| EnvelopeError::InvalidUtf8)?;
+        let view = self.view(text, mode);
+        // A frame with a huge number of members or keys must not leave its scratch space held
+        // by the connection for good.
+        if self.members.capacity() > SCRATCH_KEPT {
+            self.members = Vec::new();
+        }
+        if self.keys.capacity() > SCRATCH_KEPT {
+            self.keys = Vec::new();
+        }
+        view
+    }
+
+    #[inline(always)]
+    fn view<'a>(&mut self, text: &'a str, mode: Mode) -> Result<EnvelopeView<'a>, EnvelopeError> {
+        let body = text.as_bytes();
         self.members.clear();
         match mode {
             Mode::Tolerant => {
@@ -167,6 +182,9 @@ impl Parser {
         }
     }
 }
+
+/// Entries of scratch space a parser keeps between frames (more is freed after the frame).
+const SCRATCH_KEPT: usize = 4096;
 
 /// The envelope fields among an object's top-level members, typed. A repeated envelope field
 /// is refused; other members are skipped (tolerant) or the first is noted as unknown (strict).
@@ -600,6 +618,21 @@ mod tests {
                 && groups.iter().all(|g| g.bytes().all(|c| c.is_ascii_hexdigit()));
             proptest::prop_assert_eq!(is_uuid(&id), canonical, "{}", id);
         }
+    }
+
+    #[test]
+    fn a_frame_with_many_keys_leaves_no_scratch_space_held() {
+        let keys: Vec<String> = (0..20_000).map(|i| format!(r#""k{i}":{i}"#)).collect();
+        let body = format!(
+            r#"{{"v":"gabp/1","id":"550e8400-e29b-41d4-a716-446655440000","type":"request","method":"a/b","params":{{{}}},{}}}"#,
+            keys.join(","),
+            keys.join(",")
+        );
+        let mut p = Parser::new();
+        // Refused (unknown top-level fields), after every key was seen.
+        assert!(p.parse(body.as_bytes(), Mode::Strict).is_err());
+        assert!(p.parse(body.as_bytes(), Mode::Tolerant).is_ok());
+        assert!(p.keys.capacity() <= SCRATCH_KEPT && p.members.capacity() <= SCRATCH_KEPT);
     }
 
     #[test]
