@@ -289,6 +289,7 @@ fn offered_methods(relay_only: bool, role: Role, backend: &[&'static str]) -> Ve
     if role != Role::Observe {
         methods.push("relay/lease");
     }
+    methods.push(super::PING);
     methods.extend_from_slice(backend);
     methods
 }

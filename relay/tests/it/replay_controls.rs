@@ -625,8 +625,9 @@ async fn bad_params_and_observers_are_refused_and_a_live_route_is_no_replay() {
 }
 
 /// Every `relay/*` method a bridge could try, with params it accepts, and one no relay has.
-const RELAY_METHODS: [(&str, &str); 5] = [
+const RELAY_METHODS: [(&str, &str); 6] = [
     ("relay/status", "{}"),
+    ("relay/ping", "{}"),
     ("relay/mark", r#"{"label": "probe"}"#),
     ("relay/lease", r#"{"action": "release"}"#),
     ("relay/replay", r#"{"action": "state"}"#),
@@ -647,10 +648,18 @@ async fn answered_relay_methods(c: &mut Client) -> Vec<String> {
     answered
 }
 
-/// The relay's methods a welcome names.
+/// The relay's methods a welcome names, in [`RELAY_METHODS`]' order.
 fn offered(welcome: &Value) -> Vec<String> {
-    serde_json::from_value(welcome["capabilities"]["extensions"]["relay"]["methods"].clone())
-        .expect("relay.methods is a list of names")
+    let named: Vec<String> =
+        serde_json::from_value(welcome["capabilities"]["extensions"]["relay"]["methods"].clone())
+            .expect("relay.methods is a list of names");
+    let known: Vec<String> = RELAY_METHODS
+        .iter()
+        .map(|(m, _)| m.to_string())
+        .filter(|m| named.contains(m))
+        .collect();
+    assert_eq!(known.len(), named.len(), "a method no test asks: {named:?}");
+    known
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
