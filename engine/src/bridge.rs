@@ -44,6 +44,10 @@ use crate::recorder::RecMsg;
 use crate::route::{BridgeState, Route};
 use reader::BridgeReader;
 
+/// The relay's method that only answers: counted against the identity's rate like every
+/// request, so a bridge serving its client from its own buffer (the MCP front's
+/// `events_poll`) still asks the relay's rate for each call.
+pub const PING: &str = "relay/ping";
 /// Failed frames tolerated before a successful hello; then the connection is closed.
 pub const MAX_PREHELLO_ERRORS: u32 = 3;
 /// How long a bridge's writer may keep flushing once the relay is shutting down.

@@ -358,6 +358,13 @@ impl Link {
         gabp_proto::message::advertised_channels(&self.welcome)
     }
 
+    /// Whether the relay's welcome names `method` among its own (`relay.methods`).
+    pub fn relay_offers(&self, method: &str) -> bool {
+        self.welcome["capabilities"]["extensions"]["relay"]["methods"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m == method))
+    }
+
     /// Whether the connection to the relay is gone.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)

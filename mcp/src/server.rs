@@ -272,6 +272,14 @@ impl Front {
             Ok(q) => q,
             Err(why) => return text_result(format!("events_poll: {why}"), None, true),
         };
+        // The events are the front's own, but a poll is a call like any other: the relay
+        // takes it from the identity's rate, and its refusal (-32007, `retryAfterMs`) is the
+        // poll's answer. A relay that names no ping has nothing to count it with.
+        if link.relay_offers(gabp_engine::bridge::PING) {
+            if let Err(e) = link.request(gabp_engine::bridge::PING, json!({})).await {
+                return error_result(&e);
+            }
+        }
         // Text only: re-parsing thousands of events for structuredContent would cost more
         // than the poll itself.
         text_result(link.shared.events.poll(&q, wait).await, None, false)

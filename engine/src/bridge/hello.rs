@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use super::reader::BridgeReader;
 use crate::auth;
+use crate::identity::Role;
 use crate::recorder::RecMsg;
 use crate::route::VERSION;
 use gabp_rt::log_budget::LogBudget;
@@ -187,13 +188,7 @@ impl BridgeReader {
                 "outboxBytes": route.cfg.outbox_bytes,
                 "droppedChannel": "relay/dropped",
             },
-            "methods": if relay_only {
-                json!(["relay/status"])
-            } else if identity.role == crate::identity::Role::Observe {
-                json!(["relay/status", "relay/mark"])
-            } else {
-                json!(["relay/status", "relay/mark", "relay/lease"])
-            },
+            "methods": offered_methods(relay_only, identity.role, route.backend.relay_methods()),
             "bridge": {"name": identity.name, "role": identity.role.as_str()},
             "maxBodyBytes": route.cfg.max_body,
         });
@@ -281,4 +276,20 @@ impl BridgeReader {
             super::resume::run(&route, &self.bridge, plan).await;
         }
     }
+}
+
+/// The relay's own methods a bridge welcomed this way may send and get answered (not refused
+/// -32601 or, for its role, -32006): the front's, then the backend's (a replay's
+/// `relay/replay`, whose `state` an observer may ask too).
+fn offered_methods(relay_only: bool, role: Role, backend: &[&'static str]) -> Vec<&'static str> {
+    if relay_only {
+        return vec!["relay/status"];
+    }
+    let mut methods = vec!["relay/status", gabp_proto::mark::MARK];
+    if role != Role::Observe {
+        methods.push("relay/lease");
+    }
+    methods.push(super::PING);
+    methods.extend_from_slice(backend);
+    methods
 }

@@ -102,6 +102,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         req: Request<'a>,
     ) -> BoxFuture<'a, Result<(), Refusal>>;
 
+    /// The `relay/*` methods this backend answers beyond the front's own (named in the
+    /// welcome's `relay.methods`, so a bridge can discover them); a backend answering
+    /// [`Backend::playback`] names [`PLAYBACK`] here.
+    fn relay_methods(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// `relay/replay {action, …}` from `bridge` (its rights were checked): the playback
     /// controls of a recording played back, answered with the state after the change. A
     /// backend that plays nothing back refuses it as a method it does not have.

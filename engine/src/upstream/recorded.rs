@@ -311,6 +311,10 @@ impl Backend for Recorded {
         )]
     }
 
+    fn relay_methods(&self) -> &'static [&'static str] {
+        &[super::playback::METHOD]
+    }
+
     fn subscribe<'a>(
         &'a self,
         route: &'a Route,

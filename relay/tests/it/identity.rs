@@ -69,7 +69,7 @@ async fn roles_globs_and_rates_are_enforced_and_names_shown_but_never_tokens() {
     assert_eq!(me["role"], "observe", "{welcome}");
     assert_eq!(
         welcome["capabilities"]["extensions"]["relay"]["methods"],
-        json!(["relay/status", "relay/mark"]),
+        json!(["relay/status", "relay/mark", "relay/ping"]),
         "an observer is offered no lease: {welcome}"
     );
     watcher

@@ -2,7 +2,8 @@
 //! and free their bridge, sessions and connections are capped, wrong bearer tokens are
 //! throttled, counted and logged once per burst, `gabp-relay mcp` stops on SIGINT / SIGTERM,
 //! malformed input gets a JSON-RPC error on stdio and HTTP, a call too large for the relay is
-//! refused unsent, and a front whose connection is cut resumes it with no event lost.
+//! refused unsent, `events_poll` counts against the identity's rate, and a front whose
+//! connection is cut resumes it with no event lost.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -1170,6 +1171,59 @@ async fn events_poll_refuses_arguments_of_the_wrong_type() {
     assert!(!is_error, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert!(v["events"].is_array(), "{v}");
+}
+
+/// `events_poll` answers from the front's own buffer, yet counts against the identity's
+/// `calls_per_second` like every other call: polls past the rate come back as `isError` results
+/// carrying the relay's -32007 and its `retryAfterMs`, and show in the bridge's `rateLimited`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_poll_counts_against_the_identitys_rate() {
+    use std::os::unix::fs::PermissionsExt;
+    const POLLER: &str = "poller-token-0123456789abcdef000";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = sim();
+    let cfg = dir.path().join("relay.toml");
+    let text = format!(
+        "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\n\n\
+         [[route.bridge]]\nname = \"poller\"\ntoken = \"{POLLER}\"\nrole = \"observe\"\ncalls_per_second = 2\n",
+        sim.addr()
+    );
+    std::fs::write(&cfg, text).expect("config");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let s = serve_with(
+        &sim,
+        dir.path(),
+        &[],
+        &["--no-record", "--config", cfg.to_str().expect("utf-8")],
+    )
+    .await;
+    let addr = s.addr.to_string();
+    let mut m = stdio_named("poller", &["--connect", &addr, "--token", POLLER]).await;
+    // The hello and subscribe took the bucket's second's worth: let it fill again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (mut answered, mut refused) = (0, 0);
+    for id in 10..30 {
+        let r = m.call(id, "events_poll", json!({"max": 1})).await;
+        let (is_error, text) = result_text(&r);
+        if !is_error {
+            answered += 1;
+            continue;
+        }
+        refused += 1;
+        assert!(text.contains("-32007"), "{text}");
+        let retry = &r["structuredContent"]["error"]["data"]["retryAfterMs"];
+        assert!(retry.as_u64().is_some_and(|ms| ms > 0), "{r}");
+    }
+    assert!(
+        answered >= 1 && refused >= 10,
+        "{answered} polls answered, {refused} refused at 2 calls per second"
+    );
+    let (bridges, _) = status_bridges(&s).await;
+    let b = labelled(&bridges, "poller");
+    assert!(
+        b["rateLimited"].as_u64().is_some_and(|n| n >= refused),
+        "{b}"
+    );
 }
 
 /// With the mod gone, `tools/list` still lists the relay's own tools, and calling a mod tool

@@ -1,8 +1,9 @@
 //! Playback controls of `replay` (`relay/replay`, `replay --paused`, the range flags and
 //! `replay-control`): bridges attached to one replay follow one playhead, so through seeks,
 //! steps, speed changes and the end they see the same events and notices in the same order;
-//! bad params and an observer are refused; a live route says it is no replay; a seek into the
-//! middle of a long session answers at once, in bounded memory.
+//! bad params and an observer are refused; a live route says it is no replay, and each welcome
+//! names exactly the relay's methods that route answers; a seek into the middle of a long
+//! session answers at once, in bounded memory.
 //!
 //! Sessions are written with the storage writer directly; the replays run as the release
 //! binary, except where a test needs identities (in process).
@@ -620,6 +621,76 @@ async fn bad_params_and_observers_are_refused_and_a_live_route_is_no_replay() {
             .is_some_and(|m| m.contains("live mod")),
         "{r}"
     );
+    h.shutdown().await;
+}
+
+/// Every `relay/*` method a bridge could try, with params it accepts, and one no relay has.
+const RELAY_METHODS: [(&str, &str); 6] = [
+    ("relay/status", "{}"),
+    ("relay/ping", "{}"),
+    ("relay/mark", r#"{"label": "probe"}"#),
+    ("relay/lease", r#"{"action": "release"}"#),
+    ("relay/replay", r#"{"action": "state"}"#),
+    ("relay/none-such", "{}"),
+];
+
+/// The relay's methods `c` gets answered: those not refused as unknown (-32601) or as
+/// forbidden to its role (-32006).
+async fn answered_relay_methods(c: &mut Client) -> Vec<String> {
+    let mut answered = Vec::new();
+    for (method, params) in RELAY_METHODS {
+        let params: Value = serde_json::from_str(params).expect("params");
+        let r = c.request(method, params).await.expect("answered");
+        if ![-32601, -32006].contains(&r["error"]["code"].as_i64().unwrap_or(0)) {
+            answered.push(method.to_string());
+        }
+    }
+    answered
+}
+
+/// The relay's methods a welcome names, in [`RELAY_METHODS`]' order.
+fn offered(welcome: &Value) -> Vec<String> {
+    let named: Vec<String> =
+        serde_json::from_value(welcome["capabilities"]["extensions"]["relay"]["methods"].clone())
+            .expect("relay.methods is a list of names");
+    let known: Vec<String> = RELAY_METHODS
+        .iter()
+        .map(|(m, _)| m.to_string())
+        .filter(|m| named.contains(m))
+        .collect();
+    assert_eq!(known.len(), named.len(), "a method no test asks: {named:?}");
+    known
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_welcome_names_exactly_the_relay_methods_answered_on_a_replay_and_a_live_route() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    synth(&data, 300, &[]);
+    let (addr, cancel) = in_process(&data).await;
+    for token in [TOKEN, WATCHER] {
+        let (mut c, welcome) = Client::connect_hello(&addr, token).await.expect("hello");
+        let methods = offered(&welcome);
+        assert!(
+            methods.iter().any(|m| m == "relay/replay"),
+            "a replay offers its controls: {welcome}"
+        );
+        assert_eq!(methods, answered_relay_methods(&mut c).await, "replay");
+    }
+    cancel.cancel();
+
+    let h =
+        crate::support::in_process::Harness::start(crate::support::in_process::quiet_mod()).await;
+    h.wait_session().await;
+    let (mut c, welcome) = Client::connect_hello(&h.addr, &h.token)
+        .await
+        .expect("hello");
+    let methods = offered(&welcome);
+    assert!(
+        !methods.iter().any(|m| m == "relay/replay"),
+        "a live route has no playback: {welcome}"
+    );
+    assert_eq!(methods, answered_relay_methods(&mut c).await, "live");
     h.shutdown().await;
 }
 
