@@ -85,6 +85,19 @@ async fn serve(sim: &ModSim, dir: &Path, env: &[(&str, &str)]) -> Serve {
     serve_with(sim, dir, env, &["--no-record"]).await
 }
 
+/// `serve_with` under the config file `text` (written private, as the relay requires of a
+/// file holding tokens), `args` added.
+async fn serve_with_config(sim: &ModSim, dir: &Path, text: &str, args: &[&str]) -> Serve {
+    use std::os::unix::fs::PermissionsExt;
+    let cfg = dir.join("relay.toml");
+    std::fs::write(&cfg, text).expect("config");
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let cfg = cfg.to_str().expect("utf-8").to_string();
+    let mut all = vec!["--config", cfg.as_str()];
+    all.extend_from_slice(args);
+    serve_with(sim, dir, &[], &all).await
+}
+
 /// `serve` with the MCP endpoint, `env` set and `args` added (recording or not).
 async fn serve_with(sim: &ModSim, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Serve {
     let token = uuid::Uuid::new_v4().simple().to_string();
@@ -284,20 +297,15 @@ async fn an_http_client_is_recorded_under_its_own_name() {
 /// the MCP front had no way to take the lease, so every leased tool failed for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_client_takes_the_lease_with_its_relay_lease_tool() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
     // The flags' route is `default`: this file route of that name (its own listen, upstream and
     // token overridden by the flags) adds the leased tools.
-    let cfg = dir.path().join("relay.toml");
     let text = format!(
         "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\nleased = [\"sim/echo\"]\n",
         sim.addr()
     );
-    std::fs::write(&cfg, text).expect("config");
-    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let cfg = cfg.to_str().expect("utf-8");
-    let s = serve_with(&sim, dir.path(), &[], &["--no-record", "--config", cfg]).await;
+    let s = serve_with_config(&sim, dir.path(), &text, &["--no-record"]).await;
     let mut m = stdio(&s).await;
     assert!(m.tool_names(2).await.iter().any(|n| n == "relay_lease"));
     let (failed, text) = result_text(&m.call(3, "sim_echo", json!({"x": 1})).await);
@@ -368,7 +376,6 @@ async fn idle_http_sessions_expire_and_free_their_bridge() {
 /// identity holding its share keeps no other identity out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_sessions_are_capped_per_identity_and_in_all() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
     let names = ["a", "b", "c", "d", "e"];
@@ -384,16 +391,7 @@ async fn http_sessions_are_capped_per_identity_and_in_all() {
             token(n)
         ));
     }
-    let cfg = dir.path().join("relay.toml");
-    std::fs::write(&cfg, text).expect("config");
-    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let s = serve_with(
-        &sim,
-        dir.path(),
-        &[],
-        &["--config", cfg.to_str().expect("utf-8")],
-    )
-    .await;
+    let s = serve_with_config(&sim, dir.path(), &text, &[]).await;
     // An observe identity takes its 8, then is refused; a control identity still gets in.
     for i in 0..8 {
         let (status, _, resp) = open_session_as(&s, &token("a"), "obs").await;
@@ -1178,25 +1176,15 @@ async fn events_poll_refuses_arguments_of_the_wrong_type() {
 /// carrying the relay's -32007 and its `retryAfterMs`, and show in the bridge's `rateLimited`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_poll_counts_against_the_identitys_rate() {
-    use std::os::unix::fs::PermissionsExt;
     const POLLER: &str = "poller-token-0123456789abcdef000";
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = sim();
-    let cfg = dir.path().join("relay.toml");
     let text = format!(
         "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\n\n\
          [[route.bridge]]\nname = \"poller\"\ntoken = \"{POLLER}\"\nrole = \"observe\"\ncalls_per_second = 2\n",
         sim.addr()
     );
-    std::fs::write(&cfg, text).expect("config");
-    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let s = serve_with(
-        &sim,
-        dir.path(),
-        &[],
-        &["--no-record", "--config", cfg.to_str().expect("utf-8")],
-    )
-    .await;
+    let s = serve_with_config(&sim, dir.path(), &text, &["--no-record"]).await;
     let addr = s.addr.to_string();
     let mut m = stdio_named("poller", &["--connect", &addr, "--token", POLLER]).await;
     // The hello and subscribe took the bucket's second's worth: let it fill again.
@@ -1401,20 +1389,13 @@ const WATCHER: &str = "watcher-token-0123456789abcdef00";
 /// `serve` whose route `default` (from a config file; its token set by the flags) has two named
 /// identities besides its own token: `planner` (control) and `watcher` (observe).
 async fn serve_identities(sim: &ModSim, dir: &Path, args: &[&str]) -> Serve {
-    use std::os::unix::fs::PermissionsExt;
-    let cfg = dir.join("relay.toml");
     let text = format!(
         "[[route]]\nname = \"default\"\nupstream = \"{}\"\nlisten = \"127.0.0.1:0\"\ntoken = \"file-token-0123456789abcdef\"\n\n\
          [[route.bridge]]\nname = \"planner\"\ntoken = \"{PLANNER}\"\nrole = \"control\"\n\n\
          [[route.bridge]]\nname = \"watcher\"\ntoken = \"{WATCHER}\"\nrole = \"observe\"\n",
         sim.addr()
     );
-    std::fs::write(&cfg, text).expect("config");
-    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let cfg = cfg.to_str().expect("utf-8").to_string();
-    let mut all = vec!["--config", cfg.as_str()];
-    all.extend_from_slice(args);
-    serve_with(sim, dir, &[], &all).await
+    serve_with_config(sim, dir, &text, args).await
 }
 
 /// Initializes an HTTP session with `token`, the client calling itself `client`; returns the
