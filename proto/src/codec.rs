@@ -158,6 +158,9 @@ fn content_length(head: &[u8]) -> Result<u64, FrameError> {
     length.ok_or(FrameError::MissingLength)
 }
 
+/// Room reserved ahead of a frame's body before much of it has arrived.
+const RESERVE_AHEAD: usize = 64 * 1024;
+
 /// Parses a plain decimal length: digits only, no sign, at most 19 digits (fits u64).
 fn parse_length(digits: &[u8]) -> Result<u64, FrameError> {
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
@@ -169,10 +172,13 @@ fn parse_length(digits: &[u8]) -> Result<u64, FrameError> {
 }
 
 /// The frame at the start of `src` once its body (`len` bytes after a `head`-byte header) is
-/// all there; until then, room for the rest is reserved (the length was checked).
+/// all there; until then, room for more of it is reserved (the length was checked), but never
+/// much more than has arrived: a peer that announces a large frame and sends little of it
+/// holds little memory, and the room doubles as the body comes in.
 fn take_frame(src: &mut BytesMut, head: usize, len: usize) -> Option<Frame> {
     if src.len() < head + len {
-        src.reserve(head + len - src.len());
+        let missing = head + len - src.len();
+        src.reserve(missing.min(src.len().max(RESERVE_AHEAD)));
         return None;
     }
     src.advance(head);
@@ -513,6 +519,23 @@ mod tests {
             cap,
             "no memory reserved for a rejected length"
         );
+    }
+
+    #[test]
+    fn reserves_for_an_announced_body_only_as_it_arrives() {
+        let mut c = GabpCodec::new(16 << 20);
+        let mut buf = BytesMut::from(&b"Content-Length: 16000000\r\n\r\n{"[..]);
+        assert!(c.decode(&mut buf).expect("a valid header").is_none());
+        assert!(buf.capacity() <= 2 * RESERVE_AHEAD, "{}", buf.capacity());
+        // As the body comes in, the room grows with it, and the frame arrives whole.
+        let body = vec![b' '; 16_000_000 - 2];
+        for chunk in body.chunks(1 << 20) {
+            buf.extend_from_slice(chunk);
+            assert!(c.decode(&mut buf).expect("valid").is_none());
+        }
+        buf.extend_from_slice(b"}");
+        let frame = c.decode(&mut buf).expect("valid").expect("whole");
+        assert_eq!(frame.body.len(), 16_000_000);
     }
 
     #[test]

@@ -31,6 +31,9 @@ const CONTROL_PAUSE: usize = 1 << 20;
 const MAX_BAD_RECORDED: u32 = 16;
 /// A read buffer grown past this by one big frame is given back once empty.
 const READ_BUFFER_KEEP: usize = 1 << 20;
+/// How long a bridge's reader works through frames already buffered before it lets the other
+/// tasks on its worker thread run.
+const FAIR_SLICE: Duration = Duration::from_millis(1);
 /// Connections closed for saying no hello, or for a frame left unfinished, in time: any peer
 /// can cause these, so they are logged on a budget.
 static NO_HELLO: LogBudget = LogBudget::new(10);
@@ -142,7 +145,18 @@ impl BridgeReader {
         let mut tick = tokio::time::interval((timeout / 4).max(Duration::from_millis(10)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut partial_since: Option<Instant> = None;
+        let mut busy_since: Option<Instant> = None;
         loop {
+            // A bridge whose frames are queued back to back (heavy ones cost milliseconds to
+            // check) must not keep a worker thread from every other bridge: after a slice of
+            // work on what is buffered, the others' tasks run. (Reading the socket is already
+            // budgeted by tokio; an empty buffer means the next frame is read from it.)
+            if frames.read_buffer().is_empty() {
+                busy_since = None;
+            } else if busy_since.get_or_insert_with(Instant::now).elapsed() > FAIR_SLICE {
+                tokio::task::yield_now().await;
+                busy_since = None;
+            }
             // At shutdown, frames already buffered are not taken on: the session is ending,
             // and a request read now could be neither forwarded nor recorded.
             if self.done || route.cancel.is_cancelled() {

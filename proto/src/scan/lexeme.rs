@@ -206,14 +206,73 @@ pub(super) fn skip_number<const FINITE: bool>(b: &[u8], mut i: usize) -> Option<
         i = digits(b, i)?;
         may_overflow = true;
     }
-    if FINITE && may_overflow {
-        // ASCII digits, signs, dot and exponent only: always a valid `str` and `f64` syntax.
-        let text = std::str::from_utf8(&b[start..i]).ok()?;
-        if !text.parse::<f64>().ok()?.is_finite() {
-            return None;
-        }
+    if FINITE && may_overflow && overflows(&b[start..i]) {
+        return None;
     }
     Some(i)
+}
+
+/// Whether the number `n` (valid JSON number syntax) is beyond a double's range. Rust's float
+/// parser caps an explicit exponent near 65,536 before it weighs the digits, so a long mantissa
+/// with a huge exponent (`0.000…1e655360`, 1e309) would read as finite: such numbers are
+/// weighed by the power of ten of their first significant digit first.
+fn overflows(n: &[u8]) -> bool {
+    let finite = |text: &[u8]| {
+        std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse::<f64>().ok())
+            .is_some_and(f64::is_finite)
+    };
+    let (mantissa, exp) = match n.iter().position(|c| matches!(c, b'e' | b'E')) {
+        Some(e) => (&n[..e], &n[e + 1..]),
+        None => (n, &b""[..]),
+    };
+    let negative_exp = exp.first() == Some(&b'-');
+    let exp = exp
+        .strip_prefix(b"-")
+        .or(exp.strip_prefix(b"+"))
+        .unwrap_or(exp);
+    let exp_digits = &exp[exp.iter().position(|&c| c != b'0').unwrap_or(exp.len())..];
+    if exp_digits.len() <= 4 {
+        return !finite(n);
+    }
+    let mantissa = mantissa.strip_prefix(b"-").unwrap_or(mantissa);
+    let (int, frac) = match mantissa.iter().position(|&c| c == b'.') {
+        Some(dot) => (&mantissa[..dot], &mantissa[dot + 1..]),
+        None => (mantissa, &b""[..]),
+    };
+    // The power of ten of the first significant digit, before the exponent; zero is finite.
+    let lead = if int != b"0" {
+        int.len() as i64 - 1
+    } else {
+        match frac.iter().position(|&c| c != b'0') {
+            Some(k) => -(k as i64) - 1,
+            None => return false,
+        }
+    };
+    let exp: i64 = std::str::from_utf8(exp_digits)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(i64::MAX / 2);
+    let power = lead.saturating_add(if negative_exp { -exp } else { exp });
+    if power > 400 {
+        return true;
+    }
+    if power < -400 {
+        return false;
+    }
+    // Within reach: the significant digits again, with a small exponent.
+    let digits: Vec<u8> = int
+        .iter()
+        .chain(frac)
+        .copied()
+        .skip_while(|&c| c == b'0')
+        .take(800)
+        .collect();
+    let mut text = b"0.".to_vec();
+    text.extend_from_slice(&digits);
+    text.extend_from_slice(format!("e{}", power + 1).as_bytes());
+    !finite(&text)
 }
 
 /// Validates the value starting at `i` (no leading whitespace); returns the index past it.
@@ -347,7 +406,32 @@ pub(super) fn skip_container<const FINITE: bool, const PAIRS: bool, const KEYS: 
 
 #[cfg(test)]
 mod tests {
-    use super::first_special;
+    use super::{first_special, overflows};
+
+    #[test]
+    fn a_huge_exponent_is_weighed_with_its_digits() {
+        let zeros = |n: usize| "0".repeat(n);
+        for (n, beyond) in [
+            (format!("0.{}1e655360", zeros(655_050)), true),
+            (format!("1{}e-655360", zeros(655_360)), false),
+            (format!("0.{}1e655360", zeros(655_500)), false),
+            ("1e99999".to_string(), true),
+            ("-1e99999".to_string(), true),
+            ("1e-99999".to_string(), false),
+            (format!("0.{}e99999", zeros(30)), false),
+            ("1.7976931348623157e308".to_string(), false),
+            ("1e309".to_string(), true),
+            (format!("17976931348623157{}e-10000", zeros(10_292)), false),
+            (format!("17976931348623157{}e-10000", zeros(10_293)), true),
+        ] {
+            assert_eq!(
+                overflows(n.as_bytes()),
+                beyond,
+                "{}…",
+                &n[..n.len().min(40)]
+            );
+        }
+    }
 
     /// The word test agrees with the byte test for every byte in every position, next to
     /// bytes that could borrow into it.
