@@ -593,6 +593,27 @@ impl BridgeReader {
 
     async fn subscribe(&mut self, id: &str, params: &Value) {
         let route = self.route.clone();
+        // A name is held per subscription, listed by relay/status and sent on to the mod: one
+        // a bridge invents is bounded in length; one the mod advertises is the mod's choice.
+        let session = route.current();
+        let invented_long = params["channels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|c| {
+                c.len() > gabp_proto::params::MAX_CHANNEL_NAME
+                    && !session.as_ref().is_some_and(|s| s.advertises(c))
+            });
+        if invented_long {
+            return self
+                .reply_error(
+                    Some(id),
+                    ErrorCode::InvalidParams,
+                    "a channel name is longer than 256 bytes and not one the mod advertises",
+                )
+                .await;
+        }
         let cap = self.subscription_cap();
         let within_cap = channels(params, cap).filter(|chans| {
             let mut subs = self.bridge.subs.lock();

@@ -11,7 +11,7 @@ use super::object::{array_items, integer, is_non_empty_string, string, Object};
 use crate::envelope::is_method_name;
 use crate::error::EnvelopeError;
 
-/// The longest channel name a bridge may subscribe to, in bytes.
+/// The longest channel name a bridge may subscribe to, in bytes, unless the mod advertises it.
 pub const MAX_CHANNEL_NAME: usize = 256;
 
 /// Checks a request's params object (its text, `params`) for the enforced methods.
@@ -57,20 +57,9 @@ pub(crate) fn check_request(method: &str, params: &str) -> Result<(), EnvelopeEr
         "events/subscribe" | "events/unsubscribe" => {
             let [channels] = obj.fields(["channels"]);
             let names = channels.and_then(array_items);
-            if !names
-                .as_ref()
-                .is_some_and(|n| !n.is_empty() && n.iter().all(|c| is_non_empty_string(c)))
-            {
+            if !names.is_some_and(|n| !n.is_empty() && n.iter().all(|c| is_non_empty_string(c))) {
                 return Err(EnvelopeError::InvalidParams(
                     "channels must be a non-empty array of channel names",
-                ));
-            }
-            // A name is held per subscription, listed by relay/status and sent on to the mod:
-            // its length is bounded like everything else a bridge can make the relay keep.
-            let long = |c: &&str| string(c).is_none_or(|c| c.len() > MAX_CHANNEL_NAME);
-            if names.is_some_and(|n| n.iter().any(long)) {
-                return Err(EnvelopeError::InvalidParams(
-                    "a channel name is longer than 256 bytes",
                 ));
             }
         }

@@ -253,6 +253,27 @@ async fn a_huge_subscribe_is_refused_before_any_work() {
     h.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_name_a_bridge_invents_is_bounded_in_length() {
+    let h = Harness::start(quiet_mod()).await;
+    let mut b = h.bridge().await;
+    let longest = "c".repeat(gabp_proto::params::MAX_CHANNEL_NAME);
+    let r = b
+        .call("events/subscribe", json!({ "channels": [longest] }))
+        .await
+        .expect("a name of the longest length is taken");
+    assert_eq!(r["subscribed"], json!([longest]));
+    let r = b
+        .request(
+            "events/subscribe",
+            json!({ "channels": ["a", format!("{longest}c")] }),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(error_code(&r), -32602, "{r}");
+    h.shutdown().await;
+}
+
 /// A mod that welcomes the relay and then never reads again.
 async fn deaf_mod() -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
