@@ -295,6 +295,17 @@ impl Route {
         self.access.table().redactor().redact(body)
     }
 
+    /// The latency histogram and the outcome counter of `method`, whose label is never a name
+    /// holding a secret.
+    pub fn request_metrics(
+        &self,
+        method: &str,
+        outcome: &'static str,
+    ) -> (metrics::Histogram, metrics::Counter) {
+        self.metrics
+            .request(method, outcome, |m| self.access.table().redactor().hits(m))
+    }
+
     /// Records a frame in `session`, if recording, redacted.
     pub async fn record(&self, session: Uuid, mut rec: FrameRecord) {
         if let Some(r) = &self.recorder {

@@ -413,7 +413,7 @@ impl Reader<'_> {
                             .resize(cid + 1, metrics::Counter::noop());
                         self.channel_secret.resize(cid + 1, false);
                     }
-                    self.channel_counters[cid] = route.metrics.channel_events(channel);
+                    self.channel_counters[cid] = route.metrics.channel_events(channel, secret);
                     self.channel_secret[cid] = secret;
                 }
                 if let Some(c) = self.channel_counters.get(cid) {
@@ -450,7 +450,7 @@ impl Reader<'_> {
                     return self.anomaly(body, true, "response to an unknown or expired request");
                 };
                 let outcome = if view.is_error() { "error" } else { "ok" };
-                let (latency, count) = route.metrics.request(&entry.method, outcome);
+                let (latency, count) = route.request_metrics(&entry.method, outcome);
                 latency.record(entry.sent.elapsed().as_secs_f64());
                 count.increment(1);
                 match &entry.origin {
@@ -544,7 +544,7 @@ impl Reader<'_> {
         code: ErrorCode,
         msg: String,
     ) {
-        let (_, count) = self.route.metrics.request(&entry.method, "malformed");
+        let (_, count) = self.route.request_metrics(&entry.method, "malformed");
         count.increment(1);
         let Some((conn, outbox, body)) = entry.error_reply(code, &msg) else {
             return;
