@@ -486,7 +486,9 @@ impl Reader<'_> {
                     }
                     Origin::Relay => {
                         if view.is_error() {
-                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
+                            // The mod's error may name the channels asked for, a bridge's names.
+                            let said = route.redacted(&body);
+                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&said));
                         }
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
