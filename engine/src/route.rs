@@ -510,7 +510,7 @@ impl Route {
             .collect();
         bridges.sort_by_key(|b| b["conn"].as_u64());
         let window = self.hub.window_size();
-        json!({
+        let mut status = json!({
             "relay": { "name": "gabp-relay", "version": VERSION },
             "route": self.cfg.name,
             "upstream": self.backend.describe(&self.cfg),
@@ -527,6 +527,11 @@ impl Route {
             "lease": lease,
             "reload": self.access.reload_status(),
             "bridges": bridges,
-        })
+        });
+        // Names bridges chose (subscriptions, channels, their hello's strings) may spell a
+        // token, and an observer reads this answer: secrets are replaced wherever they stand,
+        // those a reload added since a name was taken in too.
+        self.access.table().redactor().redact_json(&mut status);
+        status
     }
 }
