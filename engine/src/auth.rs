@@ -4,12 +4,14 @@
 //! grows with the source's recent failures, so guessing is slow, while a correct token is
 //! always answered at once and other sources are never delayed.
 //!
-//! Redaction, for everything a bridge connection records: a valid hello is recorded with its
+//! Redaction, for everything the relay records: a valid hello is recorded with its
 //! token replaced; any frame has every occurrence of the route's secrets replaced at the byte
 //! level, whatever its validity, and inside decoded strings when the frame has `\u` escapes;
 //! and a frame that failed strict parsing and could spell a token
 //! in a way the byte-level pass cannot see (a `token` key, `\u` escapes) is withheld: a short
-//! note stands in its place.
+//! note stands in its place. Names a bridge chose (channels, methods, tools) may spell a token
+//! too: [`Redactor::hits`] and [`Redactor::redact_name`] keep them out of metric labels, log
+//! lines and `relay/status`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -148,7 +150,7 @@ impl Redactor {
         static ESCAPE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\\u"));
         if self.finders.is_empty() || ESCAPE.find(body).is_none() {
-            return self.redact_bytes(body);
+            return self.redact_plain(body);
         }
         let Ok(mut msg) = serde_json::from_slice::<Value>(body) else {
             return withheld(body.len());
@@ -161,8 +163,31 @@ impl Redactor {
         }
     }
 
-    /// Replaces every plain occurrence of a secret.
-    fn redact_bytes(&self, body: &Bytes) -> Bytes {
+    /// Whether `name` (a decoded string: a method, channel or tool name) holds a secret.
+    pub fn hits(&self, name: &str) -> bool {
+        self.finders
+            .iter()
+            .any(|f| f.find(name.as_bytes()).is_some())
+    }
+
+    /// `name` with every secret replaced by [`REDACTED`]; itself, without a copy, when it
+    /// holds none (names are checked on every refusal and status answer).
+    pub fn redact_name<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
+        if !self.hits(name) {
+            return std::borrow::Cow::Borrowed(name);
+        }
+        let secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        std::borrow::Cow::Owned(redact_str(name, &secrets))
+    }
+
+    /// Replaces the secrets inside every string and key of `v`; whether anything changed.
+    pub fn redact_json(&self, v: &mut Value) -> bool {
+        let secrets: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        redact_value(v, &secrets)
+    }
+
+    /// Replaces every plain occurrence of a secret, without decoding (so never withholds).
+    pub fn redact_plain(&self, body: &Bytes) -> Bytes {
         let mut out: Option<Vec<u8>> = None;
         for finder in &self.finders {
             let cur: &[u8] = out.as_deref().unwrap_or(body);
@@ -287,6 +312,25 @@ mod tests {
             &redact(&Bytes::from_static(b"short"), &["short"])[..],
             b"short"
         );
+    }
+
+    #[test]
+    fn names_are_checked_and_redacted_without_a_copy_when_clean() {
+        let secret = "0123456789abcdef0123456789abcdef";
+        let r = Redactor::new(&[secret, "short"]);
+        let name = format!("game/t{secret}");
+        assert!(r.hits(&name));
+        assert!(!r.hits("game/short"), "short secrets are not searched for");
+        assert_eq!(r.redact_name(&name), format!("game/t{REDACTED}"));
+        assert!(matches!(
+            r.redact_name("game/move"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        let mut v = json!({"subscriptions": [format!("c/{secret}"), "c/ok"], secret: 1});
+        assert!(r.redact_json(&mut v));
+        assert!(!v.to_string().contains(secret), "{v}");
+        assert_eq!(v["subscriptions"][1], "c/ok");
+        assert!(!r.redact_json(&mut v), "nothing left to change");
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! known GABP methods plus methods the mod has answered successfully (capped), and the mod's
 //! channel names, sanitised and capped; bridge identity names from the config (`default` for a
 //! route's own token); anything else is counted under `other`, so no peer can
-//! grow `/metrics` by sending new names. The port that serves them is `crate::http`.
+//! grow `/metrics` by sending new names. A name that holds a secret (a bridge can name a method
+//! or a channel after a token) is counted under `other` too: scrapes are read by more people
+//! than the tokens are meant for. The port that serves them is `crate::http`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -164,8 +166,11 @@ impl RouteMetrics {
     }
 
     /// The label for a channel: its sanitised name while fewer than [`MAX_CHANNEL_LABELS`]
-    /// names are labelled, else `other`.
-    pub fn channel_label(&self, channel: &str) -> String {
+    /// names are labelled, else `other`; `other` too when `secret` (its name holds one).
+    pub fn channel_label(&self, channel: &str, secret: bool) -> String {
+        if secret {
+            return OTHER.into();
+        }
         let name = sanitise(channel);
         let mut labels = self.labels.lock();
         if labels.channels.contains(&name) {
@@ -179,8 +184,14 @@ impl RouteMetrics {
     }
 
     /// The label for a method: itself if known, or once the mod has answered it successfully
-    /// (the first [`MAX_METHOD_LABELS`] such), else `other`.
-    pub fn method_label(&self, method: &str, outcome: &str) -> String {
+    /// (the first [`MAX_METHOD_LABELS`] such) unless `secret` says it holds a secret, else
+    /// `other`. `secret` is asked only of a method about to become a label.
+    pub fn method_label(
+        &self,
+        method: &str,
+        outcome: &str,
+        secret: impl FnOnce(&str) -> bool,
+    ) -> String {
         if KNOWN_METHODS.contains(&method) {
             return method.into();
         }
@@ -189,20 +200,26 @@ impl RouteMetrics {
         if labels.methods.contains(&name) {
             return name;
         }
-        if outcome == "ok" && labels.methods.len() < MAX_METHOD_LABELS {
+        if outcome == "ok" && labels.methods.len() < MAX_METHOD_LABELS && !secret(method) {
             labels.methods.insert(name.clone());
             return name;
         }
         OTHER.into()
     }
 
-    /// The events counter of one channel.
-    pub fn channel_events(&self, channel: &str) -> Counter {
-        metrics::counter!("gabp_events_total", "route" => self.route.clone(), "channel" => self.channel_label(channel))
+    /// The events counter of one channel (`secret`: its name holds one).
+    pub fn channel_events(&self, channel: &str, secret: bool) -> Counter {
+        metrics::counter!("gabp_events_total", "route" => self.route.clone(), "channel" => self.channel_label(channel, secret))
     }
 
-    /// The latency histogram and the outcome counter of one method.
-    pub fn request(&self, method: &str, outcome: &'static str) -> (Histogram, Counter) {
+    /// The latency histogram and the outcome counter of one method (`secret` as
+    /// [`Self::method_label`] takes it).
+    pub fn request(
+        &self,
+        method: &str,
+        outcome: &'static str,
+        secret: impl FnOnce(&str) -> bool,
+    ) -> (Histogram, Counter) {
         // A method labelled as itself before (every known method, and the mod's own ones once
         // seen) is found without building its label: labels are their own label.
         if let Some(found) = self.labels.lock().requests.get(method).and_then(|h| {
@@ -211,7 +228,7 @@ impl RouteMetrics {
         }) {
             return found;
         }
-        let method = self.method_label(method, outcome);
+        let method = self.method_label(method, outcome, secret);
         let mut labels = self.labels.lock();
         let handles = labels
             .requests
@@ -255,21 +272,40 @@ mod tests {
     #[test]
     fn labels_come_from_bounded_sets() {
         let m = RouteMetrics::new("labels-test");
-        assert_eq!(m.method_label("tools/call", "error"), "tools/call");
-        assert_eq!(m.method_label("x/never-answered", "error"), OTHER);
-        assert_eq!(m.method_label("x/answered", "ok"), "x/answered");
-        assert_eq!(m.method_label("x/answered", "error"), "x/answered");
+        let none = |_: &str| false;
+        assert_eq!(m.method_label("tools/call", "error", none), "tools/call");
+        assert_eq!(m.method_label("x/never-answered", "error", none), OTHER);
+        assert_eq!(m.method_label("x/answered", "ok", none), "x/answered");
+        assert_eq!(m.method_label("x/answered", "error", none), "x/answered");
         for i in 0..1000 {
-            m.method_label(&format!("junk/m{i}"), "ok");
+            m.method_label(&format!("junk/m{i}"), "ok", none);
         }
         assert_eq!(m.labels.lock().methods.len(), MAX_METHOD_LABELS);
-        assert_eq!(m.method_label("junk/late", "ok"), OTHER);
-        assert_eq!(m.channel_label("a\u{1b}[31m\r\n\0"), "a__31m___");
-        assert_eq!(m.channel_label(&"x".repeat(10_000)).len(), 64);
+        assert_eq!(m.method_label("junk/late", "ok", none), OTHER);
+        assert_eq!(m.channel_label("a\u{1b}[31m\r\n\0", false), "a__31m___");
+        assert_eq!(m.channel_label(&"x".repeat(10_000), false).len(), 64);
         for i in 0..1000 {
-            m.channel_label(&format!("c{i}"));
+            m.channel_label(&format!("c{i}"), false);
         }
         assert_eq!(m.labels.lock().channels.len(), MAX_CHANNEL_LABELS);
-        assert_eq!(m.channel_label("late"), OTHER);
+        assert_eq!(m.channel_label("late", false), OTHER);
+    }
+
+    #[test]
+    fn names_holding_a_secret_are_never_labels() {
+        let m = RouteMetrics::new("secret-labels-test");
+        let secret = "0123456789abcdef0123456789abcdef";
+        let holds = |name: &str| name.contains(secret);
+        let method = format!("game/t{secret}");
+        assert_eq!(m.method_label(&method, "ok", holds), OTHER);
+        assert!(m.labels.lock().methods.is_empty(), "no label taken");
+        let (_, count) = m.request(&method, "ok", holds);
+        count.increment(1);
+        assert_eq!(
+            m.labels.lock().requests.keys().collect::<Vec<_>>(),
+            vec![OTHER]
+        );
+        assert_eq!(m.channel_label(&format!("c/{secret}"), true), OTHER);
+        assert!(m.labels.lock().channels.is_empty());
     }
 }

@@ -288,15 +288,34 @@ impl Route {
         self.throttle.succeed(source);
     }
 
-    /// Records a frame in `session`, if recording.
-    pub async fn record(&self, session: Uuid, rec: FrameRecord) {
+    /// `body` as it may be recorded: every secret of the route replaced (see `auth`). Every
+    /// frame the relay records passes here or through the mod reader's own record, the relay's
+    /// own frames too: they carry names a bridge chose (channels, methods, request ids).
+    pub fn redacted(&self, body: &Bytes) -> Bytes {
+        self.access.table().redactor().redact(body)
+    }
+
+    /// The latency histogram and the outcome counter of `method`, whose label is never a name
+    /// holding a secret.
+    pub fn request_metrics(
+        &self,
+        method: &str,
+        outcome: &'static str,
+    ) -> (metrics::Histogram, metrics::Counter) {
+        self.metrics
+            .request(method, outcome, |m| self.access.table().redactor().hits(m))
+    }
+
+    /// Records a frame in `session`, if recording, redacted.
+    pub async fn record(&self, session: Uuid, mut rec: FrameRecord) {
         if let Some(r) = &self.recorder {
+            rec.body = self.redacted(&rec.body);
             r.send(RecMsg::Frame { session, rec }).await;
         }
     }
 
-    /// Records a frame in the current session, if any; returns whether a failing recorder
-    /// (policy `stall`) held it first.
+    /// Records a frame in the current session, if any, redacted; returns whether a failing
+    /// recorder (policy `stall`) held it first.
     pub async fn record_current(
         &self,
         dir: Direction,
@@ -305,6 +324,7 @@ impl Route {
         json_ok: bool,
     ) -> bool {
         if let (Some(r), Some(s)) = (&self.recorder, self.current()) {
+            let body = self.redacted(&body);
             let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), json_ok, body);
             return r.send(RecMsg::Frame { session: s.id, rec }).await;
         }
@@ -316,7 +336,7 @@ impl Route {
         self.recorder.as_ref().and_then(|r| r.holding())
     }
 
-    /// Records a frame in the current session without ever waiting (see
+    /// Records a frame in the current session, redacted, without ever waiting (see
     /// `Recorder::send_detached`).
     pub fn record_current_detached(&self, dir: Direction, conn: u32, body: Bytes) {
         if let Some(s) = self.current() {
@@ -334,6 +354,7 @@ impl Route {
 
     fn record_detached_in(&self, session: Uuid, dir: Direction, conn: u32, body: Bytes) {
         if let Some(r) = &self.recorder {
+            let body = self.redacted(&body);
             let rec = FrameRecord::message(dir, conn, gabp_rt::clock::now_ns(), true, body);
             r.send_detached(RecMsg::Frame { session, rec });
         }
@@ -489,7 +510,7 @@ impl Route {
             .collect();
         bridges.sort_by_key(|b| b["conn"].as_u64());
         let window = self.hub.window_size();
-        json!({
+        let mut status = json!({
             "relay": { "name": "gabp-relay", "version": VERSION },
             "route": self.cfg.name,
             "upstream": self.backend.describe(&self.cfg),
@@ -506,6 +527,11 @@ impl Route {
             "lease": lease,
             "reload": self.access.reload_status(),
             "bridges": bridges,
-        })
+        });
+        // Names bridges chose (subscriptions, channels, their hello's strings) may spell a
+        // token, and an observer reads this answer: secrets are replaced wherever they stand,
+        // those a reload added since a name was taken in too.
+        self.access.table().redactor().redact_json(&mut status);
+        status
     }
 }

@@ -307,7 +307,7 @@ async fn sweeper(route: Arc<Route>) {
             let _ = r.try_send_batch(vec![crate::recorder::RecMsg::Mark]);
         }
         for entry in route.pending.expire(Instant::now()) {
-            let (_, count) = route.metrics.request(&entry.method, "timeout");
+            let (_, count) = route.request_metrics(&entry.method, "timeout");
             count.increment(1);
             let msg = format!(
                 "no answer from the mod within {:?}; the request may or may not have taken effect",

@@ -130,8 +130,13 @@ impl BridgeReader {
         if let Some(why) = denied {
             self.bridge.access.denied.fetch_add(1, Ordering::Relaxed);
             refused(route, &self.bridge, "denied");
+            // The method and tool named are the bridge's words (decoded: a `\u` escape hides
+            // nothing here) and may spell a token, which no log line may hold.
+            let redactor = table.redactor();
+            let why = redactor.redact_name(&why).into_owned();
             static LOG: gabp_rt::log_budget::LogBudget = gabp_rt::log_budget::LogBudget::new(10);
             if let Some(earlier_unlogged) = LOG.admit() {
+                let method = redactor.redact_name(method);
                 tracing::info!(route = %route.cfg.name, conn = self.bridge.conn, bridge = %me.label(), %method, earlier_unlogged, "request refused: {why}");
             }
             return Some((ErrorCode::Forbidden, why, None));

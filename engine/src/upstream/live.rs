@@ -181,12 +181,18 @@ async fn forward(route: &Route, req: Request<'_>) -> Result<(), Refusal> {
     let out = pending::hold(out, holds);
     // Recorded before the mod can have it, so its answer is always recorded after it (recorded
     // after the send, a quick answer could overtake it and the call read as unanswered).
+    // `Route::record` redacts it.
     if route.recorder.is_some() {
-        let rec = route.access.table().redactor().redact(&out);
         route
             .record(
                 session.id,
-                FrameRecord::message(Direction::RelayToMod, bridge.conn, now_ns(), true, rec),
+                FrameRecord::message(
+                    Direction::RelayToMod,
+                    bridge.conn,
+                    now_ns(),
+                    true,
+                    out.clone(),
+                ),
             )
             .await;
     }

@@ -20,6 +20,10 @@
 //! channels past [`MAX_CHANNELS`] are anomalies, counted and recorded, never forwarded. A frame
 //! over `--max-body` as sent is passed over unread (counted, its bytes never held). Either way,
 //! a request such a frame answered gets an error at once, not at `--request-timeout`.
+//! Trusted content may still repeat a bridge's words, tokens included (an echoed argument, a
+//! channel a bridge named after one): answers are recorded redacted, unroutable frames with
+//! the plain spelling of a secret replaced, and events only when their channel's name holds a
+//! secret (looked at once per channel, so the event path pays no search).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -91,6 +95,10 @@ struct Reader<'a> {
     runs: Runs,
     touched: Vec<Arc<Outbox>>,
     channel_counters: Vec<metrics::Counter>,
+    /// Per channel id, whether its name holds a secret (a bridge subscribed to a channel named
+    /// after a token, and the mod publishes on it): its events are then recorded redacted.
+    /// Looked at once per channel, so other events cost no search.
+    channel_secret: Vec<bool>,
     last_record_send: std::time::Instant,
     clock: BurstClock,
     /// Channels this session has used (the hub's table holds as many).
@@ -139,6 +147,7 @@ pub(super) async fn read_loop(
         runs: Runs::default(),
         touched: Vec::new(),
         channel_counters: Vec::new(),
+        channel_secret: Vec::new(),
         last_record_send: std::time::Instant::now(),
         clock: BurstClock { ns: 0, uses: 0 },
         channels: 0,
@@ -278,7 +287,17 @@ impl Reader<'_> {
         take_batch(&mut self.records)
     }
 
-    fn record(&mut self, rec: FrameRecord) {
+    /// Records a frame, redacted as everything the relay records is (`Route::redacted`): the
+    /// mod may echo what a bridge sent, names included.
+    fn record(&mut self, mut rec: FrameRecord) {
+        if self.route.recorder.is_some() {
+            rec.body = self.route.redacted(&rec.body);
+            self.record_as_is(rec);
+        }
+    }
+
+    /// Records a frame known to hold no secret.
+    fn record_as_is(&mut self, rec: FrameRecord) {
         if self.route.recorder.is_some() {
             self.records.push(RecMsg::Frame {
                 session: self.session.id,
@@ -295,7 +314,11 @@ impl Reader<'_> {
                 session: self.session.id,
             });
         }
-        self.record(FrameRecord::message(
+        // Kept byte for byte, as evidence of what the mod sent, but for the plain spelling of a
+        // secret (one the mod echoed from a bridge); decoding to find an escaped one would
+        // withhold the very frames that failed to decode.
+        let body = self.route.access.table().redactor().redact_plain(&body);
+        self.record_as_is(FrameRecord::message(
             Direction::ModToRelay,
             0,
             now_ns(),
@@ -376,25 +399,29 @@ impl Reader<'_> {
                 let cid = p.channel_id as usize;
                 if p.new_channel {
                     self.channels += 1;
+                    let table = route.access.table();
+                    let secret = table.redactor().hits(channel);
                     if route.recorder.is_some() {
                         self.records.push(RecMsg::Channel {
                             session: self.session.id,
                             id: p.channel_id,
-                            name: channel.to_string(),
+                            name: table.redactor().redact_name(channel).into_owned(),
                         });
                     }
                     if self.channel_counters.len() <= cid {
                         self.channel_counters
                             .resize(cid + 1, metrics::Counter::noop());
+                        self.channel_secret.resize(cid + 1, false);
                     }
-                    self.channel_counters[cid] = route.metrics.channel_events(channel);
+                    self.channel_counters[cid] = route.metrics.channel_events(channel, secret);
+                    self.channel_secret[cid] = secret;
                 }
                 if let Some(c) = self.channel_counters.get(cid) {
                     c.increment(1);
                 }
                 let mod_seq = view.seq;
                 let time_ns = self.clock.now();
-                self.record(FrameRecord {
+                let rec = FrameRecord {
                     dir: Direction::ModToRelay,
                     conn: 0,
                     time_ns,
@@ -403,7 +430,14 @@ impl Reader<'_> {
                     relay_seq: Some(p.seq),
                     json_ok: true,
                     body: body.clone(),
-                });
+                };
+                // Events are most of what is recorded: only those of a channel whose name
+                // holds a secret are searched (the mod's own content is trusted).
+                if self.channel_secret.get(cid).copied().unwrap_or(false) {
+                    self.record(rec);
+                } else {
+                    self.record_as_is(rec);
+                }
             }
             MsgType::Response => {
                 // A response never overtakes the events the mod sent before it.
@@ -416,7 +450,7 @@ impl Reader<'_> {
                     return self.anomaly(body, true, "response to an unknown or expired request");
                 };
                 let outcome = if view.is_error() { "error" } else { "ok" };
-                let (latency, count) = route.metrics.request(&entry.method, outcome);
+                let (latency, count) = route.request_metrics(&entry.method, outcome);
                 latency.record(entry.sent.elapsed().as_secs_f64());
                 count.increment(1);
                 match &entry.origin {
@@ -433,8 +467,7 @@ impl Reader<'_> {
                             bridge_id,
                         );
                         let (conn, outbox) = (*conn, outbox.clone());
-                        // A mod may echo a bridge's arguments: no secret is recorded.
-                        let body = route.access.table().redactor().redact(&body);
+                        // A mod may echo a bridge's arguments: recorded redacted.
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
                             conn,
@@ -453,7 +486,9 @@ impl Reader<'_> {
                     }
                     Origin::Relay => {
                         if view.is_error() {
-                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&body));
+                            // The mod's error may name the channels asked for, a bridge's names.
+                            let said = route.redacted(&body);
+                            tracing::warn!(route = %route.cfg.name, method = %entry.method, "mod refused the relay's request: {}", String::from_utf8_lossy(&said));
                         }
                         self.record(FrameRecord::message(
                             Direction::ModToRelay,
@@ -511,7 +546,7 @@ impl Reader<'_> {
         code: ErrorCode,
         msg: String,
     ) {
-        let (_, count) = self.route.metrics.request(&entry.method, "malformed");
+        let (_, count) = self.route.request_metrics(&entry.method, "malformed");
         count.increment(1);
         let Some((conn, outbox, body)) = entry.error_reply(code, &msg) else {
             return;

@@ -356,6 +356,8 @@ async fn serve(route: &Arc<Route>, conn: Conn) -> Result<(), String> {
                 continue;
             };
             if outbox.push_control(gabp_proto::frame_bytes(&body)) {
+                // It names the bridge's method and request id.
+                let body = route.redacted(&body);
                 let rec =
                     FrameRecord::message(Direction::RelayToBridge, conn, now_ns(), true, body);
                 replies.push(RecMsg::Frame { session: id, rec });

@@ -46,6 +46,7 @@ mod replay_calls;
 mod replay_controls;
 mod report;
 mod resume;
+mod secret_names;
 mod semantics;
 mod ship;
 mod slow_bridges;
